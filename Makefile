@@ -1,0 +1,38 @@
+# `make run`: the demo at http://127.0.0.1:8000/   `make test`: the whole suite   `make bench`: benchmarks
+# Each bootstraps .venv itself; without REDIS_URL a private Redis-compatible server is started and stopped.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+WITH_REDIS := $(BIN)/python -m project.devredis --
+
+.PHONY: run test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.runtime: requirements.txt | $(BIN)/python
+	$(BIN)/pip install -q -r requirements.txt
+	touch $@
+
+$(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
+	$(BIN)/pip install -q -r requirements-dev.txt
+	touch $@
+
+$(VENV)/.bench: bench/requirements.txt $(VENV)/.dev
+	$(BIN)/pip install -q -r bench/requirements.txt
+	touch $@
+
+run: $(VENV)/.runtime
+	$(WITH_REDIS) sh -c '$(BIN)/python manage.py migrate --noinput && \
+		$(BIN)/python manage.py demo_setup && \
+		exec $(BIN)/python manage.py runserver --noreload 127.0.0.1:8000'
+
+test: $(VENV)/.dev
+	$(WITH_REDIS) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(VENV)/.bench
+	$(WITH_REDIS) $(BIN)/python -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) var

@@ -1,0 +1,52 @@
+"""The policies `make run` loads, protecting the demo's three kinds of view."""
+
+DEMO_POLICIES = [
+    {
+        "name": "search-per-ip",
+        "action": "demo:search",
+        "limit": 5,
+        "window": 60,
+        "strategy": "sliding_window",
+        "bucket_size": 5,
+        "key": "ip",
+        "description": "The plain Django search view: 5 searches a minute per client address.",
+    },
+    {
+        "name": "items-per-user",
+        "action": "items",
+        "limit": 10,
+        "window": 60,
+        "strategy": "sliding_log",
+        "key": "user_or_ip",
+        "description": "The DRF items API (throttle_scope 'items'): 10 a minute per user, or per address when anonymous.",
+    },
+    {
+        "name": "login-per-ip",
+        "action": "login",
+        "limit": 3,
+        "window": 300,
+        "strategy": "fixed_window",
+        "key": "ip",
+        "methods": "POST",
+        "description": "The decorated login view: 3 attempts per 5 minutes per address.",
+    },
+    {
+        "name": "api-burst-per-ip",
+        "action": "/api/",
+        "limit": 20,
+        "window": 10,
+        "strategy": "fixed_window",
+        "key": "ip",
+        "description": "Everything under /api/: at most 20 requests in 10 seconds per address.",
+    },
+    {
+        "name": "site-wide-shadow",
+        "action": "*",
+        "limit": 60,
+        "window": 60,
+        "strategy": "sliding_window",
+        "key": "ip",
+        "mode": "shadow",
+        "description": "Shadow: what a site-wide 60 a minute per address would deny, without denying.",
+    },
+]

@@ -1,0 +1,12 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class RateLimitConfig(AppConfig):
+    name = "ratelimit_app"
+    verbose_name = "Rate limits"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks, signals  # noqa: F401  (registers system checks and invalidation)

@@ -1,0 +1,52 @@
+"""System checks: misconfiguration is reported by `manage.py check`, not by a 500 later."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.checks import Error, Warning, register
+from django.core.exceptions import ValidationError
+from django.db import DatabaseError
+
+from .conf import get_setting
+
+
+@register()
+def check_cache(app_configs: object = None, **kwargs: object) -> list:
+    alias = get_setting("RATELIMIT_CACHE")
+    backend = settings.CACHES.get(alias, {}).get("BACKEND", "")
+    if alias not in settings.CACHES:
+        return [Error(f"RATELIMIT_CACHE names the cache {alias!r}, which is not in CACHES.", id="ratelimit_app.E001")]
+    if not backend.startswith("django_redis."):
+        return [
+            Error(
+                f"The cache {alias!r} uses {backend}; ratelimit_app needs a django-redis cache "
+                "(django_redis.cache.RedisCache) shared by every worker.",
+                id="ratelimit_app.E002",
+            )
+        ]
+    return []
+
+
+@register(deploy=False)
+def check_policies(app_configs: object = None, **kwargs: object) -> list:
+    from .models import Policy
+    from .policies import compile_policy
+
+    warnings = []
+    try:
+        rows = list(Policy.objects.all())
+    except DatabaseError:
+        return []  # not migrated yet: nothing to check
+    for row in rows:
+        try:
+            compile_policy(row)
+        except (ValidationError, ValueError, KeyError) as error:
+            warnings.append(
+                Warning(
+                    f"Policy {row.name!r} (id {row.pk}) is invalid and is ignored: {error}",
+                    hint="Fix it in the admin; requests are not limited by it meanwhile.",
+                    obj=row,
+                    id="ratelimit_app.W001",
+                )
+            )
+    return warnings

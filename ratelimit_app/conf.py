@@ -1,0 +1,36 @@
+"""Settings of ratelimit_app with their defaults, read at call time so override_settings works."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+DEFAULTS: dict[str, Any] = {
+    # Master switch: False turns every door into a no-op (no Redis call at all).
+    "RATELIMIT_ENABLED": True,
+    # django-redis cache alias whose client the engine uses.
+    "RATELIMIT_CACHE": "default",
+    # Prefix of every Redis key, so several sites can share one server.
+    "RATELIMIT_KEY_PREFIX": "rl",
+    # Addresses or networks of proxies whose X-Forwarded-For is believed.
+    "RATELIMIT_TRUSTED_PROXIES": (),
+    "RATELIMIT_IPV4_PREFIX": 32,
+    "RATELIMIT_IPV6_PREFIX": 64,
+    # Header values are masked in the admin unless the header is listed here.
+    "RATELIMIT_PLAIN_HEADERS": ("User-Agent", "Accept-Language", "Origin", "Referer", "Host"),
+    # When Redis cannot be reached: True lets requests through, False answers 503.
+    "RATELIMIT_FAIL_OPEN": True,
+    # Seconds the circuit stays open after a Redis error before one request tries again.
+    "RATELIMIT_BREAKER_SECONDS": 1.0,
+    # Workers compare the policy version with Redis at most this often when no decision call carried it.
+    "RATELIMIT_POLICY_RECHECK_SECONDS": 1.0,
+    # How many recently active subjects the live page index keeps per policy.
+    "RATELIMIT_LIVE_INDEX_SIZE": 2000,
+    # Dotted path of a view answering denied requests instead of the built-in 429 response.
+    "RATELIMIT_DENIED_VIEW": None,
+}
+
+
+def get_setting(name: str) -> Any:
+    return getattr(settings, name, DEFAULTS[name])

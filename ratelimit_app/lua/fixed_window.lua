@@ -1,0 +1,21 @@
+-- fixed_window: one integer per subject, count * 1000000 + (window number mod 1000000).
+-- The window number is stored with the count (rather than relying on the key's expiry alone) so
+-- that a caller-supplied `now` crosses windows correctly; packing both into one integer keeps the
+-- value in Redis' int encoding (under 100 bytes a subject). The key is written with its expiry in
+-- one SET, never INCR then EXPIRE. Times are integer milliseconds.
+strategies.fixed_window = {
+  peek = function(key, now, window, bucket, limit)
+    local period = math.floor(now / window)
+    local count = 0
+    local stored = tonumber(redis.call('GET', key))
+    if stored and stored % 1000000 == period % 1000000 then count = math.floor(stored / 1000000) end
+    local reset = (period + 1) * window - now
+    return count, reset, reset, period
+  end,
+  commit = function(key, now, window, bucket, count, period)
+    local reset = (period + 1) * window - now
+    local packed = (count + 1) * 1000000 + period % 1000000
+    redis.call('SET', key, string.format('%.0f', packed), 'PX', reset)
+    return reset
+  end,
+}

@@ -1,0 +1,191 @@
+"""The Policy model: one named rate limit, written by operators in the admin."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from .subjects import KeySpecError, parse_key_spec
+
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
+MAX_BUCKETS = 60  # default bucket count
+BUCKET_CEILING = 600  # more buckets make every decision sum too many fields
+
+
+class Strategy(models.TextChoices):
+    FIXED_WINDOW = "fixed_window", "Fixed window"
+    SLIDING_WINDOW = "sliding_window", "Sliding window (buckets)"
+    SLIDING_LOG = "sliding_log", "Sliding log (exact)"
+
+
+class Mode(models.TextChoices):
+    ENFORCE = "enforce", "Enforce (deny with 429)"
+    SHADOW = "shadow", "Shadow (count and report only)"
+
+
+def validate_key_spec(value: str) -> None:
+    try:
+        parse_key_spec(value)
+    except KeySpecError as error:
+        raise ValidationError(str(error), code="invalid_key") from error
+
+
+def validate_action(value: str) -> None:
+    if not value.strip() or any(char.isspace() for char in value):
+        raise ValidationError(
+            "An action is '*', a path prefix such as '/api/', or a name such as 'demo:search'; "
+            "it cannot be empty or contain spaces.",
+            code="invalid_action",
+        )
+
+
+def parse_methods(value: str) -> frozenset[str]:
+    """'post, PUT' -> {'POST', 'PUT'}; blank -> empty set, meaning every method."""
+    return frozenset(part.strip().upper() for part in value.split(",") if part.strip())
+
+
+def validate_methods(value: str) -> None:
+    unknown = sorted(parse_methods(value) - HTTP_METHODS)
+    if unknown:
+        raise ValidationError(
+            "Unknown HTTP method(s): %(unknown)s. Use a comma list such as 'POST,PUT', or leave blank for all.",
+            params={"unknown": ", ".join(unknown)},
+            code="invalid_methods",
+        )
+
+
+def default_bucket_size(window: int) -> int:
+    """The smallest bucket that divides the window into at most MAX_BUCKETS buckets."""
+    return next(size for size in range(1, window + 1) if window % size == 0 and window // size <= MAX_BUCKETS)
+
+
+class Policy(models.Model):
+    name = models.SlugField(
+        "name",
+        max_length=64,
+        unique=True,
+        help_text="Unique slug shown in the RateLimit headers and the admin, e.g. 'search-per-ip'.",
+    )
+    action = models.CharField(
+        "action",
+        max_length=200,
+        validators=[validate_action],
+        help_text=(
+            "What it protects: '*' for every request; a path prefix starting with '/', e.g. '/api/'; "
+            "or a name: a URL name ('demo:search'), a DRF view's throttle_scope ('items') or the action "
+            "given to @ratelimit('login')."
+        ),
+    )
+    limit = models.PositiveIntegerField(
+        "limit",
+        validators=[MinValueValidator(1, "The limit must be at least 1 request per window.")],
+        help_text="Requests allowed per window, e.g. 100.",
+    )
+    window = models.PositiveIntegerField(
+        "window (seconds)",
+        validators=[
+            MinValueValidator(1, "The window must be at least 1 second."),
+            MaxValueValidator(366 * 86400, "The window can be at most one year (31622400 seconds)."),
+        ],
+        help_text="Length of the window in seconds, e.g. 60 for a minute, 3600 for an hour.",
+    )
+    strategy = models.CharField(
+        "strategy",
+        max_length=20,
+        choices=Strategy.choices,
+        default=Strategy.SLIDING_WINDOW,
+        help_text=(
+            "fixed_window: one counter per window, cheapest, allows bursts at window edges. "
+            "sliding_window: counts in buckets, smooth and bounded memory. "
+            "sliding_log: one entry per request, exact, memory grows with the limit."
+        ),
+    )
+    key = models.CharField(
+        "counted per",
+        max_length=200,
+        default="ip",
+        validators=[validate_key_spec],
+        help_text=(
+            "Who is counted: ip, user, user_or_ip, header:<Name> (e.g. header:X-Api-Key), "
+            "param:<name> (e.g. param:username), global; a comma list counts combinations, "
+            "e.g. 'ip,header:User-Agent'."
+        ),
+    )
+    methods = models.CharField(
+        "methods",
+        max_length=100,
+        blank=True,
+        validators=[validate_methods],
+        help_text="Comma list of HTTP methods it applies to, e.g. 'POST,PUT'. Blank for all methods.",
+    )
+    mode = models.CharField(
+        "mode",
+        max_length=10,
+        choices=Mode.choices,
+        default=Mode.ENFORCE,
+        help_text="enforce denies with 429 over the limit; shadow only counts and reports what it would deny.",
+    )
+    enabled = models.BooleanField("enabled", default=True, help_text="Disabled policies are ignored.")
+    bucket_size = models.PositiveIntegerField(
+        "bucket size (seconds)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1, "The bucket size must be at least 1 second.")],
+        help_text=(
+            "sliding_window only: width of one bucket in seconds; must divide the window, e.g. 10 for a "
+            "60 second window. Blank picks the smallest size giving at most 60 buckets."
+        ),
+    )
+    description = models.TextField("description", blank=True, help_text="Why this policy exists, for other operators.")
+    generation = models.PositiveIntegerField(
+        "generation",
+        default=0,
+        editable=False,
+        help_text="Bumped by 'reset all': counters of older generations are no longer read and expire.",
+    )
+    created = models.DateTimeField("created", auto_now_add=True)
+    updated = models.DateTimeField("updated", auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "policy"
+        verbose_name_plural = "policies"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        super().clean()
+        if self.strategy != Strategy.SLIDING_WINDOW:
+            if self.bucket_size:
+                raise ValidationError(
+                    {"bucket_size": "The bucket size applies to sliding_window only; leave it blank."}
+                )
+            return
+        if not self.window or self.window < 1:
+            return  # the window field reports its own error
+        if self.bucket_size is None:
+            self.bucket_size = default_bucket_size(self.window)
+        elif self.bucket_size and self.window % self.bucket_size:
+            raise ValidationError(
+                {
+                    "bucket_size": (
+                        f"The bucket size must divide the window: {self.bucket_size} does not divide "
+                        f"{self.window}. Try {default_bucket_size(self.window)}."
+                    )
+                }
+            )
+        elif self.window // self.bucket_size > BUCKET_CEILING:
+            raise ValidationError(
+                {
+                    "bucket_size": (
+                        f"{self.window // self.bucket_size} buckets is too many (at most {BUCKET_CEILING}): "
+                        f"use a bucket of at least {-(-self.window // BUCKET_CEILING)} seconds."
+                    )
+                }
+            )
+
+    @property
+    def methods_set(self) -> frozenset[str]:
+        return parse_methods(self.methods)

@@ -1,0 +1,184 @@
+"""Which policies apply: an in-process index of the enabled policies, so a request costs no query.
+
+The index is rebuilt when the policy version in Redis changes. Every decision call returns that
+version; when no call carried it for RATELIMIT_POLICY_RECHECK_SECONDS, it is read once on its own.
+Saving or deleting a policy marks this process's index stale at once and bumps the version on commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterable
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from . import engine
+from .conf import get_setting
+from .models import Mode, Policy, Strategy
+from .subjects import KeySpec, parse_key_spec
+
+logger = logging.getLogger("ratelimit_app")
+
+SHAPE_LETTER = {Strategy.FIXED_WINDOW: "f", Strategy.SLIDING_WINDOW: "s", Strategy.SLIDING_LOG: "l"}
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledPolicy:
+    """A validated, immutable snapshot of one Policy row, with what the hot path needs precomputed."""
+
+    id: int
+    name: str
+    action: str
+    limit: int
+    window: int
+    strategy: str
+    key: str
+    key_spec: KeySpec
+    methods: frozenset[str]
+    mode: str
+    bucket_size: int | None
+    generation: int
+    window_ms: int
+    bucket_ms: int
+    shape: str  # part of the counter key: a change of strategy, window or bucket starts fresh counters
+
+    @property
+    def enforce(self) -> bool:
+        return self.mode == Mode.ENFORCE
+
+    def applies_to_method(self, method: str) -> bool:
+        return not self.methods or method in self.methods
+
+
+def compile_policy(row: Policy) -> CompiledPolicy:
+    """Validate a row (as the admin would) and compile it; raises ValidationError for a bad row."""
+    row.full_clean(validate_unique=False, validate_constraints=False)
+    bucket = row.bucket_size if row.strategy == Strategy.SLIDING_WINDOW else row.window
+    shape = f"{SHAPE_LETTER[row.strategy]}{row.window}"
+    if row.strategy == Strategy.SLIDING_WINDOW:
+        shape += f"/{bucket}"
+    return CompiledPolicy(
+        id=row.pk,
+        name=row.name,
+        action=row.action,
+        limit=row.limit,
+        window=row.window,
+        strategy=row.strategy,
+        key=row.key,
+        key_spec=parse_key_spec(row.key),
+        methods=row.methods_set,
+        mode=row.mode,
+        bucket_size=row.bucket_size,
+        generation=row.generation,
+        window_ms=row.window * 1000,
+        bucket_ms=bucket * 1000,
+        shape=shape,
+    )
+
+
+class PolicyIndex:
+    """Enabled policies by how they match: everywhere ('*'), by path prefix, by name."""
+
+    def __init__(self, policies: Iterable[CompiledPolicy]) -> None:
+        self.policies = tuple(policies)
+        self.everywhere = tuple(p for p in self.policies if p.action == "*")
+        self.by_prefix = tuple(p for p in self.policies if p.action.startswith("/"))
+        by_name: dict[str, list[CompiledPolicy]] = defaultdict(list)
+        for policy in self.policies:
+            if policy.action != "*" and not policy.action.startswith("/"):
+                by_name[policy.action].append(policy)
+        self.by_name = {name: tuple(found) for name, found in by_name.items()}
+
+    def __bool__(self) -> bool:
+        return bool(self.policies)
+
+    def matching(self, *, path: str, names: Iterable[str | None] = (), method: str = "GET") -> list[CompiledPolicy]:
+        """The policies for a request to `path` with `method`, known by `names` (URL name, scope, action)."""
+        found = [p for p in self.everywhere if p.applies_to_method(method)]
+        found += [p for p in self.by_prefix if path.startswith(p.action) and p.applies_to_method(method)]
+        for name in names:
+            for policy in self.by_name.get(name, ()) if name else ():
+                if policy.applies_to_method(method) and policy not in found:
+                    found.append(policy)
+        return found
+
+    def get(self, policy_id: int) -> CompiledPolicy | None:
+        return next((p for p in self.policies if p.id == policy_id), None)
+
+
+class _IndexState:
+    def __init__(self) -> None:
+        self.index: PolicyIndex | None = None
+        self.version: int | None = None
+        self.checked_at = 0.0
+        self.stale = True
+        self.lock = threading.Lock()
+
+
+_state = _IndexState()
+
+
+def load_index() -> PolicyIndex:
+    """Read the enabled policies from the database; a bad row is skipped with a logged error."""
+    compiled = []
+    for row in Policy.objects.filter(enabled=True).order_by("pk"):
+        try:
+            compiled.append(compile_policy(row))
+        except (ValidationError, ValueError, KeyError) as error:
+            logger.error("ratelimit: policy %r (id %s) is invalid and is skipped: %s", row.name, row.pk, error)
+    return PolicyIndex(compiled)
+
+
+def get_index() -> PolicyIndex:
+    """The current index; reloads it when it is stale or the version in Redis moved on."""
+    state = _state
+    if not state.stale and time.monotonic() - state.checked_at > get_setting("RATELIMIT_POLICY_RECHECK_SECONDS"):
+        try:
+            observe_version(engine.read_version())
+        except engine.RedisUnavailable:
+            state.checked_at = time.monotonic()  # the doors deal with the outage; check again later
+    if state.stale or state.index is None:
+        _reload()
+    return state.index
+
+
+def _reload() -> None:
+    state = _state
+    with state.lock:
+        if not state.stale and state.index is not None:
+            return
+        state.stale = False  # a change arriving during the load marks it stale again
+        try:
+            version: int | None = engine.read_version()
+        except engine.RedisUnavailable:
+            version = None
+        state.index = load_index()
+        state.version = version
+        state.checked_at = time.monotonic()
+
+
+def observe_version(version: int | None) -> None:
+    """Called with the version each decision call returned: a new version means reload."""
+    state = _state
+    state.checked_at = time.monotonic()
+    if version is not None and version != state.version:
+        state.stale = True
+
+
+def policies_changed() -> None:
+    """Mark this process's index stale now and tell the other workers once the change is committed."""
+    _state.stale = True
+    transaction.on_commit(_publish_change)
+
+
+def _publish_change() -> None:
+    _state.stale = True
+    try:
+        engine.bump_version()
+    except engine.RedisUnavailable as error:
+        logger.warning("ratelimit: could not announce a policy change to other workers: %s", error)

@@ -1,0 +1,43 @@
+"""A real Redis for the whole session (REDIS_URL, or a private server started here), emptied per test."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.conf import settings
+from django_redis import get_redis_connection
+
+from project.devredis import PrivateRedis
+from ratelimit_app import engine, policies
+
+_private: PrivateRedis | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Point the cache at the server before anything connects (settings were read already)."""
+    global _private
+    if not os.environ.get("REDIS_URL"):
+        _private = PrivateRedis().start()
+        os.environ["REDIS_URL"] = _private.url  # for subprocesses the tests start
+    settings.CACHES["default"]["LOCATION"] = os.environ["REDIS_URL"]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _private:
+        _private.stop()
+
+
+@pytest.fixture
+def redis_client():
+    return get_redis_connection("default")
+
+
+@pytest.fixture(autouse=True)
+def empty_redis(redis_client):
+    """Every test starts from an empty Redis, a closed circuit and a policy index to be reloaded."""
+    redis_client.flushdb()
+    engine.breaker.reset()
+    policies._state.stale = True
+    yield
+    policies._state.stale = True

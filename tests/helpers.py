@@ -1,0 +1,54 @@
+"""Small helpers shared by the tests: policies from field values, subjects, round-trip counting."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from typing import Iterator
+
+from redis.connection import Connection
+
+from ratelimit_app.engine import Check
+from ratelimit_app.models import Policy
+from ratelimit_app.policies import CompiledPolicy, compile_policy
+from ratelimit_app.subjects import Subject
+
+_ids = iter(range(1000, 10**9))
+
+
+def policy(save: bool = False, **fields) -> CompiledPolicy:
+    """A compiled policy; unsaved unless `save` (engine tests need no database row)."""
+    values = {"name": f"p{next(_ids)}", "action": "*", "limit": 10, "window": 60, "strategy": "fixed_window", "key": "ip"}
+    values.update(fields)
+    row = Policy(**values)
+    if save:
+        row.full_clean()
+        row.save()
+    else:
+        row.pk = row.pk or next(_ids)
+    return compile_policy(row)
+
+
+def subject(name: str = "ip:203.0.113.7") -> Subject:
+    return Subject(hashlib.blake2b(name.encode(), digest_size=8).hexdigest(), name)
+
+
+def check(compiled: CompiledPolicy, who: str = "ip:203.0.113.7", limit: int | None = None) -> Check:
+    return Check(compiled, subject(who), compiled.limit if limit is None else limit)
+
+
+@contextlib.contextmanager
+def count_round_trips() -> Iterator[list[int]]:
+    """Count the commands (round trips) redis-py sends while the block runs; they still reach Redis."""
+    counter = [0]
+    original = Connection.send_packed_command
+
+    def counting(self, command, check_health=True):
+        counter[0] += 1
+        return original(self, command, check_health)
+
+    Connection.send_packed_command = counting
+    try:
+        yield counter
+    finally:
+        Connection.send_packed_command = original

@@ -1,0 +1,236 @@
+"""The engine decides every policy of a request in one Redis call, exactly and all-or-nothing."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+
+from ratelimit_app import engine
+from tests.helpers import check, count_round_trips, policy
+
+T0 = 1_800_000_000.0  # a window boundary for every window used here (divisible by 60 and 3600)
+STRATEGIES = ["fixed_window", "sliding_window", "sliding_log"]
+
+
+def hit(*checks, now, dry_run=False):
+    return engine.decide(list(checks), now=now, dry_run=dry_run)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_admits_up_to_the_limit_then_denies(strategy):
+    limited = policy(strategy=strategy, limit=3, window=60)
+    verdicts = [hit(check(limited), now=T0 + i) for i in range(5)]
+    assert [v.allowed for v in verdicts] == [True, True, True, False, False]
+    assert [v.decisions[0].remaining for v in verdicts] == [2, 1, 0, 0, 0]
+    assert [v.decisions[0].count for v in verdicts] == [1, 2, 3, 3, 3]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_subjects_are_counted_apart(strategy):
+    limited = policy(strategy=strategy, limit=1)
+    assert hit(check(limited, "ip:198.51.100.1"), now=T0).allowed
+    assert hit(check(limited, "ip:198.51.100.2"), now=T0).allowed
+    assert not hit(check(limited, "ip:198.51.100.1"), now=T0 + 1).allowed
+
+
+def test_fixed_window_starts_over_in_the_next_window():
+    limited = policy(strategy="fixed_window", limit=2, window=60)
+    hit(check(limited), now=T0 + 10)
+    hit(check(limited), now=T0 + 20)
+    denied = hit(check(limited), now=T0 + 30)
+    assert not denied.allowed
+    assert denied.decisions[0].retry_after == pytest.approx(30)
+    assert denied.decisions[0].reset_in == pytest.approx(30)
+    assert hit(check(limited), now=T0 + 60).allowed
+
+
+@pytest.mark.parametrize("strategy", ["sliding_window", "sliding_log"])
+def test_sliding_strategies_refuse_the_burst_a_fixed_window_admits_at_its_edge(strategy):
+    fixed = policy(strategy="fixed_window", limit=10, window=60)
+    sliding = policy(strategy=strategy, limit=10, window=60)
+    admitted = {"fixed": 0, "sliding": 0}
+    for second in (T0 + 59.5, T0 + 60.5):  # ten requests just before the fixed edge, ten just after
+        for _ in range(10):
+            admitted["fixed"] += hit(check(fixed), now=second).allowed
+            admitted["sliding"] += hit(check(sliding), now=second).allowed
+    assert admitted == {"fixed": 20, "sliding": 10}
+
+
+def test_sliding_window_frees_buckets_as_they_leave_the_window():
+    limited = policy(strategy="sliding_window", limit=4, window=60, bucket_size=10)
+    for second in (0, 0, 25, 25):
+        assert hit(check(limited), now=T0 + second).allowed
+    denied = hit(check(limited), now=T0 + 30)
+    assert not denied.allowed
+    assert denied.decisions[0].retry_after == pytest.approx(30)  # the bucket of second 0 leaves at 60
+    assert denied.decisions[0].reset_in == pytest.approx(50)  # the bucket of second 20 leaves at 80
+    assert not hit(check(limited), now=T0 + 59.9).allowed
+    assert [hit(check(limited), now=T0 + 60).allowed for _ in range(3)] == [True, True, False]
+
+
+def test_sliding_window_memory_is_bounded_by_its_buckets(redis_client):
+    limited = policy(strategy="sliding_window", limit=10_000, window=60, bucket_size=10)
+    for second in range(0, 600, 5):  # ten minutes of traffic
+        hit(check(limited), now=T0 + second)
+    counter_key = next(k for k in redis_client.keys("rl:{*") if b":s60/10" in k)
+    assert redis_client.hlen(counter_key) <= 60 // 10 + 1
+
+
+def test_sliding_log_counts_every_request_within_one_millisecond(redis_client):
+    limited = policy(strategy="sliding_log", limit=50, window=60)
+    verdicts = [hit(check(limited), now=T0) for _ in range(51)]
+    assert sum(v.allowed for v in verdicts) == 50
+    assert verdicts[49].decisions[0].count == 50
+    assert redis_client.zcard(next(iter(redis_client.keys("rl:{*")))) == 50
+
+
+def test_sliding_log_admits_again_when_the_oldest_request_leaves():
+    limited = policy(strategy="sliding_log", limit=2, window=60)
+    hit(check(limited), now=T0)
+    hit(check(limited), now=T0 + 30)
+    denied = hit(check(limited), now=T0 + 45)
+    assert denied.decisions[0].retry_after == pytest.approx(15)
+    assert hit(check(limited), now=T0 + 60.001).allowed
+    assert not hit(check(limited), now=T0 + 61).allowed
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_denied_requests_are_not_counted(strategy):
+    limited = policy(strategy=strategy, limit=3, window=60)
+    for i in range(3):
+        hit(check(limited), now=T0 + i)
+    for i in range(200):  # a client that keeps hammering
+        hit(check(limited), now=T0 + 3 + i * 0.1)
+    # one window after the admitted requests the client is welcome again
+    assert hit(check(limited), now=T0 + 63).allowed
+
+
+def test_one_denying_policy_means_nothing_is_counted_anywhere():
+    tight = policy(limit=1, strategy="fixed_window")
+    loose = policy(limit=10, strategy="sliding_log")
+    logged = policy(limit=10, strategy="sliding_window")
+    both = [check(tight), check(loose), check(logged)]
+    assert hit(*both, now=T0).allowed
+    denied = hit(*both, now=T0 + 1)
+    assert not denied.allowed
+    assert [d.policy.id for d in denied.denied_by] == [tight.id]
+    assert [d.count for d in denied.decisions] == [1, 1, 1]
+    assert [d.remaining for d in hit(check(loose), check(logged), now=T0 + 2).decisions] == [8, 8]
+
+
+def test_shadow_policy_reports_but_never_denies_nor_blocks_counting():
+    shadow = policy(limit=1, mode="shadow")
+    enforced = policy(limit=10)
+    verdicts = [hit(check(shadow), check(enforced), now=T0 + i) for i in range(3)]
+    assert all(v.allowed for v in verdicts)
+    assert [v.decisions[0].exceeded for v in verdicts] == [False, True, True]
+    assert [v.decisions[1].count for v in verdicts] == [1, 2, 3]
+
+
+def test_effective_limit_per_subject_is_what_the_engine_enforces():
+    limited = policy(limit=1)
+    assert [hit(check(limited, limit=3), now=T0).allowed for _ in range(4)] == [True, True, True, False]
+
+
+def test_dry_run_decides_without_counting():
+    limited = policy(limit=1)
+    assert hit(check(limited), now=T0, dry_run=True).allowed
+    assert hit(check(limited), now=T0, dry_run=True).decisions[0].count == 0
+    assert hit(check(limited), now=T0).allowed
+    assert not hit(check(limited), now=T0, dry_run=True).allowed
+
+
+def test_server_clock_is_used_without_now():
+    limited = policy(limit=2, strategy="sliding_log")
+    assert [engine.decide([check(limited)]).allowed for _ in range(3)] == [True, True, False]
+
+
+@pytest.mark.parametrize("count", [1, 3, 10])
+def test_one_round_trip_whatever_the_number_of_policies(count):
+    checks = [check(policy(strategy=STRATEGIES[i % 3], limit=5)) for i in range(count)]
+    engine.decide(checks)  # loads the script
+    with count_round_trips() as trips:
+        for _ in range(20):
+            engine.decide(checks)
+    assert trips[0] == 20
+
+
+def test_no_policy_means_no_redis_call():
+    with count_round_trips() as trips:
+        assert engine.decide([]).allowed
+    assert trips[0] == 0
+
+
+def test_scripts_reload_by_themselves_after_script_flush(redis_client):
+    limited = policy(limit=2)
+    assert engine.decide([check(limited)]).allowed
+    redis_client.script_flush()
+    assert engine.decide([check(limited)]).decisions[0].count == 2
+
+
+def test_keys_are_short_prefixed_and_hide_the_subject(redis_client, settings):
+    settings.RATELIMIT_KEY_PREFIX = "site-a"
+    limited = policy(limit=2, key="header:X-Api-Key")
+    secret = "header:x-api-key=" + "s3cr3t" * 2000
+    hit(check(limited, secret), now=T0)
+    names = [k.decode() for k in redis_client.keys("*")]
+    assert names and all(name.startswith("site-a:") for name in names)
+    assert all(len(name) < 64 and "s3cr3t" not in name for name in names)
+    counter = next(name for name in names if "{" in name)
+    assert counter.count("{") == 1 and counter.index("}") - counter.index("{") == 17  # a 16 hex digit tag
+
+
+# --- memory per subject (MEMORY USAGE) -------------------------------------------------------------
+
+
+def memory_of_one_counter(redis_client, strategy, **fields):
+    limited = policy(strategy=strategy, **fields)
+    for i in range(fields.get("limit", 10) * 3):
+        hit(check(limited), now=T0 + i * 0.05)
+    counter = next(k for k in redis_client.keys("rl:{*"))
+    return redis_client.memory_usage(counter, samples=0)
+
+
+def test_fixed_window_uses_under_100_bytes_per_subject(redis_client):
+    assert memory_of_one_counter(redis_client, "fixed_window", limit=1000) < 100
+
+
+def test_sliding_window_memory_grows_with_buckets_not_requests(redis_client):
+    few = memory_of_one_counter(redis_client, "sliding_window", limit=1000, window=60, bucket_size=60)
+    redis_client.flushdb()
+    many = memory_of_one_counter(redis_client, "sliding_window", limit=1000, window=60, bucket_size=1)
+    assert few < 150
+    assert many < 150 + 60 * 16  # at most a few bytes per bucket field
+
+
+def test_sliding_log_memory_is_proportional_to_the_limit(redis_client):
+    small = memory_of_one_counter(redis_client, "sliding_log", limit=50)
+    redis_client.flushdb()
+    large = memory_of_one_counter(redis_client, "sliding_log", limit=500)
+    assert large > small * 5  # grows with the limit ...
+    assert large < 500 * 128  # ... by a bounded amount per admitted request (a skiplist node each)
+    assert redis_client.zcard(next(iter(redis_client.keys("rl:{*")))) == 500  # denied requests add nothing
+
+
+# --- exactness under concurrency ---------------------------------------------------------------
+
+
+def _attempts(compiled, start, attempts, results):
+    start.wait()
+    results.put(sum(engine.decide([check(compiled)]).allowed for _ in range(attempts)))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_eight_processes_hitting_one_subject_admit_exactly_the_limit(strategy):
+    limited = policy(strategy=strategy, limit=100, window=3600)
+    context = multiprocessing.get_context("fork")
+    start, results = context.Barrier(8), context.Queue()
+    workers = [context.Process(target=_attempts, args=(limited, start, 100, results)) for _ in range(8)]
+    for worker in workers:
+        worker.start()
+    admitted = [results.get(timeout=60) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=10)
+    assert sum(admitted) == 100
+    assert engine.decide([check(limited)]).decisions[0].count == 100
