@@ -9,7 +9,6 @@ WITH_REDIS := $(BIN)/python -m project.devredis --
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
 
 $(VENV)/.runtime: requirements.txt | $(BIN)/python
 	$(BIN)/pip install -q -r requirements.txt
