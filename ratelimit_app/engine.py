@@ -67,6 +67,8 @@ class SubjectUsage(NamedTuple):
     display: str
     count: int
     reset_in: float
+    limit: int  # the limit in effect for this subject
+    overridden: bool  # an override gave this subject a limit other than the policy's
 
 
 class LiveUsage(NamedTuple):
@@ -166,7 +168,7 @@ def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool =
             keys.live_key(policy, key_prefix),
             keys.totals_key(policy, key_prefix),
         )
-        args += (policy.strategy, limit, policy.window_ms, policy.bucket_ms, "1" if policy.enforce else "0", f"{subject.key} {subject.display}")
+        args += (policy.strategy, limit, policy.window_ms, policy.bucket_ms, "1" if policy.enforce else "0", live_member(subject, limit, policy))
     script_keys.append(keys.version_key(key_prefix))
     redis_client = client()
     script = _scripts.get("decide", redis_client)
@@ -205,12 +207,22 @@ def live_usage(policy: CompiledPolicy, *, now: float | None = None) -> LiveUsage
     redis_client = client()
     script = _scripts.get("live", redis_client)
     reply = breaker.call(lambda: script([keys.live_key(policy), keys.totals_key(policy)], args, redis_client))
-    subjects = []
-    for i in range(3, len(reply), 3):
+    subjects: dict[str, SubjectUsage] = {}
+    for i in range(3, len(reply), 3):  # oldest first: a subject seen again under a new limit keeps the newest
         member, count, reset_ms = reply[i : i + 3]
-        subject_key, _, display = member.decode().partition(" ")
-        subjects.append(SubjectUsage(subject_key, display, count, reset_ms / 1000))
-    return LiveUsage(reply[1], reply[2], subjects)
+        subject_key, limit, overridden, display = parse_live_member(member.decode())
+        subjects[subject_key] = SubjectUsage(subject_key, display, count, reset_ms / 1000, limit or policy.limit, overridden)
+    return LiveUsage(reply[1], reply[2], list(subjects.values()))
+
+
+def live_member(subject: Subject, limit: int, policy: CompiledPolicy) -> str:
+    """The live index entry of a subject: '<hash> <limit>[*] <display>', '*' marking an override."""
+    return f"{subject.key} {limit}{'*' if limit != policy.limit else ''} {subject.display}"
+
+
+def parse_live_member(member: str) -> tuple[str, int, bool, str]:
+    subject_key, limit, display = (member.split(" ", 2) + ["", ""])[:3]
+    return subject_key, int(limit.rstrip("*") or 0), limit.endswith("*"), display
 
 
 def reset_subjects(policy: CompiledPolicy, subject_keys: Sequence[str]) -> int:
@@ -221,7 +233,8 @@ def reset_subjects(policy: CompiledPolicy, subject_keys: Sequence[str]) -> int:
     live_key = keys.live_key(policy)
 
     def reset() -> int:
-        members = [m for m in redis_client.zrange(live_key, 0, -1) if m.decode().partition(" ")[0] in subject_keys]
+        wanted = set(subject_keys)
+        members = [m for m in redis_client.zrange(live_key, 0, -1) if m.decode().partition(" ")[0] in wanted]
         with redis_client.pipeline() as pipe:
             pipe.delete(*(keys.counter_key(policy, key) for key in subject_keys))
             if members:

@@ -1,7 +1,10 @@
-"""The Policy model: one named rate limit, written by operators in the admin."""
+"""The models: Policy (one named rate limit) and Override (a different limit for some subjects)."""
 
 from __future__ import annotations
 
+import ipaddress
+
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -189,3 +192,135 @@ class Policy(models.Model):
     @property
     def methods_set(self) -> frozenset[str]:
         return parse_methods(self.methods)
+
+
+class MatchKind(models.TextChoices):
+    USER = "user", "User"
+    IP = "ip", "IP address or network"
+    HEADER = "header", "Header value (e.g. an API key)"
+    GROUP = "group", "User group"
+
+
+def validate_network(value: str) -> None:
+    try:
+        ipaddress.ip_network(value.strip(), strict=False)
+    except ValueError as error:
+        raise ValidationError(
+            "Enter an IP address or a network in CIDR form, e.g. 203.0.113.7 or 10.0.0.0/8 or 2001:db8::/48.",
+            code="invalid_network",
+        ) from error
+
+
+class Override(models.Model):
+    """A different limit, or an exemption, for one subject (or a network or group) under one policy."""
+
+    policy = models.ForeignKey(
+        Policy, on_delete=models.CASCADE, related_name="overrides", verbose_name="policy", help_text="The policy it changes."
+    )
+    kind = models.CharField(
+        "matches",
+        max_length=10,
+        choices=MatchKind.choices,
+        help_text="What the override matches: a user, an IP address or network, a header value, or a group.",
+    )
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
+        verbose_name="user",
+        help_text="For 'user': the user whose requests it matches.",
+    )
+    group = models.ForeignKey(
+        "auth.Group",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
+        verbose_name="group",
+        help_text="For 'group': every member of this group.",
+    )
+    network = models.CharField(
+        "IP address or network",
+        max_length=64,
+        blank=True,
+        validators=[validate_network],
+        help_text="For 'ip': an address (203.0.113.7) or a CIDR network (10.0.0.0/8, 2001:db8::/48).",
+    )
+    header = models.CharField(
+        "header",
+        max_length=100,
+        blank=True,
+        help_text="For 'header': the header name, e.g. X-Api-Key.",
+    )
+    value = models.CharField(
+        "header value",
+        max_length=500,
+        blank=True,
+        help_text="For 'header': the exact value, e.g. the API key. Shown masked in lists.",
+    )
+    exempt = models.BooleanField("exempt", default=False, help_text="Matching requests are not limited by this policy at all.")
+    limit = models.PositiveIntegerField(
+        "limit",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1, "The limit must be at least 1 request per window.")],
+        help_text="The limit in effect instead of the policy's, per window, e.g. 1000. Leave blank when exempt.",
+    )
+    expires_at = models.DateTimeField(
+        "expires", null=True, blank=True, help_text="After this moment the override no longer applies. Blank: never."
+    )
+    reason = models.CharField("reason", max_length=200, blank=True, help_text="Why, e.g. 'partner integration, ticket 123'.")
+    created = models.DateTimeField("created", auto_now_add=True)
+    updated = models.DateTimeField("updated", auto_now=True)
+
+    class Meta:
+        ordering = ["policy__name", "kind", "pk"]
+        verbose_name = "override"
+        verbose_name_plural = "overrides"
+
+    def __str__(self) -> str:
+        effect = "exempt" if self.exempt else f"limit {self.limit}"
+        return f"{self.policy_id and self.policy.name}: {self.matcher_display()} -> {effect}"
+
+    def matcher_display(self) -> str:
+        if self.kind == MatchKind.USER:
+            return f"user {self.user}" if self.user_id else "user ?"
+        if self.kind == MatchKind.GROUP:
+            return f"group {self.group}" if self.group_id else "group ?"
+        if self.kind == MatchKind.IP:
+            return f"ip {self.network}"
+        return f"header {self.header}={mask(self.value)}"
+
+    def clean(self) -> None:
+        super().clean()
+        errors: dict[str, str] = {}
+        required = {MatchKind.USER: "user", MatchKind.GROUP: "group", MatchKind.IP: "network", MatchKind.HEADER: "header"}
+        field = required.get(self.kind)
+        if field and not (getattr(self, f"{field}_id", None) if field in ("user", "group") else getattr(self, field)):
+            errors[field] = f"Required when the override matches by {self.kind}."
+        if self.kind == MatchKind.HEADER and not self.value:
+            errors["value"] = "Required when the override matches a header value."
+        if self.exempt and self.limit:
+            errors["limit"] = "An exempt override has no limit: clear the limit or untick exempt."
+        if not self.exempt and not self.limit:
+            errors["limit"] = "Give a limit, or tick exempt."
+        if self.kind == MatchKind.IP and self.network:
+            self.network = canonical_network(self.network)
+        if errors:
+            raise ValidationError(errors)
+
+
+def canonical_network(value: str) -> str:
+    """'10.1.2.3/16' -> '10.1.0.0/16', '10.0.0.1/32' -> '10.0.0.1'; an invalid value is left as it is."""
+    try:
+        network = ipaddress.ip_network(value.strip(), strict=False)
+    except ValueError:
+        return value  # the field's validator reports it
+    return str(network.network_address) if network.prefixlen == network.max_prefixlen else str(network)
+
+
+def mask(value: str) -> str:
+    """A secret shown so operators can tell keys apart without reading them: '…' + last 4 characters."""
+    return "…" + value[-4:] if len(value) > 4 else "…"

@@ -2,7 +2,8 @@
 
 The index is rebuilt when the policy version in Redis changes. Every decision call returns that
 version; when no call carried it for RATELIMIT_POLICY_RECHECK_SECONDS, it is read once on its own.
-Saving or deleting a policy marks this process's index stale at once and bumps the version on commit.
+Saving or deleting a policy or an override (or changing a group's members) marks this process's
+index stale at once and bumps the version on commit.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable
 
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from . import engine
 from .conf import get_setting
-from .models import Mode, Policy, Strategy
+from .models import Mode, Override, Policy, Strategy
+from .overrides import PolicyOverrides, compile_overrides
 from .subjects import KeySpec, parse_key_spec
 
 logger = logging.getLogger("ratelimit_app")
@@ -84,8 +87,9 @@ def compile_policy(row: Policy) -> CompiledPolicy:
 class PolicyIndex:
     """Enabled policies by how they match: everywhere ('*'), by path prefix, by name."""
 
-    def __init__(self, policies: Iterable[CompiledPolicy]) -> None:
+    def __init__(self, policies: Iterable[CompiledPolicy], overrides: dict[int, PolicyOverrides] | None = None) -> None:
         self.policies = tuple(policies)
+        self.overrides = overrides or {}
         self.everywhere = tuple(p for p in self.policies if p.action == "*")
         self.by_prefix = tuple(p for p in self.policies if p.action.startswith("/"))
         by_name: dict[str, list[CompiledPolicy]] = defaultdict(list)
@@ -124,14 +128,31 @@ _state = _IndexState()
 
 
 def load_index() -> PolicyIndex:
-    """Read the enabled policies from the database; a bad row is skipped with a logged error."""
+    """Read the enabled policies and their overrides; a bad row is skipped with a logged error."""
     compiled = []
     for row in Policy.objects.filter(enabled=True).order_by("pk"):
         try:
             compiled.append(compile_policy(row))
         except (ValidationError, ValueError, KeyError) as error:
             logger.error("ratelimit: policy %r (id %s) is invalid and is skipped: %s", row.name, row.pk, error)
-    return PolicyIndex(compiled)
+    return PolicyIndex(compiled, _load_overrides({policy.id for policy in compiled}))
+
+
+def _load_overrides(policy_ids: set[int]) -> dict[int, PolicyOverrides]:
+    rows = []
+    for row in Override.objects.filter(policy_id__in=policy_ids).select_related("user", "group", "policy"):
+        try:
+            row.full_clean(exclude=["policy", "user", "group"], validate_unique=False, validate_constraints=False)
+            rows.append(row)
+        except ValidationError as error:
+            logger.error("ratelimit: override id %s of policy %r is invalid and is skipped: %s", row.pk, row.policy.name, error)
+    group_ids = {row.group_id for row in rows if row.group_id}
+    members: dict[int, set[int]] = defaultdict(set)
+    if group_ids:
+        memberships = get_user_model().groups.through.objects.filter(group_id__in=group_ids)
+        for group_id, user_id in memberships.values_list("group_id", get_user_model()._meta.model_name + "_id"):
+            members[group_id].add(user_id)
+    return compile_overrides(rows, {group_id: frozenset(users) for group_id, users in members.items()})
 
 
 def get_index() -> PolicyIndex:

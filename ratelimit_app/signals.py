@@ -1,15 +1,20 @@
-"""Policy changes, from the admin, the ORM or a fixture, invalidate every worker's index."""
+"""Changes of policies, overrides and group membership, from the admin, the ORM or a fixture,
+invalidate every worker's index."""
 
 from __future__ import annotations
 
-from django.db.models.signals import post_delete, post_save
+from django.contrib.auth import get_user_model
+from django.db.models.signals import m2m_changed, post_delete, post_save
 from django.dispatch import receiver
 
-from .models import Policy
+from .models import Override, Policy
 from .policies import policies_changed
 
 
 @receiver(post_save, sender=Policy, dispatch_uid="ratelimit_policy_saved")
 @receiver(post_delete, sender=Policy, dispatch_uid="ratelimit_policy_deleted")
+@receiver(post_save, sender=Override, dispatch_uid="ratelimit_override_saved")
+@receiver(post_delete, sender=Override, dispatch_uid="ratelimit_override_deleted")
+@receiver(m2m_changed, sender=get_user_model().groups.through, dispatch_uid="ratelimit_group_members")
 def policy_changed(**kwargs: object) -> None:
     policies_changed()

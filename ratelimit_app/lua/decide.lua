@@ -1,7 +1,7 @@
 -- decide: every policy that applies to one request, in one call, all-or-nothing.
 --
 -- KEYS, for policy i = 1..n:  KEYS[3i-2] counter of (policy, subject)
---                             KEYS[3i-1] live index of the policy (sorted set "<subject hash> <display>" -> last seen)
+--                             KEYS[3i-1] live index of the policy (sorted set "<subject hash> <limit>[*] <display>" -> last seen)
 --                             KEYS[3i]   totals of the policy (hash: p = window number, a = allowed, d = denied)
 --       KEYS[3n+1]            policy version counter (read only, piggy-backed for the workers' caches)
 -- ARGV[1] now in milliseconds, or '' to use the server's TIME

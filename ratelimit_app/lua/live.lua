@@ -1,6 +1,6 @@
 -- live: what the admin's live page shows for one policy, read only.
 --
--- KEYS[1] live index of the policy (sorted set "<subject hash> <display>" -> last seen, ms)
+-- KEYS[1] live index of the policy (sorted set "<subject hash> <limit>[*] <display>" -> last seen, ms)
 -- KEYS[2] totals of the policy (hash: p = window number, a = allowed, d = denied)
 -- ARGV[1] now in milliseconds, or '' to use the server's TIME
 -- ARGV[2] strategy, ARGV[3] limit, ARGV[4] window (ms), ARGV[5] bucket (ms)
