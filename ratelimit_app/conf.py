@@ -1,10 +1,13 @@
-"""Settings of ratelimit_app with their defaults, read at call time so override_settings works."""
+"""Settings of ratelimit_app with their defaults, read at call time so override_settings works
+(the values are cached until Django signals that a setting changed)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 DEFAULTS: dict[str, Any] = {
     # Master switch: False turns every door into a no-op (no Redis call at all).
@@ -32,5 +35,18 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+_cache: dict[str, Any] = {}
+
+
 def get_setting(name: str) -> Any:
-    return getattr(settings, name, DEFAULTS[name])
+    """The setting's value or its default; cached, and forgotten whenever a setting changes."""
+    try:
+        return _cache[name]
+    except KeyError:
+        value = _cache[name] = getattr(settings, name, DEFAULTS[name])
+        return value
+
+
+@receiver(setting_changed, dispatch_uid="ratelimit_settings_changed")
+def forget_settings(**kwargs: Any) -> None:
+    _cache.clear()

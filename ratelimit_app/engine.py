@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence, TypeVar
 
 import redis
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django_redis import get_redis_connection
 from redis.commands.core import Script
 
@@ -39,8 +40,7 @@ class Check(NamedTuple):
     limit: int
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     policy: CompiledPolicy
     subject: Subject
     allowed: bool  # this policy lets the request through (a shadow policy always does)
@@ -140,8 +140,22 @@ class CircuitBreaker:
 breaker = CircuitBreaker()
 
 
+_client: redis.Redis | None = None
+
+
 def client() -> redis.Redis:
-    return get_redis_connection(get_setting("RATELIMIT_CACHE"))
+    """The django-redis client of RATELIMIT_CACHE (thread-safe; looked up once, not per request)."""
+    global _client
+    if _client is None:
+        _client = get_redis_connection(get_setting("RATELIMIT_CACHE"))
+    return _client
+
+
+@receiver(setting_changed, dispatch_uid="ratelimit_cache_changed")
+def _forget_client(setting: str, **kwargs: object) -> None:
+    global _client
+    if setting in ("CACHES", "RATELIMIT_CACHE"):
+        _client = None
 
 
 def _now_arg(now: float | None) -> str:

@@ -2,7 +2,7 @@
 --
 -- KEYS, for policy i = 1..n:  KEYS[3i-2] counter of (policy, subject)
 --                             KEYS[3i-1] live index of the policy (sorted set "<subject hash> <limit>[*] <display>" -> last seen)
---                             KEYS[3i]   totals of the policy (hash: p = window number, a = allowed, d = denied)
+--                             KEYS[3i]   totals of the policy: a hash "<key>:<window number>" holds a = allowed, d = denied
 --       KEYS[3n+1]            policy version counter (read only, piggy-backed for the workers' caches)
 -- ARGV[1] now in milliseconds, or '' to use the server's TIME
 -- ARGV[2] '1' to decide without counting anything (dry run)
@@ -34,7 +34,7 @@ for i = 1, n do
     member = ARGV[at + 6],
     key = KEYS[3 * i - 2],
   }
-  policy.count, policy.reset, policy.retry, policy.state =
+  policy.count, policy.retry, policy.state =
     policy.strategy.peek(policy.key, now, policy.window, policy.bucket, policy.limit)
   policy.exceeded = policy.count >= policy.limit
   if policy.exceeded and policy.enforce then denied = true end
@@ -44,26 +44,29 @@ end
 local version = tonumber(redis.call('GET', KEYS[3 * n + 1]) or '0')
 local result = {version, now, denied and 1 or 0}
 for i, policy in ipairs(policies) do
+  local counted = false
   if not dry_run then
-    local counted = not denied and not policy.exceeded
+    counted = not denied and not policy.exceeded
     if counted then
       policy.reset = policy.strategy.commit(policy.key, now, policy.window, policy.bucket, policy.count, policy.state)
       policy.count = policy.count + 1
     end
-    local live, totals = KEYS[3 * i - 1], KEYS[3 * i]
-    redis.call('ZADD', live, now, policy.member)
-    redis.call('ZREMRANGEBYRANK', live, 0, -index_size - 1)
-    redis.call('PEXPIRE', live, policy.window * 2)
-    local period = math.floor(now / policy.window)
-    if tonumber(redis.call('HGET', totals, 'p')) ~= period then
-      redis.call('HSET', totals, 'p', period, 'a', 0, 'd', 0)
+    -- the live index: trimmed and given its expiry only when a new subject joins it
+    local live = KEYS[3 * i - 1]
+    if redis.call('ZADD', live, now, policy.member) == 1 then
+      redis.call('ZREMRANGEBYRANK', live, 0, -index_size - 1)
+      redis.call('PEXPIRE', live, policy.window * 2)
     end
-    if counted then
-      redis.call('HINCRBY', totals, 'a', 1)
-    elseif policy.exceeded then
-      redis.call('HINCRBY', totals, 'd', 1)
+    -- totals of the current window: one hash per window number, expiring after the next window
+    if counted or policy.exceeded then
+      local totals = KEYS[3 * i] .. ':' .. math.floor(now / policy.window)
+      if redis.call('HINCRBY', totals, counted and 'a' or 'd', 1) == 1 then
+        redis.call('PEXPIRE', totals, policy.window * 2)
+      end
     end
-    redis.call('PEXPIRE', totals, policy.window * 2)
+  end
+  if not counted then
+    policy.reset = policy.strategy.reset(policy.key, now, policy.window, policy.bucket, policy.count, policy.state)
   end
   result[#result + 1] = policy.exceeded and 1 or 0
   result[#result + 1] = policy.count

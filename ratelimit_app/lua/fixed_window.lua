@@ -4,18 +4,22 @@
 -- value in Redis' int encoding (under 100 bytes a subject). The key is written with its expiry in
 -- one SET, never INCR then EXPIRE. Times are integer milliseconds.
 strategies.fixed_window = {
+  -- -> requests counted in the window, ms until one more fits (when at the limit), state
   peek = function(key, now, window, bucket, limit)
     local period = math.floor(now / window)
     local count = 0
     local stored = tonumber(redis.call('GET', key))
     if stored and stored % 1000000 == period % 1000000 then count = math.floor(stored / 1000000) end
-    local reset = (period + 1) * window - now
-    return count, reset, reset, period
+    return count, (period + 1) * window - now, period
   end,
+  -- ms until every counted request has left the window
+  reset = function(key, now, window, bucket, count, period)
+    return (period + 1) * window - now
+  end,
+  -- count one more request; -> the reset afterwards
   commit = function(key, now, window, bucket, count, period)
     local reset = (period + 1) * window - now
-    local packed = (count + 1) * 1000000 + period % 1000000
-    redis.call('SET', key, string.format('%.0f', packed), 'PX', reset)
+    redis.call('SET', key, string.format('%.0f', (count + 1) * 1000000 + period % 1000000), 'PX', reset)
     return reset
   end,
 }

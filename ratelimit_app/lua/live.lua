@@ -1,7 +1,7 @@
 -- live: what the admin's live page shows for one policy, read only.
 --
 -- KEYS[1] live index of the policy (sorted set "<subject hash> <limit>[*] <display>" -> last seen, ms)
--- KEYS[2] totals of the policy (hash: p = window number, a = allowed, d = denied)
+-- KEYS[2] totals of the policy: a hash "<key>:<window number>" holds a = allowed, d = denied
 -- ARGV[1] now in milliseconds, or '' to use the server's TIME
 -- ARGV[2] strategy, ARGV[3] limit, ARGV[4] window (ms), ARGV[5] bucket (ms)
 -- ARGV[6], ARGV[7] what goes before and after the subject hash to make a counter key
@@ -16,18 +16,17 @@ end
 local strategy = strategies[ARGV[2]]
 local limit, window, bucket = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 
-local allowed, denied = 0, 0
-local totals = redis.call('HMGET', KEYS[2], 'p', 'a', 'd')
-if tonumber(totals[1]) == math.floor(now / window) then
-  allowed, denied = tonumber(totals[2]), tonumber(totals[3])
-end
+local totals = redis.call('HMGET', KEYS[2] .. ':' .. math.floor(now / window), 'a', 'd')
+local allowed, denied = tonumber(totals[1]) or 0, tonumber(totals[2]) or 0
 
 local result = {now, allowed, denied}
 local members = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. (now - window), '+inf')
 for _, member in ipairs(members) do
   local hash = string.match(member, '^(%S+)')
-  local count, reset = strategy.peek(ARGV[6] .. hash .. ARGV[7], now, window, bucket, limit)
+  local key = ARGV[6] .. hash .. ARGV[7]
+  local count, retry, state = strategy.peek(key, now, window, bucket, limit)
   if count > 0 then
+    local reset = strategy.reset(key, now, window, bucket, count, state)
     result[#result + 1] = member
     result[#result + 1] = count
     result[#result + 1] = reset

@@ -19,8 +19,6 @@ strategies.sliding_window = {
         if newest == nil or index > newest then newest = index end
       end
     end
-    local reset = 0
-    if newest then reset = (newest + buckets) * bucket - now end
     local retry = 0
     if count >= limit then
       -- the oldest buckets must leave the window until one more request fits
@@ -34,12 +32,16 @@ strategies.sliding_window = {
         end
       end
     end
-    return count, reset, retry, {current, stale}
+    return count, retry, {current = current, newest = newest, stale = stale}
+  end,
+  reset = function(key, now, window, bucket, count, state)
+    if state.newest == nil then return 0 end
+    return state.newest * bucket + window - now
   end,
   commit = function(key, now, window, bucket, count, state)
-    if #state[2] > 0 then redis.call('HDEL', key, unpack(state[2])) end
-    redis.call('HINCRBY', key, state[1], 1)
+    if #state.stale > 0 then redis.call('HDEL', key, unpack(state.stale)) end
+    redis.call('HINCRBY', key, state.current, 1)
     redis.call('PEXPIRE', key, window + bucket)
-    return (state[1] + window / bucket) * bucket - now
+    return state.current * bucket + window - now
   end,
 }
