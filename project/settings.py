@@ -23,6 +23,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "ratelimit_app",
+    "project.demo",
 ]
 
 MIDDLEWARE = [
