@@ -1,1 +1,19 @@
-"""Rate limits for Django, configured as data and enforced in one Redis round trip."""
+"""Rate limits for Django, configured as data and enforced in one Redis round trip.
+
+For code that is not a view: `ratelimit_app.check(request, action)` tells what would happen
+without counting; `ratelimit_app.hit(request, action)` counts the request. Both return a Verdict.
+"""
+
+from __future__ import annotations
+
+
+def check(request, action: str):
+    from .limiter import check as check_action
+
+    return check_action(request, action)
+
+
+def hit(request, action: str):
+    from .limiter import hit as hit_action
+
+    return hit_action(request, action)

@@ -51,6 +51,11 @@ class CompiledPolicy:
     shape: str  # part of the counter key: a change of strategy, window or bucket starts fresh counters
 
     @property
+    def counts_users(self) -> bool:
+        """Whether the subject depends on who is logged in."""
+        return any(part.label in ("user", "user_or_ip") for part in self.key_spec)
+
+    @property
     def enforce(self) -> bool:
         return self.mode == Mode.ENFORCE
 

@@ -1,0 +1,10 @@
+from django.urls import path
+
+from . import views
+
+app_name = "demo"
+
+urlpatterns = [
+    path("search/", views.search, name="search"),
+    path("login/", views.login, name="login"),
+]

@@ -1,0 +1,42 @@
+"""Three kinds of view the demo policies protect: a plain Django view (middleware), a DRF view
+(throttle_scope 'items') and a decorated login-like view."""
+
+from __future__ import annotations
+
+from django.http import HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_http_methods
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from ratelimit_app.decorators import ratelimit
+
+FRUITS = ["apple", "apricot", "banana", "blackberry", "cherry", "grape", "lemon", "mango", "orange", "pear", "plum"]
+
+
+def home(request):
+    return render(request, "demo/home.html")
+
+
+def search(request):
+    """Protected by the middleware through its URL name, demo:search."""
+    query = request.GET.get("q", "").lower()
+    return JsonResponse({"query": query, "results": [fruit for fruit in FRUITS if query in fruit]})
+
+
+class ItemList(APIView):
+    """Protected by PolicyThrottle through its throttle_scope."""
+
+    throttle_scope = "items"
+
+    def get(self, request):
+        return Response({"user": request.user.get_username() or None, "items": FRUITS[:5]})
+
+
+@require_http_methods(["GET", "POST"])
+@ratelimit("login")
+def login(request):
+    """A login-like form: every attempt fails, and the 'login' policies limit attempts."""
+    if request.method == "POST":
+        return HttpResponse("Wrong username or password.\n", status=401, content_type="text/plain")
+    return render(request, "demo/login.html")

@@ -1,0 +1,46 @@
+"""The IETF RateLimit headers (draft-ietf-httpapi-ratelimit-headers, -08 and later) and Retry-After.
+
+    RateLimit-Policy: "search-per-ip";q=5;w=60, "api-per-user";q=1000;w=3600
+    RateLimit: "search-per-ip";r=2;t=41, "api-per-user";r=997;t=3412
+
+One item per applicable policy, keyed by the policy name as a Structured Field string.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from .engine import Decision
+
+
+def _name(decision: Decision) -> str:
+    escaped = decision.policy.name.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def seconds_left(decision: Decision) -> int:
+    """`t`: for a decision over its limit, when a request will fit again; otherwise when the quota is back."""
+    left = decision.retry_after if decision.exceeded and decision.retry_after is not None else decision.reset_in
+    return max(math.ceil(left), 0)
+
+
+def policy_header(decisions: Sequence[Decision]) -> str:
+    return ", ".join(f"{_name(d)};q={d.limit};w={d.policy.window}" for d in decisions)
+
+
+def ratelimit_header(decisions: Sequence[Decision]) -> str:
+    return ", ".join(f"{_name(d)};r={d.remaining};t={seconds_left(d)}" for d in decisions)
+
+
+def retry_after(denied: Sequence[Decision]) -> int:
+    """Whole seconds, rounded up, never earlier than any denying policy's `t`, at least 1."""
+    return max([seconds_left(d) for d in denied] + [1])
+
+
+def apply(response, decisions: Sequence[Decision], denied: Sequence[Decision] = ()) -> None:
+    if decisions:
+        response.headers["RateLimit-Policy"] = policy_header(decisions)
+        response.headers["RateLimit"] = ratelimit_header(decisions)
+    if denied:
+        response.headers["Retry-After"] = str(retry_after(denied))

@@ -1,0 +1,55 @@
+"""The answers to a request that is refused: 429 over a limit, 503 when Redis is down and fail-closed."""
+
+from __future__ import annotations
+
+from django.http import HttpResponse, JsonResponse
+from django.utils.module_loading import import_string
+
+from . import headers
+from .conf import get_setting
+from .limiter import RequestState
+
+UNAVAILABLE_RETRY_AFTER = 1
+
+
+def wants_json(request) -> bool:
+    accept = request.META.get("HTTP_ACCEPT", "")
+    return "json" in accept or "json" in request.META.get("CONTENT_TYPE", "")
+
+
+def refusal(request, state: RequestState | None) -> HttpResponse | None:
+    """The response for a refused request, or None when the request may go on."""
+    if state is None:
+        return None
+    if state.denied:
+        return too_many_requests(request, state)
+    if state.unavailable:
+        return service_unavailable(request)
+    return None
+
+
+def too_many_requests(request, state: RequestState) -> HttpResponse:
+    custom = get_setting("RATELIMIT_DENIED_VIEW")
+    if custom:
+        response = import_string(custom)(request, state)
+    else:
+        first = state.denied[0]
+        wait = headers.retry_after(state.denied)
+        message = f"Too many requests: the limit of {first.limit} per {first.policy.window} s of policy " \
+            f"'{first.policy.name}' is reached. Retry in {wait} s."
+        if wants_json(request):
+            response = JsonResponse({"detail": message, "policy": first.policy.name, "retry_after": wait}, status=429)
+        else:
+            response = HttpResponse(message + "\n", status=429, content_type="text/plain; charset=utf-8")
+    headers.apply(response, state.decisions, state.denied)
+    return response
+
+
+def service_unavailable(request) -> HttpResponse:
+    message = "Rate limiting is unavailable and this site refuses requests meanwhile. Retry shortly."
+    if wants_json(request):
+        response = JsonResponse({"detail": message, "retry_after": UNAVAILABLE_RETRY_AFTER}, status=503)
+    else:
+        response = HttpResponse(message + "\n", status=503, content_type="text/plain; charset=utf-8")
+    response.headers["Retry-After"] = str(UNAVAILABLE_RETRY_AFTER)
+    return response

@@ -1,0 +1,37 @@
+"""PolicyThrottle: policies enforced inside DRF, where token-authenticated users are known.
+
+Matches the view's `throttle_scope`, the URL name, path prefixes and '*'. Policies the middleware
+already decided for this request are not counted again.
+"""
+
+from __future__ import annotations
+
+from rest_framework import status
+from rest_framework.exceptions import APIException
+from rest_framework.throttling import BaseThrottle
+
+from . import headers
+from .limiter import evaluate
+from .responses import UNAVAILABLE_RETRY_AFTER
+
+
+class RateLimitUnavailable(APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "Rate limiting is unavailable and this site refuses requests meanwhile. Retry shortly."
+    default_code = "ratelimit_unavailable"
+    wait = UNAVAILABLE_RETRY_AFTER  # DRF's exception handler turns this into Retry-After
+
+
+class PolicyThrottle(BaseThrottle):
+    def allow_request(self, request, view) -> bool:
+        match = getattr(request, "resolver_match", None)
+        names = (getattr(view, "throttle_scope", None), match.view_name if match else None)
+        self.state = evaluate(request, names)
+        if self.state is None:
+            return True
+        if self.state.unavailable:
+            raise RateLimitUnavailable()
+        return not self.state.denied
+
+    def wait(self) -> float | None:
+        return headers.retry_after(self.state.denied) if self.state and self.state.denied else None

@@ -1,0 +1,83 @@
+"""@ratelimit(action) on function views and class-based views, and the programmatic API."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import AnonymousUser
+from django.http import HttpResponse
+from django.test import RequestFactory
+from django.views import View
+
+import ratelimit_app
+from ratelimit_app.decorators import ratelimit
+from ratelimit_app.models import Policy
+
+pytestmark = pytest.mark.django_db
+
+
+def make(**fields) -> Policy:
+    values = {"name": "login-per-ip", "action": "login", "limit": 2, "window": 300, "strategy": "fixed_window", "key": "ip"}
+    values.update(fields)
+    policy = Policy(**values)
+    policy.full_clean()
+    policy.save()
+    return policy
+
+
+def request(method="post", ip="203.0.113.7"):
+    made = getattr(RequestFactory(), method)("/somewhere/", REMOTE_ADDR=ip)
+    made.user = AnonymousUser()
+    return made
+
+
+@ratelimit("login")
+def function_view(request):
+    return HttpResponse("ok")
+
+
+@ratelimit("login")
+class ClassView(View):
+    def post(self, request):
+        return HttpResponse("ok")
+
+
+def test_decorated_function_view_is_limited_by_its_action():
+    make()
+    assert [function_view(request()).status_code for _ in range(3)] == [200, 200, 429]
+
+
+def test_decorated_view_responses_carry_headers():
+    make()
+    assert function_view(request())["RateLimit"].startswith('"login-per-ip";r=1;t=')
+
+
+def test_decorated_class_based_view_is_limited():
+    make()
+    view = ClassView.as_view()
+    assert [view(request()).status_code for _ in range(3)] == [200, 200, 429]
+
+
+def test_the_demo_login_view_is_limited_on_post_only(client):
+    make(methods="POST", limit=1)
+    assert [client.get("/demo/login/").status_code for _ in range(3)] == [200, 200, 200]
+    assert [client.post("/demo/login/").status_code for _ in range(2)] == [401, 429]
+
+
+def test_check_tells_without_counting_and_hit_counts():
+    make(limit=1)
+    assert ratelimit_app.check(request(), "login").allowed
+    assert ratelimit_app.check(request(), "login").allowed
+    assert ratelimit_app.hit(request(), "login").allowed
+    assert not ratelimit_app.hit(request(), "login").allowed
+    verdict = ratelimit_app.check(request(), "login")
+    assert not verdict.allowed and verdict.decisions[0].count == 1
+
+
+def test_an_action_without_policies_is_always_allowed_and_costs_nothing():
+    from tests.helpers import count_round_trips
+
+    make()
+    ratelimit_app.hit(request(), "no-such-action")  # loads the policy index (reads the version once)
+    with count_round_trips() as trips:
+        assert ratelimit_app.hit(request(), "no-such-action").allowed
+    assert trips[0] == 0

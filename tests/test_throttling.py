@@ -1,0 +1,89 @@
+"""PolicyThrottle enforces policies inside DRF, with DRF's authenticated user, counting once."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from ratelimit_app.models import Policy
+
+pytestmark = pytest.mark.django_db
+
+IP = "203.0.113.7"
+
+
+def make(**fields) -> Policy:
+    values = {"name": "items", "action": "items", "limit": 2, "window": 60, "strategy": "sliding_log", "key": "ip"}
+    values.update(fields)
+    policy = Policy(**values)
+    policy.full_clean()
+    policy.save()
+    return policy
+
+
+@pytest.fixture
+def api():
+    return APIClient(REMOTE_ADDR=IP)
+
+
+def statuses(api, times, path="/api/items/"):
+    return [api.get(path).status_code for _ in range(times)]
+
+
+def test_throttle_scope_policy_denies_with_429_and_retry_after(api):
+    make(limit=2)
+    assert statuses(api, 2) == [200, 200]
+    denied = api.get("/api/items/")
+    assert denied.status_code == 429
+    assert 1 <= int(denied.headers["Retry-After"]) <= 60
+
+
+def test_drf_responses_carry_the_ratelimit_headers(api):
+    make(limit=5)
+    response = api.get("/api/items/")
+    assert response.headers["RateLimit-Policy"] == '"items";q=5;w=60'
+    assert response.headers["RateLimit"] == '"items";r=4;t=60'
+
+
+def test_url_name_and_path_prefix_match_drf_views_too(api):
+    make(name="by-name", action="api-items", limit=1)
+    make(name="by-prefix", action="/api/", limit=5)
+    assert statuses(api, 2) == [200, 429]
+
+
+def test_token_authenticated_users_are_counted_per_user(api):
+    make(key="user", limit=1)
+    alice, bob = User.objects.create_user("alice"), User.objects.create_user("bob")
+    api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=alice).key}")
+    assert statuses(api, 2) == [200, 429]
+    api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=bob).key}")
+    assert statuses(api, 1) == [200]
+
+
+def test_user_or_ip_uses_the_token_user_not_the_address(api):
+    make(key="user_or_ip", limit=1)
+    assert statuses(api, 1) == [200]  # anonymous: counted by address
+    api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=User.objects.create_user('alice')).key}")
+    assert statuses(api, 2) == [200, 429]  # the same address, counted as alice from her first request
+
+
+def test_session_users_are_known_to_the_throttle(api):
+    make(key="user", limit=1)
+    api.force_login(User.objects.create_user("alice"))
+    assert statuses(api, 2) == [200, 429]
+
+
+def test_middleware_and_throttle_count_a_request_once(api, redis_client):
+    make(name="every-request", action="*", limit=10)
+    make(name="api-prefix", action="/api/", limit=10)
+    make(name="items", action="items", limit=10)
+    response = api.get("/api/items/")
+    assert response.headers["RateLimit"].count(";r=9;") == 3
+
+
+def test_throttle_alone_counts_once_per_policy(api, settings):
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "RateLimitMiddleware" not in m]
+    make(limit=3)
+    assert statuses(api, 4) == [200, 200, 200, 429]
