@@ -1,0 +1,73 @@
+"""Real server processes of the demo site for tests that need several workers: own database file,
+the test session's Redis, free loopback ports, always stopped."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from project.devredis import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def site_env(database: Path, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{database}", "DJANGO_SETTINGS_MODULE": "project.settings"}
+    env.pop("PYTEST_CURRENT_TEST", None)
+    env.update(extra)
+    return env
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    if done.returncode:
+        raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+def fetch(url: str, **headers: str) -> tuple[int, dict[str, str]]:
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, dict(response.headers)
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers)
+
+
+class Server:
+    """`manage.py runserver` (one process, threaded) or gunicorn with `workers` processes."""
+
+    def __init__(self, env: dict[str, str], workers: int = 0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        if workers:
+            command = [sys.executable, "-m", "gunicorn", "-w", str(workers), "-b", f"127.0.0.1:{self.port}",
+                       "--log-level", "warning", "project.wsgi"]
+        else:
+            command = [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{self.port}"]
+        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                fetch(self.url + "/")
+                return
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"server on port {self.port} did not start")
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
