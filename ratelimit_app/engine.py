@@ -265,3 +265,19 @@ def read_version() -> int:
 def bump_version() -> int:
     """Tell every worker that policies changed; they reload within RATELIMIT_POLICY_RECHECK_SECONDS."""
     return breaker.call(lambda: client().incr(keys.version_key()))
+
+
+def active_subject_counts(policies: Sequence) -> dict[int, int]:
+    """How many subjects each policy saw in its current window, for many policies in one round trip."""
+    if not policies:
+        return {}
+    redis_client = client()
+    now_ms = int(time.time() * 1000)
+
+    def count() -> list[int]:
+        with redis_client.pipeline(transaction=False) as pipe:
+            for policy in policies:
+                pipe.zcount(keys.live_key(policy), f"({now_ms - policy.window * 1000}", "+inf")
+            return pipe.execute()
+
+    return dict(zip((policy.id for policy in policies), breaker.call(count)))

@@ -1,0 +1,251 @@
+"""The operator's side: policies and overrides in the admin, the live page, reset, and the tester."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import HttpResponseRedirect, JsonResponse
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from . import engine, tester
+from .models import Mode, Override, Policy
+from .policies import compile_policy
+
+LIVE_ROWS = 100
+
+
+def human_window(seconds: int) -> str:
+    """60 -> '1 min', 3600 -> '1 h', 90 -> '90 s'."""
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
+        if seconds % size == 0:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"
+
+
+class OverrideInline(admin.TabularInline):
+    model = Override
+    extra = 0
+    fields = ("kind", "user", "group", "network", "header", "value", "exempt", "limit", "expires_at", "reason")
+    autocomplete_fields = ("user", "group")
+
+
+@admin.register(Policy)
+class PolicyAdmin(admin.ModelAdmin):
+    list_display = ("name", "action", "rate", "strategy", "key", "mode", "enabled", "active_now", "live_link")
+    list_editable = ("mode", "enabled")
+    list_filter = ("strategy", "mode", "enabled")
+    search_fields = ("name", "action", "key", "description")
+    actions = ("enable", "disable", "make_shadow", "make_enforce", "reset_counts")
+    inlines = (OverrideInline,)
+    readonly_fields = ("generation", "created", "updated")
+    fieldsets = (
+        (None, {"fields": ("name", "description", "enabled", "mode")}),
+        ("What it protects", {"fields": ("action", "methods")}),
+        ("How much", {"fields": ("limit", "window", "strategy", "bucket_size", "key")}),
+        ("Bookkeeping", {"classes": ("collapse",), "fields": ("generation", "created", "updated")}),
+    )
+
+    # --- list -----------------------------------------------------------------------------------
+
+    @admin.display(description="limit", ordering="limit")
+    def rate(self, policy: Policy) -> str:
+        return f"{policy.limit} / {human_window(policy.window)}"
+
+    @admin.display(description="active now")
+    def active_now(self, policy: Policy):
+        active = getattr(policy, "active_now_count", None)
+        return "?" if active is None else active
+
+    @admin.display(description="live")
+    def live_link(self, policy: Policy) -> str:
+        return format_html('<a href="{}">live</a>', reverse("admin:ratelimit_app_policy_live", args=[policy.pk]))
+
+    def get_changelist_instance(self, request):
+        changelist = super().get_changelist_instance(request)
+        try:
+            counts = engine.active_subject_counts(list(changelist.result_list))
+        except engine.RedisUnavailable:
+            counts = {}
+            messages.warning(request, "Redis is unreachable: active subject counts are not shown.")
+        for policy in changelist.result_list:
+            policy.active_now_count = counts.get(policy.pk)
+        return changelist
+
+    # --- bulk actions, each through save() so every worker hears of it ----------------------
+
+    def _update(self, request, queryset, message: str, **changes) -> None:
+        for policy in queryset:
+            for field, value in changes.items():
+                setattr(policy, field, value)
+            policy.save()
+        self.message_user(request, message % {"count": queryset.count()}, messages.SUCCESS)
+
+    @admin.action(description="Enable selected policies", permissions=("change",))
+    def enable(self, request, queryset):
+        self._update(request, queryset, "Enabled %(count)d policies.", enabled=True)
+
+    @admin.action(description="Disable selected policies", permissions=("change",))
+    def disable(self, request, queryset):
+        self._update(request, queryset, "Disabled %(count)d policies.", enabled=False)
+
+    @admin.action(description="Switch selected policies to shadow mode", permissions=("change",))
+    def make_shadow(self, request, queryset):
+        self._update(request, queryset, "%(count)d policies now only count and report.", mode=Mode.SHADOW)
+
+    @admin.action(description="Switch selected policies to enforce mode", permissions=("change",))
+    def make_enforce(self, request, queryset):
+        self._update(request, queryset, "%(count)d policies now deny over their limit.", mode=Mode.ENFORCE)
+
+    @admin.action(description="Reset the counts of selected policies", permissions=("change",))
+    def reset_counts(self, request, queryset):
+        for policy in queryset:
+            reset_all(policy)
+        self.message_user(request, f"Counts reset for {queryset.count()} policies.", messages.SUCCESS)
+
+    # --- the live page, reset, tester, history --------------------------------------------------
+
+    def get_urls(self):
+        wrap = self.admin_site.admin_view
+        return [
+            path("<int:pk>/live/", wrap(self.live_view), name="ratelimit_app_policy_live"),
+            path("<int:pk>/live/reset/", wrap(self.reset_view), name="ratelimit_app_policy_reset"),
+            path("tester/", wrap(self.tester_view), name="ratelimit_app_policy_tester"),
+            path("changes/", wrap(self.changes_view), name="ratelimit_app_policy_changes"),
+        ] + super().get_urls()
+
+    def _policy_for(self, request, pk: int, *, change: bool = False) -> Policy:
+        policy = get_object_or_404(Policy, pk=pk)
+        allowed = self.has_change_permission(request, policy) if change else self.has_view_permission(request, policy)
+        if not allowed:
+            raise PermissionDenied
+        return policy
+
+    def live_view(self, request, pk: int):
+        policy = self._policy_for(request, pk)
+        data, status = live_data(policy, rows=_rows(request))
+        if request.GET.get("format") == "json":
+            return JsonResponse(data, status=status)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "original": policy,
+            "title": f"Live usage: {policy.name}",
+            "data": data,
+            "rate": self.rate(policy),
+            "can_reset": self.has_change_permission(request, policy),
+            "exempt": [o for o in policy.overrides.filter(exempt=True).select_related("user", "group")],
+        }
+        return TemplateResponse(request, "admin/ratelimit_app/policy/live.html", context, status=status)
+
+    def reset_view(self, request, pk: int):
+        if request.method != "POST":
+            return HttpResponseRedirect(reverse("admin:ratelimit_app_policy_live", args=[pk]))
+        policy = self._policy_for(request, pk, change=True)
+        subject = request.POST.get("subject", "").strip()
+        try:
+            if subject:
+                engine.reset_subjects(compile_policy(policy), [subject])
+                message = f"Counts of subject {request.POST.get('display') or subject} reset for {policy.name}."
+            else:
+                reset_all(policy)
+                message = f"Counts of every subject reset for {policy.name}."
+        except (engine.RedisUnavailable, ValidationError) as error:
+            self.message_user(request, f"Nothing was reset: {error}", messages.ERROR)
+        else:
+            self.message_user(request, message, messages.SUCCESS)
+        return HttpResponseRedirect(reverse("admin:ratelimit_app_policy_live", args=[pk]))
+
+    def tester_view(self, request):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        form = tester.TesterForm(request.POST or None)
+        results = form.explain() if request.method == "POST" and form.is_valid() else None
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Policy tester",
+            "form": form,
+            "results": results,
+        }
+        return TemplateResponse(request, "admin/ratelimit_app/policy/tester.html", context)
+
+    def changes_view(self, request):
+        """Who changed which policy or override, and when (the admin's own log of changes)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        types = ContentType.objects.get_for_models(Policy, Override).values()
+        entries = LogEntry.objects.filter(content_type__in=types).select_related("user", "content_type")[:200]
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Changes to policies and overrides",
+            "entries": entries,
+        }
+        return TemplateResponse(request, "admin/ratelimit_app/policy/changes.html", context)
+
+
+@admin.register(Override)
+class OverrideAdmin(admin.ModelAdmin):
+    list_display = ("policy", "matcher", "effect", "expires_at", "reason", "updated")
+    list_filter = ("policy", "kind", "exempt")
+    search_fields = ("policy__name", "network", "header", "reason", "user__username", "group__name")
+    autocomplete_fields = ("user", "group")
+    list_select_related = ("policy", "user", "group")
+
+    @admin.display(description="matches")
+    def matcher(self, override: Override) -> str:
+        return override.matcher_display()
+
+    @admin.display(description="effect")
+    def effect(self, override: Override) -> str:
+        return "exempt" if override.exempt else f"limit {override.limit}"
+
+
+def reset_all(policy: Policy) -> None:
+    """Start every subject of the policy afresh: counters carry the generation, old ones just expire."""
+    policy.generation += 1
+    policy.save(update_fields=["generation", "updated"])
+
+
+def _rows(request) -> int:
+    try:
+        return max(1, min(int(request.GET.get("limit", LIVE_ROWS)), 1000))
+    except ValueError:
+        return LIVE_ROWS
+
+
+def live_data(policy: Policy, rows: int = LIVE_ROWS) -> tuple[dict, int]:
+    """The live page's data in the JSON shape of DESIGN.md, and the HTTP status to answer with."""
+    data: dict = {
+        "policy": {
+            "id": policy.pk, "name": policy.name, "action": policy.action, "limit": policy.limit,
+            "window": policy.window, "strategy": policy.strategy, "key": policy.key, "mode": policy.mode,
+        },
+        "subjects": [],
+        "totals": {"allowed": 0, "denied": 0},
+        "active": 0,
+    }
+    try:
+        usage = engine.live_usage(compile_policy(policy))
+    except ValidationError as error:
+        return {**data, "error": f"This policy is invalid and not enforced: {'; '.join(error.messages)}"}, 200
+    except engine.RedisUnavailable as error:
+        return {**data, "error": f"Redis is unreachable, live usage cannot be shown: {error}"}, 503
+    busiest = sorted(usage.subjects, key=lambda s: (-s.count, s.display))
+    data["subjects"] = [
+        {
+            "subject": s.display, "key": s.key, "count": s.count, "limit": s.limit,
+            "remaining": max(s.limit - s.count, 0), "reset_in": round(s.reset_in, 1),
+            "blocked": s.count >= s.limit, "overridden": s.overridden,
+        }
+        for s in busiest[:rows]
+    ]
+    data["totals"] = {"allowed": usage.allowed, "denied": usage.denied}
+    data["active"] = len(busiest)
+    data["blocked"] = sum(1 for s in busiest if s.count >= s.limit)
+    return data, 200

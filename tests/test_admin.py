@@ -1,0 +1,147 @@
+"""The policy admin: list, form errors on their fields, bulk actions, overrides, tester, changes."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.urls import reverse
+
+from ratelimit_app import engine
+from ratelimit_app.models import Override, Policy
+from ratelimit_app.policies import compile_policy
+from tests.helpers import check
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = "/admin/ratelimit_app/policy/"
+FORM = {
+    "name": "search-per-ip", "action": "demo:search", "limit": "100", "window": "60", "strategy": "fixed_window",
+    "key": "ip", "methods": "", "mode": "enforce", "enabled": "on", "bucket_size": "", "description": "",
+    "overrides-TOTAL_FORMS": "0", "overrides-INITIAL_FORMS": "0", "overrides-MIN_NUM_FORMS": "0",
+    "overrides-MAX_NUM_FORMS": "1000",
+}
+
+
+def make(**fields) -> Policy:
+    values = {"name": "search-per-ip", "action": "demo:search", "limit": 100, "window": 60, "strategy": "fixed_window", "key": "ip"}
+    values.update(fields)
+    policy = Policy(**values)
+    policy.full_clean()
+    policy.save()
+    return policy
+
+
+def test_list_shows_human_windows_and_active_subjects(admin_client):
+    policy = make(window=3600)
+    for i in range(3):
+        engine.decide([check(compile_policy(policy), f"ip:198.51.100.{i}")])
+    page = admin_client.get(CHANGELIST).content.decode()
+    assert "100 / 1 h" in page
+    assert '<td class="field-active_now">3</td>' in page
+    assert reverse("admin:ratelimit_app_policy_live", args=[policy.pk]) in page
+
+
+def test_list_filters_and_search(admin_client):
+    make(name="a-shadow", mode="shadow")
+    make(name="b-enforced")
+    shadow_only = admin_client.get(CHANGELIST + "?mode__exact=shadow").content.decode()
+    assert "a-shadow" in shadow_only and "b-enforced" not in shadow_only
+    found = admin_client.get(CHANGELIST + "?q=b-enf").content.decode()
+    assert "b-enforced" in found and "a-shadow" not in found
+
+
+def test_add_form_creates_a_policy(admin_client):
+    response = admin_client.post(CHANGELIST + "add/", FORM)
+    assert response.status_code == 302
+    assert Policy.objects.get(name="search-per-ip").limit == 100
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("limit", "0", "at least 1 request"),
+        ("window", "-5", "greater than or equal to 0"),
+        ("key", "usr", "Unknown key kind"),
+        ("methods", "GET,FETCH", "Unknown HTTP method"),
+        ("action", "two words", "cannot be empty or contain spaces"),
+        ("strategy", "leaky_bucket", "Select a valid choice"),
+    ],
+)
+def test_bad_values_are_refused_with_a_message_on_the_field(admin_client, field, value, message):
+    response = admin_client.post(CHANGELIST + "add/", {**FORM, field: value})
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert message in " ".join(errors[field])
+    assert not Policy.objects.exists()
+
+
+def test_bucket_size_that_does_not_divide_the_window_is_refused_on_its_field(admin_client):
+    response = admin_client.post(CHANGELIST + "add/", {**FORM, "strategy": "sliding_window", "bucket_size": "7"})
+    assert "must divide the window" in " ".join(response.context["adminform"].form.errors["bucket_size"])
+
+
+def test_bulk_actions_change_policies_through_save(admin_client):
+    policy = make()
+    admin_client.post(CHANGELIST, {"action": "disable", "_selected_action": [policy.pk]})
+    assert not Policy.objects.get(pk=policy.pk).enabled
+    admin_client.post(CHANGELIST, {"action": "make_shadow", "_selected_action": [policy.pk]})
+    assert Policy.objects.get(pk=policy.pk).mode == "shadow"
+    admin_client.post(CHANGELIST, {"action": "reset_counts", "_selected_action": [policy.pk]})
+    assert Policy.objects.get(pk=policy.pk).generation == 1
+
+
+def test_reset_counts_action_starts_every_subject_afresh(admin_client):
+    policy = make(limit=1)
+    engine.decide([check(compile_policy(policy))])
+    assert not engine.decide([check(compile_policy(policy))]).allowed
+    admin_client.post(CHANGELIST, {"action": "reset_counts", "_selected_action": [policy.pk]})
+    assert engine.decide([check(compile_policy(Policy.objects.get(pk=policy.pk)))]).allowed
+
+
+def test_change_page_links_to_the_live_page(admin_client):
+    policy = make()
+    page = admin_client.get(CHANGELIST + f"{policy.pk}/change/").content.decode()
+    assert reverse("admin:ratelimit_app_policy_live", args=[policy.pk]) in page
+
+
+def test_overrides_are_edited_inline_and_listed(admin_client):
+    policy = make()
+    form = {**FORM, "overrides-TOTAL_FORMS": "1", "overrides-0-kind": "ip", "overrides-0-network": "10.0.0.0/8",
+            "overrides-0-exempt": "on", "overrides-0-reason": "office"}
+    response = admin_client.post(CHANGELIST + f"{policy.pk}/change/", form)
+    assert response.status_code == 302
+    assert Override.objects.get(policy=policy).network == "10.0.0.0/8"
+    assert "ip 10.0.0.0/8" in admin_client.get("/admin/ratelimit_app/override/").content.decode()
+
+
+def test_tester_shows_matches_subjects_and_overrides_without_counting(admin_client):
+    policy = make(limit=2, action="/demo/")
+    Override.objects.create(policy=policy, kind="ip", network="203.0.113.0/24", limit=50)
+    make(name="per-user", action="*", key="user")
+    data = {"method": "GET", "path": "/demo/search/", "username": "", "ip": "203.0.113.7", "headers": ""}
+    for _ in range(3):
+        page = admin_client.post(reverse("admin:ratelimit_app_policy_tester"), data).content.decode()
+    assert "ip:203.0.113.7" in page
+    assert "ip 203.0.113.0/24" in page and "50 / 60 s" in page
+    assert "allow, 50 left" in page  # three tests counted nothing
+    assert "does not apply" in page  # the per-user policy on an anonymous request
+
+
+def test_tester_refuses_bad_input_with_messages(admin_client):
+    data = {"method": "GET", "path": "demo", "username": "nobody", "ip": "300.1.1.1", "headers": "no colon"}
+    form = admin_client.post(reverse("admin:ratelimit_app_policy_tester"), data).context["form"]
+    assert set(form.errors) == {"path", "username", "ip", "headers"}
+
+
+def test_changes_page_lists_who_changed_what(admin_client, admin_user):
+    admin_client.post(CHANGELIST + "add/", FORM)
+    page = admin_client.get(reverse("admin:ratelimit_app_policy_changes")).content.decode()
+    assert admin_user.username in page and "search-per-ip" in page and "added" in page
+
+
+def test_staff_without_view_permission_cannot_open_the_tester(client):
+    staff = User.objects.create_user("staff", is_staff=True)
+    client.force_login(staff)
+    assert client.get(reverse("admin:ratelimit_app_policy_tester")).status_code == 403
+    staff.user_permissions.add(Permission.objects.get(codename="view_policy"))
+    assert client.get(reverse("admin:ratelimit_app_policy_tester")).status_code == 200
