@@ -1,0 +1,80 @@
+"""The live page in a real browser (Debian's chromium, headless): counts change without a reload."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+
+from ratelimit_app import engine
+from ratelimit_app.models import Policy
+from ratelimit_app.policies import compile_policy
+from tests.helpers import check
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "live.png"
+
+
+@pytest.fixture
+def browser():
+    binary, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert binary and driver, "Debian's chromium and chromium-driver are needed (.ci/run installs them)"
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1280,900"):
+        options.add_argument(flag)
+    chrome = webdriver.Chrome(service=Service(driver), options=options)
+    yield chrome
+    chrome.quit()
+
+
+def wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("the page did not change in time")
+
+
+def test_live_page_updates_counts_without_reloading(browser, live_server, admin_user):
+    policy = Policy(name="search-per-ip", action="demo:search", limit=5, window=60, strategy="sliding_window", key="ip")
+    policy.full_clean()
+    policy.save()
+    compiled = compile_policy(policy)
+
+    browser.get(live_server.url + "/admin/login/?next=/admin/ratelimit_app/policy/%d/live/" % policy.pk)
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys("password")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    wait_for(lambda: "Live usage" in browser.title)
+    browser.execute_script("window.notReloaded = true")
+    assert "No subject has used this policy" in browser.find_element(By.ID, "rl-subjects").text
+
+    for i, times in enumerate((6, 3, 1)):  # made in the background of the open page
+        for _ in range(times):
+            engine.decide([check(compiled, f"ip:198.51.100.{i + 1}")])
+
+    wait_for(lambda: browser.find_element(By.ID, "rl-active").text == "3")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#rl-subjects tbody tr")
+    assert [row.find_elements(By.TAG_NAME, "td")[0].text for row in rows] == [
+        "ip:198.51.100.1", "ip:198.51.100.2", "ip:198.51.100.3",
+    ]
+    assert "blocked" in rows[0].text
+    assert browser.find_element(By.ID, "rl-denied").text == "1"
+    assert browser.execute_script("return window.notReloaded") is True
+
+    engine.decide([check(compiled, "ip:198.51.100.3")])
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#rl-subjects tbody tr")[2].find_elements(By.TAG_NAME, "td")[1].text == "2")
+    assert browser.execute_script("return window.notReloaded") is True
+    if os.environ.get("SAVE_SCREENSHOT"):  # refresh docs/live.png: SAVE_SCREENSHOT=1 make test
+        browser.save_screenshot(str(SCREENSHOT))
