@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.urls import Resolver404, resolve
 
 from . import headers
@@ -27,12 +29,24 @@ def request_names(request) -> tuple[tuple[str | None, ...], bool]:
     will see the request too."""
     if not get_index().by_name:
         return (), False  # only '*' and path policies: no need to resolve the URL
+    return _names_of_path(request.path_info, getattr(request, "urlconf", None))
+
+
+@lru_cache(maxsize=2048)
+def _names_of_path(path: str, urlconf: str | None) -> tuple[tuple[str | None, ...], bool]:
+    # bounded: a client inventing paths only evicts entries, and resolving again is always correct
     try:
-        match = resolve(request.path_info, getattr(request, "urlconf", None))
+        match = resolve(path, urlconf)
     except Resolver404:
         return (), False
     view_class = getattr(match.func, "cls", None) or getattr(match.func, "view_class", None)
     return (match.view_name, getattr(view_class, "throttle_scope", None)), _throttled_by_policies(view_class)
+
+
+@receiver(setting_changed, dispatch_uid="ratelimit_urlconf_changed")
+def _forget_names(setting: str, **kwargs: object) -> None:
+    if setting == "ROOT_URLCONF":
+        _names_of_path.cache_clear()
 
 
 class RateLimitMiddleware:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
+from functools import lru_cache
 from typing import Callable, NamedTuple
 
 from .conf import get_setting
@@ -191,6 +192,7 @@ def _trusted_networks() -> tuple[IPNetwork, ...]:
     return networks
 
 
+@lru_cache(maxsize=4096)
 def _parse_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     text = text.strip()
     if text.startswith("["):  # "[2001:db8::1]:443"
@@ -235,6 +237,11 @@ def client_ip(request) -> str | None:
     if address is None:
         return None
     prefix = get_setting("RATELIMIT_IPV6_PREFIX" if address.version == 6 else "RATELIMIT_IPV4_PREFIX")
+    return _grouped(address, prefix)
+
+
+@lru_cache(maxsize=4096)
+def _grouped(address: ipaddress.IPv4Address | ipaddress.IPv6Address, prefix: int) -> str:
     if prefix >= address.max_prefixlen:
         return str(address)
     return str(ipaddress.ip_network(f"{address}/{prefix}", strict=False))

@@ -1,0 +1,1 @@
+"""`make bench`: this engine against PING/EVALSHA floors, DRF's throttles and django-ratelimit, in one run."""
