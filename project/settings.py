@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+import redis
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -70,6 +71,8 @@ CACHES = {
             # Short timeouts: a dead Redis must cost a request at most this, then the breaker opens.
             "SOCKET_CONNECT_TIMEOUT": 0.25,
             "SOCKET_TIMEOUT": 0.25,
+            # One immediate retry on a broken pooled connection (Redis restarted), never a backoff.
+            "CONNECTION_POOL_KWARGS": {"retry_on_error": [redis.ConnectionError]},
         },
     }
 }

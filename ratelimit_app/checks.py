@@ -50,3 +50,20 @@ def check_policies(app_configs: object = None, **kwargs: object) -> list:
                 )
             )
     return warnings
+
+
+@register()
+def check_timeouts(app_configs: object = None, **kwargs: object) -> list:
+    alias = get_setting("RATELIMIT_CACHE")
+    options = settings.CACHES.get(alias, {}).get("OPTIONS", {})
+    missing = [name for name in ("SOCKET_CONNECT_TIMEOUT", "SOCKET_TIMEOUT") if not options.get(name)]
+    if not missing or not settings.CACHES.get(alias, {}).get("BACKEND", "").startswith("django_redis."):
+        return []
+    return [
+        Warning(
+            f"The cache {alias!r} sets no {' and no '.join(missing)}: if Redis stops answering, requests "
+            "wait for the operating system's timeouts before rate limiting fails open or closed.",
+            hint="Add e.g. 'SOCKET_CONNECT_TIMEOUT': 0.25, 'SOCKET_TIMEOUT': 0.25 to its OPTIONS.",
+            id="ratelimit_app.W002",
+        )
+    ]

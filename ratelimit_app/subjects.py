@@ -11,6 +11,9 @@ import re
 from functools import lru_cache
 from typing import Callable, NamedTuple
 
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
 from .conf import get_setting
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -152,7 +155,7 @@ def subject_for(spec: KeySpec, request) -> Subject | None:
         value = part.read(request)
         if value is None:
             return None
-        return Subject(_hash(value), _bounded(part.show(value)))
+        return _single(value, part.show)
     values = []
     for part in spec:
         value = part.read(request)
@@ -163,12 +166,25 @@ def subject_for(spec: KeySpec, request) -> Subject | None:
     return Subject(_hash(",".join(values)), _bounded(display))
 
 
+@lru_cache(maxsize=8192)
+def _single(value: str, show: Callable[[str], str]) -> Subject:
+    # the same clients come back: hashing and formatting them again is wasted work
+    return Subject(_hash(value), _bounded(show(value)))
+
+
+@receiver(setting_changed, dispatch_uid="ratelimit_subjects_settings_changed")
+def _forget_subjects(**kwargs: object) -> None:
+    _single.cache_clear()  # displays depend on RATELIMIT_PLAIN_HEADERS
+
+
 def _hash(canonical: str) -> str:
     # surrogatepass: whatever a header or parameter holds (WSGI hands bytes over as latin-1) never raises
     return hashlib.blake2b(canonical.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
 def _bounded(display: str) -> str:
+    if len(display) <= DISPLAY_LIMIT and display.isprintable():
+        return display  # the common case, without a loop over characters
     shown = "".join(char if char.isprintable() else "?" for char in display[: DISPLAY_LIMIT + 1])
     return shown if len(shown) <= DISPLAY_LIMIT else shown[: DISPLAY_LIMIT - 1] + "…"
 
