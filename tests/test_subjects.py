@@ -1,0 +1,164 @@
+"""Who is counted: key specs, the client address behind proxies, hashed and masked subjects."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import AnonymousUser, User
+from django.test import RequestFactory
+
+from ratelimit_app.subjects import KeySpecError, client_ip, parse_key_spec, subject_for
+
+
+def request(ip="203.0.113.7", user=None, path="/", **meta):
+    made = RequestFactory().get(path, REMOTE_ADDR=ip, **meta)
+    made.user = user or AnonymousUser()
+    return made
+
+
+def subject(spec, made):
+    return subject_for(parse_key_spec(spec), made)
+
+
+# --- key specs -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", ["ip", "user", "user_or_ip", "global", "header:X-Api-Key", "param:username",
+                                  " ip , header:User-Agent "])
+def test_valid_key_specs_parse(spec):
+    assert parse_key_spec(spec)
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("", "empty"),
+        ("usr", "Unknown key kind"),
+        ("ip,", "empty part"),
+        ("header:", "needs a header name"),
+        ("header:X Api", "not a valid HTTP header name"),
+        ("param:", "needs a parameter name"),
+        ("ip,ip", "repeats ip"),
+        ("global,ip", "cannot be combined"),
+    ],
+)
+def test_bad_key_specs_say_what_is_wrong(spec, message):
+    with pytest.raises(KeySpecError, match=message):
+        parse_key_spec(spec)
+
+
+# --- each kind -----------------------------------------------------------------------------------
+
+
+def test_ip_subject():
+    found = subject("ip", request())
+    assert found.display == "ip:203.0.113.7"
+    assert len(found.key) == 16 and int(found.key, 16) >= 0
+
+
+def test_user_subject_and_anonymous_has_none():
+    assert subject("user", request()) is None
+    assert subject("user", request(user=User(pk=42))).display == "user:42"
+
+
+def test_user_or_ip():
+    assert subject("user_or_ip", request()).display == "ip:203.0.113.7"
+    assert subject("user_or_ip", request(user=User(pk=42))).display == "user:42"
+
+
+def test_header_subject_is_masked_and_missing_header_gives_none():
+    found = subject("header:X-Api-Key", request(HTTP_X_API_KEY="sk_live_abcdef123456"))
+    assert found.display == "header:X-Api-Key=…3456"
+    assert subject("header:X-Api-Key", request()) is None
+    assert subject("header:X-Api-Key", request(HTTP_X_API_KEY="")) is None
+
+
+def test_plain_headers_are_shown(settings):
+    assert subject("header:User-Agent", request(HTTP_USER_AGENT="curl/8.0")).display == "header:User-Agent=curl/8.0"
+    settings.RATELIMIT_PLAIN_HEADERS = ()
+    assert subject("header:User-Agent", request(HTTP_USER_AGENT="curl/8.0")).display == "header:User-Agent=…"
+
+
+def test_param_subject_from_query_then_urlencoded_form_never_multipart():
+    assert subject("param:q", request(path="/?q=apple")).display.startswith("param:q=")
+    form = RequestFactory().post("/", "username=alice", content_type="application/x-www-form-urlencoded", REMOTE_ADDR="1.2.3.4")
+    assert subject("param:username", form) is not None
+    multipart = RequestFactory().post("/", {"username": "alice"}, REMOTE_ADDR="1.2.3.4")
+    assert subject("param:username", multipart) is None
+    assert multipart.body  # the body was not consumed by a multipart parse
+
+
+def test_global_subject_is_everyone():
+    assert subject("global", request("198.51.100.1")) == subject("global", request("198.51.100.2"))
+
+
+def test_composite_needs_every_part():
+    both = subject("ip,header:User-Agent", request(HTTP_USER_AGENT="curl"))
+    assert both.display == "ip:203.0.113.7, header:User-Agent=curl"
+    assert subject("ip,header:User-Agent", request()) is None
+    assert both != subject("ip,header:User-Agent", request(HTTP_USER_AGENT="wget"))
+
+
+def test_kinds_never_share_a_key():
+    by_ip = subject("ip", request("1.2.3.4"))
+    by_header = subject("header:X-Real", request(HTTP_X_REAL="1.2.3.4"))
+    assert by_ip.key != by_header.key
+
+
+def test_subjects_are_stable():
+    assert subject("ip", request()).key == subject("ip", request()).key
+
+
+def test_huge_and_odd_values_stay_bounded():
+    found = subject("header:X-Api-Key", request(HTTP_X_API_KEY="x" * 10_240))
+    assert len(found.key) == 16 and len(found.display) <= 100
+    odd = subject("header:User-Agent", request(HTTP_USER_AGENT="\xff\xfe\x00\x1b[31m" + "y" * 300))
+    assert len(odd.display) <= 100 and "\x00" not in odd.display and "\x1b" not in odd.display
+
+
+# --- the client's address ------------------------------------------------------------------------
+
+
+def test_forwarded_for_from_an_untrusted_client_is_ignored():
+    assert client_ip(request(HTTP_X_FORWARDED_FOR="198.51.100.1")) == "203.0.113.7"
+
+
+def test_one_trusted_proxy(settings):
+    settings.RATELIMIT_TRUSTED_PROXIES = ["10.0.0.1"]
+    assert client_ip(request("10.0.0.1", HTTP_X_FORWARDED_FOR="198.51.100.1")) == "198.51.100.1"
+
+
+def test_right_most_untrusted_address_behind_two_proxies(settings):
+    settings.RATELIMIT_TRUSTED_PROXIES = ["10.0.0.0/8"]
+    chain = "6.6.6.6, 198.51.100.1, 10.0.0.2"  # the client prepended a lie; the proxies appended the truth
+    assert client_ip(request("10.0.0.1", HTTP_X_FORWARDED_FOR=chain)) == "198.51.100.1"
+
+
+def test_all_trusted_chain_uses_the_left_most(settings):
+    settings.RATELIMIT_TRUSTED_PROXIES = ["10.0.0.0/8"]
+    assert client_ip(request("10.0.0.1", HTTP_X_FORWARDED_FOR="10.1.1.1, 10.0.0.2")) == "10.1.1.1"
+
+
+def test_garbage_in_the_chain_counts_against_the_proxy(settings):
+    settings.RATELIMIT_TRUSTED_PROXIES = ["10.0.0.0/8"]
+    assert client_ip(request("10.0.0.1", HTTP_X_FORWARDED_FOR="198.51.100.1, bogus, 10.0.0.2")) == "10.0.0.2"
+
+
+def test_ports_and_brackets_in_forwarded_entries(settings):
+    settings.RATELIMIT_TRUSTED_PROXIES = ["10.0.0.1"]
+    assert client_ip(request("10.0.0.1", HTTP_X_FORWARDED_FOR="198.51.100.1:5678")) == "198.51.100.1"
+    assert client_ip(request("10.0.0.1", HTTP_X_FORWARDED_FOR="[2001:db8::1]:443")) == "2001:db8::/64"
+
+
+def test_ipv6_is_grouped_by_prefix(settings):
+    assert client_ip(request("2001:db8:1:2::1")) == client_ip(request("2001:db8:1:2:ffff::9")) == "2001:db8:1:2::/64"
+    assert client_ip(request("2001:db8:1:3::1")) == "2001:db8:1:3::/64"
+    settings.RATELIMIT_IPV6_PREFIX = 128
+    assert client_ip(request("2001:db8:1:2::1")) == "2001:db8:1:2::1"
+
+
+def test_ipv4_mapped_addresses_count_as_ipv4():
+    assert client_ip(request("::ffff:203.0.113.7")) == "203.0.113.7"
+
+
+def test_unparsable_remote_addr_means_no_ip_subject():
+    assert subject("ip", request("not-an-ip")) is None
