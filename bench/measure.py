@@ -4,6 +4,7 @@ decisions per second in several processes, and exactness under concurrency."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing
 import os
 import statistics
@@ -37,15 +38,28 @@ class Wire:
             Connection.send_packed_command = original
 
 
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """As timeit does: a collection of the requests made beforehand would be charged to one call."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def latencies(operation: Callable[[], object], count: int, warmup: int = 200) -> list[float]:
     for _ in range(warmup):
         operation()
     samples = []
     clock = time.perf_counter
-    for _ in range(count):
-        started = clock()
-        operation()
-        samples.append(clock() - started)
+    with no_gc():
+        for _ in range(count):
+            started = clock()
+            operation()
+            samples.append(clock() - started)
     return samples
 
 
@@ -54,10 +68,11 @@ def cpu_per_call(operation: Callable[[], object], count: int, warmup: int = 200)
     do not count, so the difference of two paths around the same round trip is their Python cost."""
     for _ in range(warmup):
         operation()
-    started = os.times().user
-    for _ in range(count):
-        operation()
-    return (os.times().user - started) / count * 1e6
+    with no_gc():
+        started = os.times().user
+        for _ in range(count):
+            operation()
+        return (os.times().user - started) / count * 1e6
 
 
 def p50(samples: list[float]) -> float:
