@@ -101,6 +101,19 @@ def per_call(client, operation: Callable[[], object], count: int) -> tuple[float
     return wire.trips / count, wire.bytes / count, commands / count
 
 
+def _forked(target, args_of, processes: int) -> list:
+    """Run `target(*args_of(), start, results)` in forked processes that start together; their results."""
+    context = multiprocessing.get_context("fork")
+    start, results = context.Barrier(processes), context.Queue()
+    workers = [context.Process(target=target, args=(*args_of(), start, results)) for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    collected = [results.get(timeout=180) for _ in workers]
+    for worker in workers:
+        worker.join()
+    return collected
+
+
 def _rate_worker(make_operation, seconds, start, results):
     operation = make_operation()
     operation()
@@ -114,15 +127,7 @@ def _rate_worker(make_operation, seconds, start, results):
 
 def throughput(make_operation: Callable[[], Callable[[], object]], processes: int = 2, seconds: float = 2.0) -> float:
     """Operations per second of `processes` forked processes, each calling make_operation() once."""
-    context = multiprocessing.get_context("fork")
-    start, results = context.Barrier(processes), context.Queue()
-    workers = [context.Process(target=_rate_worker, args=(make_operation, seconds, start, results)) for _ in range(processes)]
-    for worker in workers:
-        worker.start()
-    total = sum(results.get(timeout=seconds + 60) for _ in workers)
-    for worker in workers:
-        worker.join()
-    return total / seconds
+    return sum(_forked(_rate_worker, lambda: (make_operation, seconds), processes)) / seconds
 
 
 def _attempt_worker(make_attempt, attempts, start, results):
@@ -133,12 +138,4 @@ def _attempt_worker(make_attempt, attempts, start, results):
 
 def admitted(make_attempt: Callable[[], Callable[[], bool]], processes: int = 8, attempts: int = 100) -> int:
     """How many of processes x attempts were admitted (a fresh limit of 100 must admit exactly 100)."""
-    context = multiprocessing.get_context("fork")
-    start, results = context.Barrier(processes), context.Queue()
-    workers = [context.Process(target=_attempt_worker, args=(make_attempt, attempts, start, results)) for _ in range(processes)]
-    for worker in workers:
-        worker.start()
-    total = sum(results.get(timeout=120) for _ in workers)
-    for worker in workers:
-        worker.join()
-    return total
+    return sum(_forked(_attempt_worker, lambda: (make_attempt, attempts), processes))

@@ -6,8 +6,7 @@ import contextlib
 import hashlib
 from typing import Iterator
 
-from redis.connection import Connection
-
+from bench.measure import Wire
 from ratelimit_app.engine import Check
 from ratelimit_app.models import Policy
 from ratelimit_app.policies import CompiledPolicy, compile_policy
@@ -29,6 +28,16 @@ def policy(save: bool = False, **fields) -> CompiledPolicy:
     return compile_policy(row)
 
 
+def make_policy(**fields) -> Policy:
+    """A validated, saved Policy row (a 10 per minute fixed window per IP on every request, unless told)."""
+    values = {"name": "policy", "action": "*", "limit": 10, "window": 60, "strategy": "fixed_window", "key": "ip"}
+    values.update(fields)
+    row = Policy(**values)
+    row.full_clean()
+    row.save()
+    return row
+
+
 def subject(name: str = "ip:203.0.113.7") -> Subject:
     return Subject(hashlib.blake2b(name.encode(), digest_size=8).hexdigest(), name)
 
@@ -41,14 +50,7 @@ def check(compiled: CompiledPolicy, who: str = "ip:203.0.113.7", limit: int | No
 def count_round_trips() -> Iterator[list[int]]:
     """Count the commands (round trips) redis-py sends while the block runs; they still reach Redis."""
     counter = [0]
-    original = Connection.send_packed_command
-
-    def counting(self, command, check_health=True):
-        counter[0] += 1
-        return original(self, command, check_health)
-
-    Connection.send_packed_command = counting
-    try:
+    wire = Wire()
+    with wire.watching():
         yield counter
-    finally:
-        Connection.send_packed_command = original
+        counter[0] = wire.trips

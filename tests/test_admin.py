@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
@@ -9,7 +11,7 @@ from django.urls import reverse
 from ratelimit_app import engine
 from ratelimit_app.models import Override, Policy
 from ratelimit_app.policies import compile_policy
-from tests.helpers import check
+from tests.helpers import check, make_policy
 
 pytestmark = pytest.mark.django_db
 
@@ -22,13 +24,7 @@ FORM = {
 }
 
 
-def make(**fields) -> Policy:
-    values = {"name": "search-per-ip", "action": "demo:search", "limit": 100, "window": 60, "strategy": "fixed_window", "key": "ip"}
-    values.update(fields)
-    policy = Policy(**values)
-    policy.full_clean()
-    policy.save()
-    return policy
+make = partial(make_policy, name="search-per-ip", action="demo:search", limit=100)
 
 
 def test_list_shows_human_windows_and_active_subjects(admin_client):

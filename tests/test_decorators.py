@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 from django.contrib.auth.models import AnonymousUser
 from django.http import HttpResponse
@@ -10,18 +12,11 @@ from django.views import View
 
 import ratelimit_app
 from ratelimit_app.decorators import ratelimit
-from ratelimit_app.models import Policy
 
 pytestmark = pytest.mark.django_db
 
 
-def make(**fields) -> Policy:
-    values = {"name": "login-per-ip", "action": "login", "limit": 2, "window": 300, "strategy": "fixed_window", "key": "ip"}
-    values.update(fields)
-    policy = Policy(**values)
-    policy.full_clean()
-    policy.save()
-    return policy
+make = partial(make_policy, name="login-per-ip", action="login", limit=2, window=300)
 
 
 def request(method="post", ip="203.0.113.7"):
@@ -74,7 +69,7 @@ def test_check_tells_without_counting_and_hit_counts():
 
 
 def test_an_action_without_policies_is_always_allowed_and_costs_nothing():
-    from tests.helpers import count_round_trips
+    from tests.helpers import count_round_trips, make_policy
 
     make()
     ratelimit_app.hit(request(), "no-such-action")  # loads the policy index (reads the version once)

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 from django.test import Client
 
-from ratelimit_app.models import Policy
+from tests.helpers import make_policy
 
 pytestmark = pytest.mark.django_db
 
 
-def make(**fields) -> Policy:
-    values = {"name": "search", "action": "demo:search", "limit": 2, "window": 60, "strategy": "fixed_window", "key": "ip"}
-    values.update(fields)
-    policy = Policy(**values)
-    policy.full_clean()
-    policy.save()
-    return policy
+make = partial(make_policy, name="search", action="demo:search", limit=2)
 
 
 def search(client, **extra):

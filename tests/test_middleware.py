@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 from django.contrib.auth.models import User
 
-from ratelimit_app.models import Policy
+from tests.helpers import make_policy
 
 pytestmark = pytest.mark.django_db
 
 IP = "203.0.113.7"
 
 
-def make(**fields) -> Policy:
-    values = {"name": "search-per-ip", "action": "demo:search", "limit": 2, "window": 60, "strategy": "fixed_window", "key": "ip"}
-    values.update(fields)
-    policy = Policy(**values)
-    policy.full_clean()
-    policy.save()
-    return policy
+make = partial(make_policy, name="search-per-ip", action="demo:search", limit=2)
 
 
 def get(client, path="/demo/search/?q=a", ip=IP, **extra):

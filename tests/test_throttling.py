@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from ratelimit_app.models import Policy
+from tests.helpers import make_policy
 
 pytestmark = pytest.mark.django_db
 
 IP = "203.0.113.7"
 
 
-def make(**fields) -> Policy:
-    values = {"name": "items", "action": "items", "limit": 2, "window": 60, "strategy": "sliding_log", "key": "ip"}
-    values.update(fields)
-    policy = Policy(**values)
-    policy.full_clean()
-    policy.save()
-    return policy
+make = partial(make_policy, name="items", action="items", limit=2, strategy="sliding_log")
 
 
 @pytest.fixture
