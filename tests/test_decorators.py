@@ -12,6 +12,7 @@ from django.views import View
 
 import ratelimit_app
 from ratelimit_app.decorators import ratelimit
+from tests.helpers import count_round_trips, make_policy
 
 pytestmark = pytest.mark.django_db
 
@@ -69,8 +70,6 @@ def test_check_tells_without_counting_and_hit_counts():
 
 
 def test_an_action_without_policies_is_always_allowed_and_costs_nothing():
-    from tests.helpers import count_round_trips, make_policy
-
     make()
     ratelimit_app.hit(request(), "no-such-action")  # loads the policy index (reads the version once)
     with count_round_trips() as trips:
