@@ -36,7 +36,7 @@ class OverrideInline(admin.TabularInline):
 
 @admin.register(Policy)
 class PolicyAdmin(admin.ModelAdmin):
-    list_display = ("name", "action", "rate", "strategy", "key", "mode", "enabled", "active_now", "live_link")
+    list_display = ("name", "action", "rate", "strategy", "key", "mode", "enabled", "active_now", "denied_now", "live_link")
     list_editable = ("mode", "enabled")
     list_filter = ("strategy", "mode", "enabled")
     search_fields = ("name", "action", "key", "description")
@@ -58,8 +58,16 @@ class PolicyAdmin(admin.ModelAdmin):
 
     @admin.display(description="active now")
     def active_now(self, policy: Policy):
-        active = getattr(policy, "active_now_count", None)
-        return "?" if active is None else active
+        activity = getattr(policy, "activity", None)
+        return "?" if activity is None else activity.active
+
+    @admin.display(description="denied now")
+    def denied_now(self, policy: Policy):
+        """Denied in the current window; for a shadow policy, what it would have denied."""
+        activity = getattr(policy, "activity", None)
+        if activity is None:
+            return "?"
+        return f"{activity.denied} (would)" if policy.mode == Mode.SHADOW and activity.denied else activity.denied
 
     @admin.display(description="live")
     def live_link(self, policy: Policy) -> str:
@@ -68,12 +76,12 @@ class PolicyAdmin(admin.ModelAdmin):
     def get_changelist_instance(self, request):
         changelist = super().get_changelist_instance(request)
         try:
-            counts = engine.active_subject_counts(list(changelist.result_list))
+            activity = engine.policy_activity(list(changelist.result_list))
         except engine.RedisUnavailable:
-            counts = {}
-            messages.warning(request, "Redis is unreachable: active subject counts are not shown.")
+            activity = {}
+            messages.warning(request, "Redis is unreachable: current activity is not shown.")
         for policy in changelist.result_list:
-            policy.active_now_count = counts.get(policy.pk)
+            policy.activity = activity.get(policy.pk)
         return changelist
 
     # --- bulk actions, each through save() so every worker hears of it ----------------------

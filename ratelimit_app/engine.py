@@ -267,17 +267,29 @@ def bump_version() -> int:
     return breaker.call(lambda: client().incr(keys.version_key()))
 
 
-def active_subject_counts(policies: Sequence) -> dict[int, int]:
-    """How many subjects each policy saw in its current window, for many policies in one round trip."""
+class PolicyActivity(NamedTuple):
+    active: int  # subjects seen in the current window
+    allowed: int  # requests counted in the current window
+    denied: int  # requests denied (shadow: that would have been) in the current window
+
+
+def policy_activity(policies: Sequence) -> dict[int, PolicyActivity]:
+    """Activity of many policies (rows or compiled) in their current window, in one round trip."""
     if not policies:
         return {}
     redis_client = client()
     now_ms = int(time.time() * 1000)
 
-    def count() -> list[int]:
+    def read() -> list:
         with redis_client.pipeline(transaction=False) as pipe:
             for policy in policies:
-                pipe.zcount(keys.live_key(policy), f"({now_ms - policy.window * 1000}", "+inf")
+                window_ms = policy.window * 1000
+                pipe.zcount(keys.live_key(policy), f"({now_ms - window_ms}", "+inf")
+                pipe.hmget(f"{keys.totals_key(policy)}:{now_ms // window_ms}", "a", "d")
             return pipe.execute()
 
-    return dict(zip((policy.id for policy in policies), breaker.call(count)))
+    replies = breaker.call(read)
+    return {
+        policy.id: PolicyActivity(replies[2 * i], int(replies[2 * i + 1][0] or 0), int(replies[2 * i + 1][1] or 0))
+        for i, policy in enumerate(policies)
+    }

@@ -34,7 +34,15 @@ def test_list_shows_human_windows_and_active_subjects(admin_client):
     page = admin_client.get(CHANGELIST).content.decode()
     assert "100 / 1 h" in page
     assert '<td class="field-active_now">3</td>' in page
+    assert '<td class="field-denied_now">0</td>' in page
     assert reverse("admin:ratelimit_app_policy_live", args=[policy.pk]) in page
+
+
+def test_list_shows_what_a_shadow_policy_would_have_denied(admin_client):
+    policy = make(limit=1, mode="shadow")
+    for _ in range(3):
+        engine.decide([check(compile_policy(policy))])
+    assert '<td class="field-denied_now">2 (would)</td>' in admin_client.get(CHANGELIST).content.decode()
 
 
 def test_list_filters_and_search(admin_client):
