@@ -17,7 +17,7 @@ from django.http import HttpResponse
 from django.test import RequestFactory
 from django_redis import get_redis_connection
 
-from bench.measure import admitted, cpu_per_call, latencies, p50, p99, per_call, throughput
+from bench.measure import admitted, cpu_per_call, latencies, outside_redis, p50, p99, per_call, throughput
 from ratelimit_app import engine, keys
 from ratelimit_app.engine import Check
 from ratelimit_app.models import Policy
@@ -220,12 +220,15 @@ def overhead(results: Results) -> None:
     count = results.samples
     for name, call in paths.items():
         # fresh requests, made beforehand: a request is decided once, and making it is not ours to count
-        pending = iter([drf_request() if name == "throttle" else request() for _ in range(2 * count + 600)])
+        pending = iter([drf_request() if name == "throttle" else request() for _ in range(3 * count + 600)])
         results.overhead[f"{name}_p50"] = p50(latencies(lambda: call(pending), count, warmup=300))
         results.overhead[f"{name}_cpu"] = cpu_per_call(lambda: call(pending), count, warmup=0)
+        results.overhead[f"{name}_outside"] = outside_redis(lambda: call(pending), count, warmup=0)
     o = results.overhead
-    o["middleware_overhead"] = o["middleware_cpu"] - o["view_cpu"] - o["raw_cpu"]
-    o["throttle_overhead"] = o["throttle_cpu"] - o["raw_cpu"]
+    o["middleware_overhead"] = o["middleware_outside"] - o["view_outside"]
+    o["throttle_overhead"] = o["throttle_outside"]
+    o["middleware_cpu_overhead"] = o["middleware_cpu"] - o["view_cpu"] - o["raw_cpu"]
+    o["throttle_cpu_overhead"] = o["throttle_cpu"] - o["raw_cpu"]
     Policy.objects.filter(pk=saved.id).delete()
 
 
