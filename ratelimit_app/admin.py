@@ -177,6 +177,7 @@ class PolicyAdmin(admin.ModelAdmin):
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
             "title": "Policy tester",
+            "crumb": "Tester",
             "form": form,
             "results": results,
         }
@@ -192,6 +193,7 @@ class PolicyAdmin(admin.ModelAdmin):
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
             "title": "Changes to policies and overrides",
+            "crumb": "Changes",
             "entries": entries,
         }
         return TemplateResponse(request, "admin/ratelimit_app/policy/changes.html", context)

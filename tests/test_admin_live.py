@@ -12,6 +12,7 @@ from django.urls import reverse
 from ratelimit_app import engine
 from ratelimit_app.models import Override, Policy
 from ratelimit_app.policies import compile_policy
+from tests.helpers import make_policy
 
 pytestmark = pytest.mark.django_db
 IP = "203.0.113.7"
@@ -19,10 +20,7 @@ IP = "203.0.113.7"
 
 @pytest.fixture
 def policy():
-    policy = Policy(name="search-per-ip", action="demo:search", limit=3, window=60, strategy="sliding_window", key="ip")
-    policy.full_clean()
-    policy.save()
-    return policy
+    return make_policy(name="search-per-ip", action="demo:search", limit=3, window=60, strategy="sliding_window", key="ip")
 
 
 def live_url(policy):

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from ratelimit_app.models import Policy
 from ratelimit_app.policies import get_index
+from tests.helpers import make_policy
 
 pytestmark = pytest.mark.django_db
 
@@ -45,10 +46,7 @@ def bad_rows():
 
 @pytest.fixture
 def good_policy():
-    policy = Policy(name="good", action="demo:search", limit=2, window=60, strategy="sliding_log", key="ip")
-    policy.full_clean()
-    policy.save()
-    return policy
+    return make_policy(name="good", action="demo:search", limit=2, window=60, strategy="sliding_log", key="ip")
 
 
 def test_each_bad_row_is_skipped_with_one_logged_error(bad_rows, good_policy, caplog):
