@@ -28,6 +28,7 @@ run: $(VENV)/.runtime
 		exec $(BIN)/python manage.py runserver --noreload 127.0.0.1:8000'
 
 test: $(VENV)/.dev
+	scripts/ensure-chromium
 	$(WITH_REDIS) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(VENV)/.bench
