@@ -195,17 +195,11 @@ def _verdict(checks: Sequence[Check], reply: list[int]) -> Verdict:
     decisions = []
     for i, (policy, subject, limit) in enumerate(checks):
         exceeded, count, reset_ms, retry_ms = reply[3 + 4 * i : 7 + 4 * i]
+        # positional: this runs for every policy of every request
         decisions.append(
             Decision(
-                policy=policy,
-                subject=subject,
-                allowed=not (exceeded and policy.enforce),
-                exceeded=bool(exceeded),
-                count=count,
-                limit=limit,
-                remaining=max(limit - count, 0),
-                reset_in=reset_ms / 1000,
-                retry_after=retry_ms / 1000 if exceeded else None,
+                policy, subject, not (exceeded and policy.enforce), bool(exceeded), count, limit,
+                limit - count if count < limit else 0, reset_ms / 1000, retry_ms / 1000 if exceeded else None,
             )
         )
     return Verdict(not denied, tuple(decisions), version)

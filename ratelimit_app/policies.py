@@ -49,15 +49,8 @@ class CompiledPolicy:
     window_ms: int
     bucket_ms: int
     shape: str  # part of the counter key: a change of strategy, window or bucket starts fresh counters
-
-    @property
-    def counts_users(self) -> bool:
-        """Whether the subject depends on who is logged in."""
-        return any(part.label in ("user", "user_or_ip") for part in self.key_spec)
-
-    @property
-    def enforce(self) -> bool:
-        return self.mode == Mode.ENFORCE
+    enforce: bool  # mode == enforce, kept as a plain bool for the hot path
+    counts_users: bool  # whether the subject depends on who is logged in
 
     def applies_to_method(self, method: str) -> bool:
         return not self.methods or method in self.methods
@@ -66,6 +59,7 @@ class CompiledPolicy:
 def compile_policy(row: Policy) -> CompiledPolicy:
     """Validate a row (as the admin would) and compile it; raises ValidationError for a bad row."""
     row.full_clean(validate_unique=False, validate_constraints=False)
+    key_spec = parse_key_spec(row.key)
     bucket = row.bucket_size if row.strategy == Strategy.SLIDING_WINDOW else row.window
     shape = f"{SHAPE_LETTER[row.strategy]}{row.window}"
     if row.strategy == Strategy.SLIDING_WINDOW:
@@ -78,7 +72,7 @@ def compile_policy(row: Policy) -> CompiledPolicy:
         window=row.window,
         strategy=row.strategy,
         key=row.key,
-        key_spec=parse_key_spec(row.key),
+        key_spec=key_spec,
         methods=row.methods_set,
         mode=row.mode,
         bucket_size=row.bucket_size,
@@ -86,6 +80,8 @@ def compile_policy(row: Policy) -> CompiledPolicy:
         window_ms=row.window * 1000,
         bucket_ms=bucket * 1000,
         shape=shape,
+        enforce=row.mode == Mode.ENFORCE,
+        counts_users=any(part.label in ("user", "user_or_ip") for part in key_spec),
     )
 
 
