@@ -112,9 +112,6 @@ class PolicyIndex:
                     found.append(policy)
         return found
 
-    def get(self, policy_id: int) -> CompiledPolicy | None:
-        return next((p for p in self.policies if p.id == policy_id), None)
-
 
 class _IndexState:
     def __init__(self) -> None:
