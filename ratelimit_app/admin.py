@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.models import LogEntry
 from django.contrib.contenttypes.models import ContentType
@@ -17,6 +20,7 @@ from .models import Mode, Override, Policy
 from .policies import compile_policy
 
 LIVE_ROWS = 100
+SUBJECT_KEY = re.compile(r"[0-9a-f]{16}")  # what subjects.Subject.key holds
 
 
 def human_window(seconds: int) -> str:
@@ -32,6 +36,15 @@ class OverrideInline(admin.TabularInline):
     extra = 0
     fields = ("kind", "user", "group", "network", "header", "value", "exempt", "limit", "expires_at", "reason")
     autocomplete_fields = ("user", "group")
+
+
+class PolicyListForm(forms.ModelForm):
+    """The list's editable row: the mode shown by its short name, so the columns fit beside it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if "mode" in self.fields:
+            self.fields["mode"].choices = [(mode, mode) for mode in Mode.values]
 
 
 @admin.register(Policy)
@@ -73,6 +86,9 @@ class PolicyAdmin(admin.ModelAdmin):
     def live_link(self, policy: Policy) -> str:
         return format_html('<a href="{}">live</a>', reverse("admin:ratelimit_app_policy_live", args=[policy.pk]))
 
+    def get_changelist_form(self, request, **kwargs):
+        return super().get_changelist_form(request, form=PolicyListForm, **kwargs)
+
     def get_changelist_instance(self, request):
         changelist = super().get_changelist_instance(request)
         try:
@@ -87,11 +103,15 @@ class PolicyAdmin(admin.ModelAdmin):
     # --- bulk actions, each through save() so every worker hears of it ----------------------
 
     def _update(self, request, queryset, message: str, **changes) -> None:
+        # counted while saving: the queryset may be filtered by the very field being changed
+        changed = 0
         for policy in queryset:
             for field, value in changes.items():
                 setattr(policy, field, value)
             policy.save()
-        self.message_user(request, message % {"count": queryset.count()}, messages.SUCCESS)
+            self.log_change(request, policy, [{"changed": {"fields": [Policy._meta.get_field(f).verbose_name for f in changes]}}])
+            changed += 1
+        self.message_user(request, message % {"count": changed}, messages.SUCCESS)
 
     @admin.action(description="Enable selected policies", permissions=("change",))
     def enable(self, request, queryset):
@@ -111,9 +131,12 @@ class PolicyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Reset the counts of selected policies", permissions=("change",))
     def reset_counts(self, request, queryset):
+        reset = 0
         for policy in queryset:
             reset_all(policy)
-        self.message_user(request, f"Counts reset for {queryset.count()} policies.", messages.SUCCESS)
+            self.log_change(request, policy, "Reset the counts of every subject.")
+            reset += 1
+        self.message_user(request, f"Counts reset for {reset} policies.", messages.SUCCESS)
 
     # --- the live page, reset, tester, history --------------------------------------------------
 
@@ -157,14 +180,20 @@ class PolicyAdmin(admin.ModelAdmin):
         subject = request.POST.get("subject", "").strip()
         try:
             if subject:
+                if not SUBJECT_KEY.fullmatch(subject):
+                    raise ValidationError(f"{subject[:40]!r} is not a subject key (16 hex digits, as the live page sends).")
                 engine.reset_subjects(compile_policy(policy), [subject])
-                message = f"Counts of subject {request.POST.get('display') or subject} reset for {policy.name}."
+                shown = request.POST.get("display", "")[:200] or subject
+                message = f"Counts of subject {shown} reset for {policy.name}."
             else:
                 reset_all(policy)
                 message = f"Counts of every subject reset for {policy.name}."
-        except (engine.RedisUnavailable, ValidationError) as error:
-            self.message_user(request, f"Nothing was reset: {error}", messages.ERROR)
+        except engine.RedisUnavailable as error:
+            self.message_user(request, f"Nothing was reset: Redis is unreachable ({error}).", messages.ERROR)
+        except ValidationError as error:
+            self.message_user(request, f"Nothing was reset: {' '.join(error.messages)}", messages.ERROR)
         else:
+            self.log_change(request, policy, message)
             self.message_user(request, message, messages.SUCCESS)
         return HttpResponseRedirect(reverse("admin:ratelimit_app_policy_live", args=[pk]))
 

@@ -94,6 +94,50 @@ def test_bulk_actions_change_policies_through_save(admin_client):
     assert Policy.objects.get(pk=policy.pk).generation == 1
 
 
+def test_bulk_actions_count_what_they_changed_even_in_a_filtered_list(admin_client):
+    policies = [make(name=f"p{i}") for i in range(3)]
+    response = admin_client.post(
+        CHANGELIST + "?enabled__exact=1",
+        {"action": "disable", "_selected_action": [p.pk for p in policies]},
+        follow=True,
+    )
+    assert "Disabled 3 policies." in [str(m) for m in response.context["messages"]]
+    admin_client.post(CHANGELIST, {"action": "enable", "_selected_action": [policies[0].pk]})
+    assert list(Policy.objects.filter(enabled=True)) == [policies[0]]
+
+
+def test_bulk_actions_are_announced_to_every_worker_and_logged(admin_client, django_capture_on_commit_callbacks):
+    policy = make(mode="shadow")
+    before = engine.read_version()
+    with django_capture_on_commit_callbacks(execute=True):
+        admin_client.post(CHANGELIST, {"action": "make_enforce", "_selected_action": [policy.pk]})
+    assert Policy.objects.get(pk=policy.pk).mode == "enforce"
+    assert engine.read_version() > before
+    changes = admin_client.get(reverse("admin:ratelimit_app_policy_changes")).content.decode()
+    assert "Changed mode." in changes
+
+
+def test_mode_and_enabled_are_editable_in_the_list(admin_client):
+    policy = make()
+    assert '<option value="shadow">shadow</option>' in admin_client.get(CHANGELIST).content.decode()  # short, fits
+    admin_client.post(CHANGELIST, {
+        "form-TOTAL_FORMS": "1", "form-INITIAL_FORMS": "1", "form-MIN_NUM_FORMS": "0", "form-MAX_NUM_FORMS": "1000",
+        "form-0-id": str(policy.pk), "form-0-mode": "shadow", "_save": "Save",  # enabled unticked
+    })
+    policy.refresh_from_db()
+    assert (policy.mode, policy.enabled) == ("shadow", False)
+
+
+def test_view_only_staff_see_the_list_without_actions_or_editable_fields(client):
+    make()
+    staff = User.objects.create_user("viewer", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_policy"))
+    client.force_login(staff)
+    page = client.get(CHANGELIST).content.decode()
+    assert "search-per-ip" in page
+    assert 'name="action"' not in page and 'name="form-0-enabled"' not in page
+
+
 def test_reset_counts_action_starts_every_subject_afresh(admin_client):
     policy = make(limit=1)
     engine.decide([check(compile_policy(policy))])

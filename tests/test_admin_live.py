@@ -77,7 +77,7 @@ def test_live_page_renders_with_the_admin_look(admin_client, client, policy):
     assert page.status_code == 200
     html = page.content.decode()
     assert "Live usage: search-per-ip" in html
-    assert 'id="rl-subjects"' in html and "setInterval(refresh" in html
+    assert 'id="rl-subjects"' in html and "refresh().finally(schedule)" in html
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)  # no external assets
 
 
@@ -122,6 +122,23 @@ def test_reset_all_subjects(admin_client, client, policy):
     assert search(client, IP) == [200]
     assert search(client, "198.51.100.9") == [200]
     assert admin_client.get(live_url(policy) + "?format=json").json()["active"] == 2
+
+
+def test_reset_of_something_that_is_not_a_subject_key_is_refused(admin_client, client, policy):
+    search(client, times=3)
+    response = admin_client.post(reset_url(policy), {"subject": "../*"}, follow=True)
+    assert "is not a subject key" in [str(m) for m in response.context["messages"]][0]
+    assert search(client) == [429]
+
+
+def test_resets_appear_in_the_changes_log(admin_client, client, policy):
+    search(client)
+    [subject] = admin_client.get(live_url(policy) + "?format=json").json()["subjects"]
+    admin_client.post(reset_url(policy), {"subject": subject["key"], "display": subject["subject"]})
+    admin_client.post(reset_url(policy))
+    changes = admin_client.get(reverse("admin:ratelimit_app_policy_changes")).content.decode()
+    assert f"Counts of subject ip:{IP} reset for search-per-ip." in changes
+    assert "Counts of every subject reset for search-per-ip." in changes
 
 
 def test_reset_requires_csrf(admin_user, policy):
