@@ -18,7 +18,7 @@ from django.test import RequestFactory
 from django_redis import get_redis_connection
 
 from bench.measure import admitted, cpu_per_call, latencies, outside_redis, p50, p99, per_call, throughput
-from ratelimit_app import engine, keys
+from ratelimit_app import engine, keys, scripts
 from ratelimit_app.engine import Check
 from ratelimit_app.models import Policy
 from ratelimit_app.policies import compile_policy
@@ -197,7 +197,7 @@ def overhead(results: Results) -> None:
 
     middleware = RateLimitMiddleware(view)
     redis_client = client()
-    script = engine._scripts.get("decide", redis_client)
+    script = scripts.scripts.get("decide", redis_client)
     who = subject()
     raw_keys = [keys.counter_key(saved, who.key), keys.live_key(saved), keys.totals_key(saved), keys.version_key()]
     raw_args = ["", "0", 2000, 1, saved.strategy, HUGE, saved.window_ms, saved.bucket_ms, "1", engine.live_member(who, HUGE, saved)]

@@ -15,7 +15,8 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from . import engine, tester
+from . import live, tester
+from .connection import RedisUnavailable
 from .models import Mode, Override, Policy
 from .policies import compile_policy
 
@@ -92,8 +93,8 @@ class PolicyAdmin(admin.ModelAdmin):
     def get_changelist_instance(self, request):
         changelist = super().get_changelist_instance(request)
         try:
-            activity = engine.policy_activity(list(changelist.result_list))
-        except engine.RedisUnavailable:
+            activity = live.policy_activity(list(changelist.result_list))
+        except RedisUnavailable:
             activity = {}
             messages.warning(request, "Redis is unreachable: current activity is not shown.")
         for policy in changelist.result_list:
@@ -182,13 +183,13 @@ class PolicyAdmin(admin.ModelAdmin):
             if subject:
                 if not SUBJECT_KEY.fullmatch(subject):
                     raise ValidationError(f"{subject[:40]!r} is not a subject key (16 hex digits, as the live page sends).")
-                engine.reset_subjects(compile_policy(policy), [subject])
+                live.reset_subjects(compile_policy(policy), [subject])
                 shown = request.POST.get("display", "")[:200] or subject
                 message = f"Counts of subject {shown} reset for {policy.name}."
             else:
                 reset_all(policy)
                 message = f"Counts of every subject reset for {policy.name}."
-        except engine.RedisUnavailable as error:
+        except RedisUnavailable as error:
             self.message_user(request, f"Nothing was reset: Redis is unreachable ({error}).", messages.ERROR)
         except ValidationError as error:
             self.message_user(request, f"Nothing was reset: {' '.join(error.messages)}", messages.ERROR)
@@ -270,10 +271,10 @@ def live_data(policy: Policy, rows: int = LIVE_ROWS) -> tuple[dict, int]:
         "active": 0,
     }
     try:
-        usage = engine.live_usage(compile_policy(policy))
+        usage = live.live_usage(compile_policy(policy))
     except ValidationError as error:
         return {**data, "error": f"This policy is invalid and not enforced: {'; '.join(error.messages)}"}, 200
-    except engine.RedisUnavailable as error:
+    except RedisUnavailable as error:
         return {**data, "error": f"Redis is unreachable, live usage cannot be shown: {error}"}, 503
     busiest = sorted(usage.subjects, key=lambda s: (-s.count, s.display))
     data["subjects"] = [

@@ -20,6 +20,12 @@ class Strategy(models.TextChoices):
     FIXED_WINDOW = "fixed_window", "Fixed window"
     SLIDING_WINDOW = "sliding_window", "Sliding window (buckets)"
     SLIDING_LOG = "sliding_log", "Sliding log (exact)"
+    TOKEN_BUCKET = "token_bucket", "Token bucket (GCRA, with a burst)"
+
+
+class Source(models.TextChoices):
+    ADMIN = "admin", "Admin"
+    CODE = "code", "Code"
 
 
 class Mode(models.TextChoices):
@@ -139,6 +145,28 @@ class Policy(models.Model):
             "sliding_window only: width of one bucket in seconds; must divide the window, e.g. 10 for a "
             "60 second window. Blank picks the smallest size giving at most 60 buckets."
         ),
+    )
+    burst = models.PositiveIntegerField(
+        "burst",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1, "The burst must be at least 1 request.")],
+        help_text="token_bucket only: requests allowed at once, e.g. 10. Blank means the limit.",
+    )
+    source = models.CharField(
+        "source",
+        max_length=10,
+        choices=Source.choices,
+        db_default=Source.ADMIN,
+        editable=False,
+        help_text="Where the policy was declared: in the admin, or in code (@ratelimit(rate=...), RATELIMIT_POLICIES).",
+    )
+    code_values = models.JSONField(
+        "values in code",
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="For a policy from code: the values the code declares (limit, window, mode, ...), to revert to.",
     )
     description = models.TextField("description", blank=True, help_text="Why this policy exists, for other operators.")
     generation = models.PositiveIntegerField(

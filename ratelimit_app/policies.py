@@ -19,7 +19,8 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from . import engine
+from . import version as policy_version
+from .connection import RedisUnavailable
 from .conf import get_setting
 from .models import Mode, Override, Policy, Strategy
 from .overrides import PolicyOverrides, compile_overrides
@@ -158,8 +159,8 @@ def get_index() -> PolicyIndex:
     state = _state
     if not state.stale and time.monotonic() - state.checked_at > get_setting("RATELIMIT_POLICY_RECHECK_SECONDS"):
         try:
-            observe_version(engine.read_version())
-        except engine.RedisUnavailable:
+            observe_version(policy_version.read_version())
+        except RedisUnavailable:
             state.checked_at = time.monotonic()  # the doors deal with the outage; check again later
     if state.stale or state.index is None:
         _reload()
@@ -173,8 +174,8 @@ def _reload() -> None:
             return
         state.stale = False  # a change arriving during the load marks it stale again
         try:
-            version: int | None = engine.read_version()
-        except engine.RedisUnavailable:
+            version: int | None = policy_version.read_version()
+        except RedisUnavailable:
             version = None
         state.index = load_index()
         state.version = version
@@ -198,6 +199,6 @@ def policies_changed() -> None:
 def _publish_change() -> None:
     _state.stale = True
     try:
-        engine.bump_version()
-    except engine.RedisUnavailable as error:
+        policy_version.bump_version()
+    except RedisUnavailable as error:
         logger.warning("ratelimit: could not announce a policy change to other workers: %s", error)

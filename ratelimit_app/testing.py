@@ -5,14 +5,15 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from . import engine, keys
+from . import keys
+from .connection import client as redis_client
 from .models import Policy
 from .policies import policies_changed
 
 
 def reset_counters() -> int:
     """Delete every key under RATELIMIT_KEY_PREFIX (SCAN is fine here: this is for tests); returns how many."""
-    client = engine.client()
+    client = redis_client()
     names = list(client.scan_iter(match=f"{keys.prefix()}:*", count=1000))
     if names:
         client.delete(*names)

@@ -9,7 +9,7 @@ from django.conf import settings
 from django_redis import get_redis_connection
 
 from project.devredis import PrivateRedis
-from ratelimit_app import engine, policies
+from ratelimit_app import connection, policies
 
 _private: PrivateRedis | None = None
 
@@ -37,7 +37,7 @@ def redis_client():
 def empty_redis(redis_client):
     """Every test starts from an empty Redis, a closed circuit and a policy index to be reloaded."""
     redis_client.flushdb()
-    engine.breaker.reset()
+    connection.breaker.reset()
     policies._state.stale = True
     yield
     policies._state.stale = True

@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
-from ratelimit_app import engine
+from ratelimit_app import engine, version
 from ratelimit_app.models import Override, Policy
 from ratelimit_app.policies import compile_policy
 from tests.helpers import check, make_policy
@@ -108,11 +108,11 @@ def test_bulk_actions_count_what_they_changed_even_in_a_filtered_list(admin_clie
 
 def test_bulk_actions_are_announced_to_every_worker_and_logged(admin_client, django_capture_on_commit_callbacks):
     policy = make(mode="shadow")
-    before = engine.read_version()
+    before = version.read_version()
     with django_capture_on_commit_callbacks(execute=True):
         admin_client.post(CHANGELIST, {"action": "make_enforce", "_selected_action": [policy.pk]})
     assert Policy.objects.get(pk=policy.pk).mode == "enforce"
-    assert engine.read_version() > before
+    assert version.read_version() > before
     changes = admin_client.get(reverse("admin:ratelimit_app_policy_changes")).content.decode()
     assert "Changed mode." in changes
 

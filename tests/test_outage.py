@@ -8,7 +8,7 @@ import pytest
 from django.core.checks import run_checks
 
 from project.devredis import PrivateRedis
-from ratelimit_app import engine
+from ratelimit_app import connection
 from ratelimit_app.models import Policy
 
 pytestmark = pytest.mark.django_db
@@ -99,7 +99,7 @@ def test_a_restart_between_requests_reaches_no_request(client, server, limited, 
 def test_script_flush_mid_run_reaches_no_request(client, server, limited, settings):
     settings.RATELIMIT_FAIL_OPEN = False
     assert search(client).status_code == 200
-    engine.client().script_flush()
+    connection.client().script_flush()
     assert search(client).status_code == 429
 
 
