@@ -7,20 +7,26 @@ from functools import wraps
 from django.utils.decorators import method_decorator
 
 from . import headers
-from .limiter import evaluate
+from .doors import has_door_inside, inner_door
 from .responses import refusal
 
 
 def ratelimit(action: str):
     """Enforce the policies whose action is `action` before the view runs (429 when one denies)."""
+    if callable(action):
+        raise TypeError(
+            "@ratelimit needs an action: write @ratelimit(\"login\") (the policies whose action is 'login'), "
+            "not @ratelimit without parentheses."
+        )
 
     def decorator(view):
         if isinstance(view, type):  # a class-based view: decorate its dispatch
             return method_decorator(decorator, name="dispatch")(view)
+        last = not has_door_inside(view)
 
         @wraps(view)
         def limited(request, *args, **kwargs):
-            state = evaluate(request, [action])
+            state = inner_door(request, [action], last=last)
             refused = refusal(request, state)
             if refused is not None:
                 return refused
@@ -29,6 +35,7 @@ def ratelimit(action: str):
                 headers.apply(response, state.decisions)
             return response
 
+        limited.ratelimit_actions = (*getattr(view, "ratelimit_actions", ()), action)
         return limited
 
     return decorator

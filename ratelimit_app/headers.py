@@ -3,7 +3,7 @@
     RateLimit-Policy: "search-per-ip";q=5;w=60, "api-per-user";q=1000;w=3600
     RateLimit: "search-per-ip";r=2;t=41, "api-per-user";r=997;t=3412
 
-One item per applicable policy, keyed by the policy name as a Structured Field string.
+One item per applicable enforced policy (shadow policies are not shown), keyed by the policy name as a Structured Field string.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ def retry_after(denied: Sequence[Decision]) -> int:
 
 
 def apply(response, decisions: Sequence[Decision], denied: Sequence[Decision] = ()) -> None:
+    """Set the headers of the enforced policies; shadow policies never show to clients."""
+    decisions = [d for d in decisions if d.policy.enforce]
     if decisions:
         response.headers["RateLimit-Policy"] = policy_header(decisions)
         response.headers["RateLimit"] = ratelimit_header(decisions)

@@ -1,8 +1,6 @@
-"""The one core behind every door: find the policies of a request, ask the engine, remember the answer.
+"""The one core behind every door: find the policies of a request, ask the engine once, keep the answer.
 
-A request seen by several doors (the middleware, then the DRF throttle) is decided once per policy:
-the decisions are kept on the underlying HttpRequest and later doors only add the policies that
-were not decided yet (e.g. a `user` policy once DRF has authenticated a token).
+Which door calls it, and when, is decided in doors.py; this module only plans and decides.
 """
 
 from __future__ import annotations
@@ -32,15 +30,24 @@ class Planned(NamedTuple):
 
 
 class RequestState:
-    """What the doors decided for one request so far."""
+    """What the doors know and decided about one request so far."""
 
-    __slots__ = ("decided", "decisions", "denied", "unavailable")
+    __slots__ = ("names", "decided", "decisions", "denied", "unavailable", "awaiting", "refused", "json_api")
 
     def __init__(self) -> None:
-        self.decided: set[int] = set()
+        self.names: list[str] = []  # the names policies may match, gathered by every door
+        self.decided: set[int] = set()  # ids of the policies already decided
         self.decisions: list[Decision] = []
         self.denied: list[Decision] = []
         self.unavailable = False  # Redis could not be asked and RATELIMIT_FAIL_OPEN is False
+        self.awaiting = False  # the middleware left the call to a door inside the view
+        self.refused = False  # a door refused the request (its response is the refusal)
+        self.json_api = False  # the view is a DRF API: its clients expect JSON
+
+    def add_names(self, names: Iterable[str | None]) -> None:
+        for name in names:
+            if name and name not in self.names:
+                self.names.append(name)
 
 
 class Outage:
@@ -75,26 +82,13 @@ def state_of(request) -> RequestState:
     return state
 
 
-def plan(
-    request,
-    names: Iterable[str | None] = (),
-    *,
-    skip: set[int] | frozenset[int] = frozenset(),
-    defer_anonymous_user_policies: bool = False,
-) -> list[Planned]:
-    """The policies that apply to the request (found by path, method and `names`), with subjects and limits.
-
-    `defer_anonymous_user_policies` leaves out policies counted per user while the request's user is
-    anonymous, so that a later door that authenticates (DRF) decides them for the right subject.
-    """
+def plan(request, names: Iterable[str | None] = (), *, skip: set[int] | frozenset[int] = frozenset()) -> list[Planned]:
+    """The policies that apply to the request (found by path, method and `names`), with subjects and limits."""
     index = policies.get_index()
     if not index:
         return []
-    found = index.matching(path=request.path_info, names=names, method=request.method)
-    if defer_anonymous_user_policies and not _authenticated(request):
-        found = [policy for policy in found if not policy.counts_users]
     planned = []
-    for policy in found:
+    for policy in index.matching(path=request.path_info, names=names, method=request.method):
         if policy.id in skip:
             continue
         subject = subject_for(policy.key_spec, request)
@@ -106,35 +100,40 @@ def plan(
     return planned
 
 
-def _authenticated(request) -> bool:
-    user = getattr(request, "user", None)
-    return user is not None and user.is_authenticated
+def checks_for(planned: Iterable[Planned]) -> list[Check]:
+    return [Check(p.policy, p.subject, p.limit) for p in planned if p.limit is not None]
 
 
-def evaluate(
-    request, names: Iterable[str | None] = (), *, dry_run: bool = False, defer_anonymous_user_policies: bool = False
-) -> RequestState | None:
-    """Decide the policies of this request not decided yet; None when rate limiting is switched off."""
-    if not get_setting("RATELIMIT_ENABLED"):
-        return None
-    state = state_of(request)
-    planned = plan(request, names, skip=state.decided, defer_anonymous_user_policies=defer_anonymous_user_policies)
-    checks = [Check(p.policy, p.subject, p.limit) for p in planned if p.limit is not None]
-    if not checks:
-        return state
-    try:
-        verdict = engine.decide(checks, dry_run=dry_run)
-    except engine.RedisUnavailable as error:
-        outage.record(error)
-        if not get_setting("RATELIMIT_FAIL_OPEN"):
-            state.unavailable = True
-        return state
+def pending_checks(request, state: RequestState) -> list[Check]:
+    """The checks of every policy this request meets (by path and gathered names) not decided yet."""
+    return checks_for(plan(request, state.names, skip=state.decided))
+
+
+def settle(request, state: RequestState, checks: list[Check], verdict: Verdict) -> None:
+    """Keep what the engine said on the request; shadow policies that would deny are logged."""
     policies.observe_version(verdict.version)
-    if not dry_run:
-        _report_shadow(verdict, request)
-        state.decided.update(check.policy.id for check in checks)
-        state.decisions.extend(verdict.decisions)
-        state.denied.extend(verdict.denied_by)
+    _report_shadow(verdict, request)
+    state.decided.update(check.policy.id for check in checks)
+    state.decisions.extend(verdict.decisions)
+    state.denied.extend(verdict.denied_by)
+
+
+def unavailable(state: RequestState, error: engine.RedisUnavailable) -> None:
+    outage.record(error)
+    if not get_setting("RATELIMIT_FAIL_OPEN"):
+        state.unavailable = True
+
+
+def decide(request, state: RequestState) -> RequestState:
+    """Decide every pending policy of the request in one Redis call (none when nothing applies)."""
+    checks = pending_checks(request, state)
+    if checks:
+        try:
+            verdict = engine.decide(checks)
+        except engine.RedisUnavailable as error:
+            unavailable(state, error)
+        else:
+            settle(request, state, checks, verdict)
     return state
 
 
@@ -150,17 +149,22 @@ def _report_shadow(verdict: Verdict, request) -> None:
 
 def check(request, action: str) -> Verdict:
     """What would happen to `request` under the policies of `action`, counting nothing."""
-    checks = [Check(p.policy, p.subject, p.limit) for p in plan(request, [action]) if p.limit is not None]
-    verdict = engine.decide(checks, dry_run=True)
+    if not get_setting("RATELIMIT_ENABLED"):
+        return engine.NO_POLICIES
+    verdict = engine.decide(checks_for(plan(request, [action])), dry_run=True)
     policies.observe_version(verdict.version)
     return verdict
 
 
 def hit(request, action: str) -> Verdict:
-    """Count `request` under the policies of `action` (for code that is not a view); returns the verdict."""
-    state = evaluate(request, [action])
-    if state is None:
+    """Count `request` under the policies of `action` not decided yet for it; returns the verdict."""
+    if not get_setting("RATELIMIT_ENABLED"):
         return engine.NO_POLICIES
+    state = state_of(request)
+    before = len(state.decisions)
+    state.add_names([action])
+    decide(request, state)
     if state.unavailable:
         raise engine.RedisUnavailable("Redis unavailable and RATELIMIT_FAIL_OPEN is False")
-    return Verdict(not state.denied, tuple(state.decisions), None)
+    decisions = tuple(state.decisions[before:])
+    return Verdict(all(d.allowed for d in decisions), decisions, None)

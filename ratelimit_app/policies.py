@@ -57,6 +57,11 @@ class CompiledPolicy:
         return not self.methods or method in self.methods
 
 
+def with_head(methods: frozenset[str]) -> frozenset[str]:
+    """HEAD is GET: Django answers HEAD with the GET view, so a GET policy counts it too."""
+    return methods | {"HEAD"} if "GET" in methods else methods
+
+
 def compile_policy(row: Policy) -> CompiledPolicy:
     """Validate a row (as the admin would) and compile it; raises ValidationError for a bad row."""
     row.full_clean(validate_unique=False, validate_constraints=False)
@@ -74,7 +79,7 @@ def compile_policy(row: Policy) -> CompiledPolicy:
         strategy=row.strategy,
         key=row.key,
         key_spec=key_spec,
-        methods=row.methods_set,
+        methods=with_head(row.methods_set),
         mode=row.mode,
         bucket_size=row.bucket_size,
         generation=row.generation,

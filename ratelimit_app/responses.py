@@ -7,14 +7,18 @@ from django.utils.module_loading import import_string
 
 from . import headers
 from .conf import get_setting
-from .limiter import RequestState
+from .limiter import RequestState, http_request
 
 UNAVAILABLE_RETRY_AFTER = 1
+JSON, TEXT = "application/json", "text/plain"
 
 
-def wants_json(request) -> bool:
-    accept = request.META.get("HTTP_ACCEPT", "")
-    return "json" in accept or "json" in request.META.get("CONTENT_TYPE", "")
+def wants_json(request, json_api: bool = False) -> bool:
+    """JSON when the client prefers it; on a JSON API (a DRF view) also when it accepts anything."""
+    request = http_request(request)
+    if "json" in request.META.get("CONTENT_TYPE", "") and not request.META.get("HTTP_ACCEPT"):
+        return True
+    return request.get_preferred_type([JSON, TEXT] if json_api else [TEXT, JSON]) == JSON
 
 
 def refusal(request, state: RequestState | None) -> HttpResponse | None:
@@ -24,7 +28,7 @@ def refusal(request, state: RequestState | None) -> HttpResponse | None:
     if state.denied:
         return too_many_requests(request, state)
     if state.unavailable:
-        return service_unavailable(request)
+        return service_unavailable(request, state.json_api)
     return None
 
 
@@ -37,7 +41,7 @@ def too_many_requests(request, state: RequestState) -> HttpResponse:
         wait = headers.retry_after(state.denied)
         message = f"Too many requests: the limit of {first.limit} per {first.policy.window} s of policy " \
             f"'{first.policy.name}' is reached. Retry in {wait} s."
-        if wants_json(request):
+        if wants_json(request, state.json_api):
             response = JsonResponse({"detail": message, "policy": first.policy.name, "retry_after": wait}, status=429)
         else:
             response = HttpResponse(message + "\n", status=429, content_type="text/plain; charset=utf-8")
@@ -45,9 +49,9 @@ def too_many_requests(request, state: RequestState) -> HttpResponse:
     return response
 
 
-def service_unavailable(request) -> HttpResponse:
+def service_unavailable(request, json_api: bool = False) -> HttpResponse:
     message = "Rate limiting is unavailable and this site refuses requests meanwhile. Retry shortly."
-    if wants_json(request):
+    if wants_json(request, json_api):
         response = JsonResponse({"detail": message, "retry_after": UNAVAILABLE_RETRY_AFTER}, status=503)
     else:
         response = HttpResponse(message + "\n", status=503, content_type="text/plain; charset=utf-8")

@@ -13,7 +13,7 @@ from django.test import RequestFactory
 from . import engine
 from .engine import Check, Decision
 from .limiter import Planned, plan
-from .middleware import request_names
+from .doors import route_of
 from .policies import CompiledPolicy, get_index
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
@@ -76,7 +76,7 @@ class TesterForm(forms.Form):
 
     def explain(self) -> Results:
         request = self.request()
-        names, _ = request_names(request)
+        names = route_of(request).names  # the URL name, a DRF scope, and the actions of @ratelimit on the view
         matching = get_index().matching(path=request.path_info, names=names, method=request.method)
         planned = {p.policy.id: p for p in plan(request, names)}
         asked = [p for p in planned.values() if p.limit is not None]

@@ -1,7 +1,7 @@
 """PolicyThrottle: policies enforced inside DRF, where token-authenticated users are known.
 
-Matches the view's `throttle_scope`, the URL name, path prefixes and '*'. Policies the middleware
-already decided for this request are not counted again.
+Matches the view's `throttle_scope`, the URL name, path prefixes and '*'; with the middleware in
+front, it makes the request's one call (see doors.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from rest_framework.exceptions import APIException
 from rest_framework.throttling import BaseThrottle
 
 from . import headers
-from .limiter import evaluate
+from .doors import inner_door, policy_throttle_is_last
 from .responses import UNAVAILABLE_RETRY_AFTER
 
 
@@ -23,10 +23,12 @@ class RateLimitUnavailable(APIException):
 
 
 class PolicyThrottle(BaseThrottle):
+    ratelimit_door = True  # tells the middleware that this throttle will see the request
+
     def allow_request(self, request, view) -> bool:
         match = getattr(request, "resolver_match", None)
         names = (getattr(view, "throttle_scope", None), match.view_name if match else None)
-        self.state = evaluate(request, names)
+        self.state = inner_door(request, names, last=policy_throttle_is_last(self, view))
         if self.state is None:
             return True
         if self.state.unavailable:

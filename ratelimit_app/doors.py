@@ -1,0 +1,149 @@
+"""Which door decides what. A request is decided in ONE Redis call, all-or-nothing, whatever doors see it.
+
+The doors, outermost first: RateLimitMiddleware, @ratelimit on the view, PolicyThrottle inside DRF.
+
+1. Every door adds the names it knows (the URL name, a DRF view's throttle_scope, the decorator's
+   action) to the request's pending names. '*' and path prefix policies are always pending.
+2. The LAST door that sees the request makes the one call, for everything pending. The middleware
+   knows from the resolved view whether a door inside will see the request (the view carries
+   @ratelimit, or is a DRF view throttled by PolicyThrottle); if so it only gathers and waits.
+   A door inside decides with the request as it knows it: DRF's throttle with DRF's user, so a
+   token user is counted as that user by `user` and `user_or_ip` policies.
+3. If the door inside never runs (DRF refused the request before its throttles: failed
+   authentication, permissions, 405), the middleware decides on the way out, so such requests still
+   count against per-address policies, and a denial replaces the response with the 429.
+4. A refusal by any door comes from responses.refusal: one shape for every door.
+5. Once the call is made, the request's policies are decided: a later hit() in the view decides only
+   policies not decided yet, in a call of its own.
+6. This app's own admin pages are never counted or refused (the operator cannot be locked out by the
+   policies being fixed); the admin login stays protected.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+from django.urls import Resolver404, resolve
+
+from . import headers, policies
+from .conf import get_setting
+from .limiter import STATE_ATTRIBUTE, RequestState, decide, state_of
+from .responses import refusal
+
+ADMIN_PAGES = "ratelimit_app_"  # URL names of this app's admin pages, in the admin's namespace
+
+
+class Route(NamedTuple):
+    """What the middleware needs to know of the view a path resolves to."""
+
+    names: tuple[str, ...]  # URL name, DRF throttle_scope, @ratelimit actions
+    door_inside: bool  # @ratelimit or PolicyThrottle will see the request after the middleware
+    json_api: bool  # a DRF view: its clients expect JSON
+    exempt: bool  # one of this app's admin pages
+
+
+NOWHERE = Route((), False, False, False)
+
+
+def is_policy_throttled(view_class: type | None) -> bool:
+    """Whether a DRF view runs a PolicyThrottle (marked `ratelimit_door`), without importing DRF."""
+    classes = getattr(view_class, "throttle_classes", None) or ()
+    return any(getattr(c, "ratelimit_door", False) for c in classes)
+
+
+def has_door_inside(view) -> bool:
+    """Whether calling `view` meets another door: an inner @ratelimit, or a PolicyThrottle of a DRF view."""
+    if getattr(view, "ratelimit_actions", None):
+        return True
+    owner = getattr(view, "cls", None) or getattr(view, "view_class", None)
+    if owner is None:  # method_decorator hands decorators a partial of the bound method
+        instance = getattr(getattr(view, "func", view), "__self__", None)
+        owner = type(instance) if instance is not None else None
+    return is_policy_throttled(owner)
+
+
+@lru_cache(maxsize=2048)  # a client inventing paths only evicts entries; resolving again is always right
+def _resolve_route(path: str, urlconf: str | None) -> Route:
+    try:
+        match = resolve(path, urlconf)
+    except Resolver404:
+        return NOWHERE
+    view_class = getattr(match.func, "cls", None) or getattr(match.func, "view_class", None)
+    actions = getattr(match.func, "ratelimit_actions", ())
+    names = tuple(n for n in (match.view_name, getattr(view_class, "throttle_scope", None), *actions) if n)
+    exempt = match.namespace == "admin" and (match.url_name or "").startswith(ADMIN_PAGES)
+    drf = getattr(match.func, "cls", None) is not None
+    return Route(names, bool(actions) or is_policy_throttled(view_class), drf, exempt)
+
+
+def route_of(request) -> Route:
+    return _resolve_route(request.path_info, getattr(request, "urlconf", None))
+
+
+@receiver(setting_changed, dispatch_uid="ratelimit_urlconf_changed")
+def _forget_routes(setting: str, **kwargs: object) -> None:
+    if setting == "ROOT_URLCONF":
+        _resolve_route.cache_clear()
+
+
+# --- the middleware: first in, last out ---------------------------------------------------------
+
+
+def middleware_request(request):
+    """On the way in: decide now, or leave the call to a door inside. Returns a refusal or None."""
+    if not get_setting("RATELIMIT_ENABLED") or not policies.get_index():
+        return None
+    route = route_of(request)
+    if route.exempt:
+        return None
+    state = state_of(request)
+    state.add_names(route.names)
+    state.json_api = route.json_api
+    if route.door_inside:
+        state.awaiting = True
+        return None
+    return refusal(request, decide(request, state))
+
+
+def middleware_response(request, response):
+    """On the way out: decide what no door inside decided; one refusal shape; the headers."""
+    state: RequestState | None = request.__dict__.get(STATE_ATTRIBUTE)
+    if state is None:
+        return response
+    if state.awaiting:  # the door inside never ran (e.g. DRF refused the request before its throttles)
+        state.awaiting = False
+        refused = refusal(request, decide(request, state))
+        if refused is not None:
+            return refused
+    elif state.refused:  # a door inside refused: answer in the one shape every door uses
+        refused = refusal(request, state)
+        if refused is not None:
+            return refused
+    headers.apply(response, state.decisions)
+    return response
+
+
+# --- the doors inside the view ------------------------------------------------------------------
+
+
+def policy_throttle_is_last(throttle, view) -> bool:
+    """Whether this PolicyThrottle is the last of the view's: DRF runs them in order, the last decides."""
+    doors = [c for c in getattr(view, "throttle_classes", ()) if getattr(c, "ratelimit_door", False)]
+    return not doors or type(throttle) is doors[-1] or type(throttle) not in doors
+
+
+def inner_door(request, names, *, last: bool) -> RequestState | None:
+    """A decorator's or a throttle's turn: gather `names`; the last door inside makes the call."""
+    if not get_setting("RATELIMIT_ENABLED"):
+        return None
+    state = state_of(request)
+    state.add_names(names)
+    if not last:
+        return state
+    state.awaiting = False
+    decide(request, state)
+    state.refused = bool(state.denied) or state.unavailable
+    return state
