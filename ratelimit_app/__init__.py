@@ -1,7 +1,8 @@
 """Rate limits for Django, configured as data and enforced in one Redis round trip.
 
 For code that is not a view: `ratelimit_app.check(request, action)` tells what would happen
-without counting; `ratelimit_app.hit(request, action)` counts the request. Both return a Verdict.
+without counting; `ratelimit_app.hit(request, action)` counts the request. Both return a Verdict;
+`acheck` and `ahit` are the same for async code.
 """
 
 from __future__ import annotations
@@ -17,3 +18,15 @@ def hit(request, action: str):
     from .limiter import hit as hit_action
 
     return hit_action(request, action)
+
+
+async def acheck(request, action: str):
+    from .limiter import acheck as acheck_action
+
+    return await acheck_action(request, action)
+
+
+async def ahit(request, action: str):
+    from .limiter import ahit as ahit_action
+
+    return await ahit_action(request, action)

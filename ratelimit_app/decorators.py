@@ -1,13 +1,15 @@
-"""@ratelimit("login"): the policies of an action, on a function view, a view method or a View class."""
+"""@ratelimit("login"): the policies of an action, on a function view, a view method or a View class,
+sync or async."""
 
 from __future__ import annotations
 
-from functools import wraps
+from functools import partial, wraps
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.utils.decorators import method_decorator
 
 from . import headers
-from .doors import has_door_inside, inner_door
+from .doors import ainner_door, has_door_inside, inner_door
 from .responses import refusal
 
 
@@ -18,11 +20,28 @@ def ratelimit(action: str):
             "@ratelimit needs an action: write @ratelimit(\"login\") (the policies whose action is 'login'), "
             "not @ratelimit without parentheses."
         )
+    return partial(_decorate, action=action)
 
-    def decorator(view):
-        if isinstance(view, type):  # a class-based view: decorate its dispatch
-            return method_decorator(decorator, name="dispatch")(view)
-        last = not has_door_inside(view)
+
+def _decorate(view, *, action: str, is_async: bool | None = None):
+    if isinstance(view, type):  # a class-based view: decorate its dispatch (which returns a coroutine when async)
+        return method_decorator(partial(_decorate, action=action, is_async=view.view_is_async), name="dispatch")(view)
+    last = not has_door_inside(view)
+    if is_async is None:
+        is_async = iscoroutinefunction(view)
+
+    if is_async:
+
+        @wraps(view)
+        async def limited(request, *args, **kwargs):
+            state = await ainner_door(request, [action], last=last)
+            refused = refusal(request, state)
+            if refused is not None:
+                return refused
+            return _with_headers(await view(request, *args, **kwargs), state)
+
+        markcoroutinefunction(limited)
+    else:
 
         @wraps(view)
         def limited(request, *args, **kwargs):
@@ -30,12 +49,13 @@ def ratelimit(action: str):
             refused = refusal(request, state)
             if refused is not None:
                 return refused
-            response = view(request, *args, **kwargs)
-            if state is not None and state.decisions:
-                headers.apply(response, state.decisions)
-            return response
+            return _with_headers(view(request, *args, **kwargs), state)
 
-        limited.ratelimit_actions = (*getattr(view, "ratelimit_actions", ()), action)
-        return limited
+    limited.ratelimit_actions = (*getattr(view, "ratelimit_actions", ()), action)
+    return limited
 
-    return decorator
+
+def _with_headers(response, state):
+    if state is not None and state.decisions:
+        headers.apply(response, state.decisions)
+    return response

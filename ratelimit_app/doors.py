@@ -30,7 +30,7 @@ from django.urls import Resolver404, resolve
 
 from . import headers, policies
 from .conf import get_setting
-from .limiter import STATE_ATTRIBUTE, RequestState, decide, state_of
+from .limiter import STATE_ATTRIBUTE, RequestState, adecide, decide, state_of
 from .responses import refusal
 
 ADMIN_PAGES = "ratelimit_app_"  # URL names of this app's admin pages, in the admin's namespace
@@ -92,38 +92,68 @@ def _forget_routes(setting: str, **kwargs: object) -> None:
 # --- the middleware: first in, last out ---------------------------------------------------------
 
 
-def middleware_request(request):
-    """On the way in: decide now, or leave the call to a door inside. Returns a refusal or None."""
-    if not get_setting("RATELIMIT_ENABLED") or not policies.get_index():
-        return None
+def _enter(request) -> RequestState | None:
+    """The middleware's way in: the request's state with the names of its route; None when exempt."""
     route = route_of(request)
     if route.exempt:
         return None
     state = state_of(request)
     state.add_names(route.names)
     state.json_api = route.json_api
-    if route.door_inside:
-        state.awaiting = True
+    state.awaiting = route.door_inside  # a door inside will make the call
+    return state
+
+
+def _answer(request, response, state: RequestState | None):
+    """The response as it leaves: the refusal when a door refused, else the view's with the headers."""
+    if state is None:
+        return response
+    if state.refused:
+        return refusal(request, state) or response
+    headers.apply(response, state.decisions)
+    return response
+
+
+def _refuse_if_denied(state: RequestState) -> RequestState:
+    state.refused = bool(state.denied) or state.unavailable
+    return state
+
+
+def middleware_request(request):
+    """On the way in: decide now, or leave the call to a door inside. Returns a refusal or None."""
+    if not get_setting("RATELIMIT_ENABLED") or not policies.get_index():
         return None
-    return refusal(request, decide(request, state))
+    state = _enter(request)
+    if state is None or state.awaiting:
+        return None
+    return refusal(request, _refuse_if_denied(decide(request, state)))
 
 
 def middleware_response(request, response):
-    """On the way out: decide what no door inside decided; one refusal shape; the headers."""
+    """On the way out: decide what no door inside decided (DRF refused before its throttles); headers."""
     state: RequestState | None = request.__dict__.get(STATE_ATTRIBUTE)
-    if state is None:
-        return response
-    if state.awaiting:  # the door inside never ran (e.g. DRF refused the request before its throttles)
+    if state is not None and state.awaiting:
         state.awaiting = False
-        refused = refusal(request, decide(request, state))
-        if refused is not None:
-            return refused
-    elif state.refused:  # a door inside refused: answer in the one shape every door uses
-        refused = refusal(request, state)
-        if refused is not None:
-            return refused
-    headers.apply(response, state.decisions)
-    return response
+        _refuse_if_denied(decide(request, state))
+    return _answer(request, response, state)
+
+
+async def amiddleware_request(request):
+    """middleware_request() on an async stack, through the asyncio Redis client."""
+    if not get_setting("RATELIMIT_ENABLED") or not await policies.aget_index():
+        return None
+    state = _enter(request)
+    if state is None or state.awaiting:
+        return None
+    return refusal(request, _refuse_if_denied(await adecide(request, state)))
+
+
+async def amiddleware_response(request, response):
+    state: RequestState | None = request.__dict__.get(STATE_ATTRIBUTE)
+    if state is not None and state.awaiting:
+        state.awaiting = False
+        _refuse_if_denied(await adecide(request, state))
+    return _answer(request, response, state)
 
 
 # --- the doors inside the view ------------------------------------------------------------------
@@ -135,15 +165,26 @@ def policy_throttle_is_last(throttle, view) -> bool:
     return not doors or type(throttle) is doors[-1] or type(throttle) not in doors
 
 
-def inner_door(request, names, *, last: bool) -> RequestState | None:
-    """A decorator's or a throttle's turn: gather `names`; the last door inside makes the call."""
+def _gather(request, names) -> RequestState | None:
     if not get_setting("RATELIMIT_ENABLED"):
         return None
     state = state_of(request)
     state.add_names(names)
-    if not last:
+    return state
+
+
+def inner_door(request, names, *, last: bool) -> RequestState | None:
+    """A decorator's or a throttle's turn: gather `names`; the last door inside makes the call."""
+    state = _gather(request, names)
+    if state is None or not last:
         return state
     state.awaiting = False
-    decide(request, state)
-    state.refused = bool(state.denied) or state.unavailable
-    return state
+    return _refuse_if_denied(decide(request, state))
+
+
+async def ainner_door(request, names, *, last: bool) -> RequestState | None:
+    state = _gather(request, names)
+    if state is None or not last:
+        return state
+    state.awaiting = False
+    return _refuse_if_denied(await adecide(request, state))

@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from . import keys
 from .conf import get_setting
-from .connection import RedisUnavailable, breaker, client
+from .connection import RedisUnavailable, aclient, breaker, client
 from .scripts import now_arg, scripts
 
 if TYPE_CHECKING:
     from .policies import CompiledPolicy
     from .subjects import Subject
 
-__all__ = ["Check", "Decision", "Verdict", "NO_POLICIES", "RedisUnavailable", "decide", "live_member"]
+__all__ = ["Check", "Decision", "Verdict", "NO_POLICIES", "RedisUnavailable", "decide", "adecide", "live_member"]
 
 
 class Check(NamedTuple):
@@ -61,6 +61,24 @@ def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool =
     """
     if not checks:
         return NO_POLICIES
+    script_keys, args = _script_call(checks, now, dry_run)
+    redis_client = client()
+    script = scripts.get("decide", redis_client)
+    return _verdict(checks, breaker.call(lambda: script(script_keys, args, redis_client)))
+
+
+async def adecide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False) -> Verdict:
+    """decide() for async code: the same script and keys, through redis-py's asyncio client."""
+    if not checks:
+        return NO_POLICIES
+    script_keys, args = _script_call(checks, now, dry_run)
+    redis_client = aclient()
+    script = scripts.get_async("decide", redis_client)
+    return _verdict(checks, await breaker.acall(lambda: script(script_keys, args, redis_client)))
+
+
+def _script_call(checks: Sequence[Check], now: float | None, dry_run: bool) -> tuple[list[str], list[str | int]]:
+    """The KEYS and ARGV of decide.lua for these checks."""
     key_prefix = keys.prefix()
     script_keys: list[str] = []
     args: list[str | int] = [now_arg(now), "1" if dry_run else "0", get_setting("RATELIMIT_LIVE_INDEX_SIZE"), len(checks)]
@@ -72,10 +90,7 @@ def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool =
         )
         args += (policy.strategy, limit, policy.window_ms, policy.bucket_ms, "1" if policy.enforce else "0", live_member(subject, limit, policy))
     script_keys.append(keys.version_key(key_prefix))
-    redis_client = client()
-    script = scripts.get("decide", redis_client)
-    reply = breaker.call(lambda: script(script_keys, args, redis_client))
-    return _verdict(checks, reply)
+    return script_keys, args
 
 
 def _verdict(checks: Sequence[Check], reply: list[int]) -> Verdict:

@@ -82,9 +82,15 @@ def state_of(request) -> RequestState:
     return state
 
 
-def plan(request, names: Iterable[str | None] = (), *, skip: set[int] | frozenset[int] = frozenset()) -> list[Planned]:
+def plan(
+    request,
+    names: Iterable[str | None] = (),
+    *,
+    skip: set[int] | frozenset[int] = frozenset(),
+    index: policies.PolicyIndex | None = None,
+) -> list[Planned]:
     """The policies that apply to the request (found by path, method and `names`), with subjects and limits."""
-    index = policies.get_index()
+    index = policies.get_index() if index is None else index
     if not index:
         return []
     planned = []
@@ -104,9 +110,9 @@ def checks_for(planned: Iterable[Planned]) -> list[Check]:
     return [Check(p.policy, p.subject, p.limit) for p in planned if p.limit is not None]
 
 
-def pending_checks(request, state: RequestState) -> list[Check]:
+def pending_checks(request, state: RequestState, index: policies.PolicyIndex | None = None) -> list[Check]:
     """The checks of every policy this request meets (by path and gathered names) not decided yet."""
-    return checks_for(plan(request, state.names, skip=state.decided))
+    return checks_for(plan(request, state.names, skip=state.decided, index=index))
 
 
 def settle(request, state: RequestState, checks: list[Check], verdict: Verdict) -> None:
@@ -137,6 +143,29 @@ def decide(request, state: RequestState) -> RequestState:
     return state
 
 
+async def adecide(request, state: RequestState) -> RequestState:
+    """decide() for async views: the index and the user are read without blocking the event loop."""
+    index = await policies.aget_index()
+    if index.needs_user:
+        await resolve_user(request)
+    checks = pending_checks(request, state, index)
+    if checks:
+        try:
+            verdict = await engine.adecide(checks)
+        except engine.RedisUnavailable as error:
+            unavailable(state, error)
+        else:
+            settle(request, state, checks, verdict)
+    return state
+
+
+async def resolve_user(request) -> None:
+    """Load the user with Django's async API, so computing subjects later never queries from the event loop."""
+    auser = getattr(request, "auser", None)
+    if auser is not None:
+        request.user = await auser()
+
+
 def _report_shadow(verdict: Verdict, request) -> None:
     for decision in verdict.decisions:
         if decision.exceeded and not decision.policy.enforce:
@@ -156,14 +185,41 @@ def check(request, action: str) -> Verdict:
     return verdict
 
 
+async def acheck(request, action: str) -> Verdict:
+    """check() for async code."""
+    if not get_setting("RATELIMIT_ENABLED"):
+        return engine.NO_POLICIES
+    index = await policies.aget_index()
+    if index.needs_user:
+        await resolve_user(request)
+    verdict = await engine.adecide(checks_for(plan(request, [action], index=index)), dry_run=True)
+    policies.observe_version(verdict.version)
+    return verdict
+
+
 def hit(request, action: str) -> Verdict:
     """Count `request` under the policies of `action` not decided yet for it; returns the verdict."""
     if not get_setting("RATELIMIT_ENABLED"):
         return engine.NO_POLICIES
+    state, before = _hit_state(request, action)
+    return _hit_verdict(decide(request, state), before)
+
+
+async def ahit(request, action: str) -> Verdict:
+    """hit() for async code."""
+    if not get_setting("RATELIMIT_ENABLED"):
+        return engine.NO_POLICIES
+    state, before = _hit_state(request, action)
+    return _hit_verdict(await adecide(request, state), before)
+
+
+def _hit_state(request, action: str) -> tuple[RequestState, int]:
     state = state_of(request)
-    before = len(state.decisions)
     state.add_names([action])
-    decide(request, state)
+    return state, len(state.decisions)
+
+
+def _hit_verdict(state: RequestState, before: int) -> Verdict:
     if state.unavailable:
         raise engine.RedisUnavailable("Redis unavailable and RATELIMIT_FAIL_OPEN is False")
     decisions = tuple(state.decisions[before:])

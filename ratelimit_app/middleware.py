@@ -1,17 +1,34 @@
 """RateLimitMiddleware: every request, by URL name, path prefix, '*' and method. Place it after
-AuthenticationMiddleware so `user` policies see the user. What it decides itself: see doors.py."""
+AuthenticationMiddleware so `user` policies see the user. What it decides itself: see doors.py.
+Sync and async: on an ASGI stack it runs without a thread hop, through the asyncio Redis client."""
 
 from __future__ import annotations
 
-from .doors import middleware_request, middleware_response
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+
+from .doors import amiddleware_request, amiddleware_response, middleware_request, middleware_response
 
 
 class RateLimitMiddleware:
+    sync_capable = True
+    async_capable = True
+
     def __init__(self, get_response):
         self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
 
     def __call__(self, request):
+        if self.is_async:
+            return self.__acall__(request)
         refused = middleware_request(request)
         if refused is not None:
             return refused
         return middleware_response(request, self.get_response(request))
+
+    async def __acall__(self, request):
+        refused = await amiddleware_request(request)
+        if refused is not None:
+            return refused
+        return await amiddleware_response(request, await self.get_response(request))

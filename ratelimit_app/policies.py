@@ -15,6 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable
 
+from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -104,6 +105,10 @@ class PolicyIndex:
             if policy.action != "*" and not policy.action.startswith("/"):
                 by_name[policy.action].append(policy)
         self.by_name = {name: tuple(found) for name, found in by_name.items()}
+        # whether computing subjects or overrides may read request.user (async views load it first)
+        self.needs_user = any(p.counts_users for p in self.policies) or any(
+            o.by_user or o.by_group for o in self.overrides.values()
+        )
 
     def __bool__(self) -> bool:
         return bool(self.policies)
@@ -170,6 +175,15 @@ def get_index() -> PolicyIndex:
     if state.stale or state.index is None:
         _reload()
     return state.index
+
+
+async def aget_index() -> PolicyIndex:
+    """get_index() for async code: the cached index at once; a reload (database) runs in a thread."""
+    state = _state
+    fresh = time.monotonic() - state.checked_at <= get_setting("RATELIMIT_POLICY_RECHECK_SECONDS")
+    if state.index is not None and not state.stale and fresh:
+        return state.index
+    return await sync_to_async(get_index)()
 
 
 def _reload() -> None:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from importlib import resources
 
 import redis
-from redis.commands.core import Script
+import redis.asyncio
+from redis.commands.core import AsyncScript, Script
 
 STRATEGY_FILES = ("fixed_window.lua", "sliding_window.lua", "sliding_log.lua")
 
@@ -28,11 +29,19 @@ class _Scripts:
     def __init__(self) -> None:
         self._sources = {"decide": _assemble("decide.lua"), "live": _assemble("live.lua")}
         self._scripts: dict[str, Script] = {}
+        self._async_scripts: dict[str, AsyncScript] = {}
 
     def get(self, name: str, client: redis.Redis) -> Script:
         script = self._scripts.get(name)
         if script is None:
             script = self._scripts[name] = client.register_script(self._sources[name])
+        return script
+
+    def get_async(self, name: str, client: redis.asyncio.Redis) -> AsyncScript:
+        """The same script for redis-py's asyncio client (pass the client of the running loop at call time)."""
+        script = self._async_scripts.get(name)
+        if script is None:
+            script = self._async_scripts[name] = client.register_script(self._sources[name])
         return script
 
 

@@ -42,12 +42,15 @@ def fetch(url: str, **headers: str) -> tuple[int, dict[str, str]]:
 
 
 class Server:
-    """`manage.py runserver` (one process, threaded) or gunicorn with `workers` processes."""
+    """`manage.py runserver` (one process, threaded), gunicorn with `workers` processes, or uvicorn (ASGI)."""
 
-    def __init__(self, env: dict[str, str], workers: int = 0) -> None:
+    def __init__(self, env: dict[str, str], workers: int = 0, asgi: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        if workers:
+        if asgi:
+            command = [sys.executable, "-m", "uvicorn", "--port", str(self.port), "--log-level", "warning",
+                       "project.asgi:application"]
+        elif workers:
             command = [sys.executable, "-m", "gunicorn", "-w", str(workers), "-b", f"127.0.0.1:{self.port}",
                        "--log-level", "warning", "project.wsgi"]
         else:

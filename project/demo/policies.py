@@ -31,6 +31,15 @@ DEMO_POLICIES = [
         "description": "The decorated login view: 3 attempts per 5 minutes per address.",
     },
     {
+        "name": "quote-per-ip",
+        "action": "quote",
+        "limit": 5,
+        "window": 30,
+        "strategy": "sliding_log",
+        "key": "ip",
+        "description": "The async quote views (@ratelimit('quote')): 5 quotes in 30 seconds per address.",
+    },
+    {
         "name": "api-burst-per-ip",
         "action": "/api/",
         "limit": 20,

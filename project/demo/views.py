@@ -1,10 +1,11 @@
-"""Three kinds of view the demo policies protect: a plain Django view (middleware), a DRF view
-(throttle_scope 'items') and a decorated login-like view."""
+"""The kinds of view the demo policies protect: a plain Django view (middleware), a DRF view
+(throttle_scope 'items'), a decorated login-like view, and async views (function and class)."""
 
 from __future__ import annotations
 
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.views import View
 from django.views.decorators.http import require_http_methods
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -40,3 +41,17 @@ def login(request):
     if request.method == "POST":
         return HttpResponse("Wrong username or password.\n", status=401, content_type="text/plain")
     return render(request, "demo/login.html")
+
+
+@ratelimit("quote")
+async def quote(request):
+    """An async view under @ratelimit: decided through the asyncio Redis client, no thread hop."""
+    return JsonResponse({"quote": "Slow is smooth, and smooth is fast."})
+
+
+@ratelimit("quote")
+class QuoteView(View):
+    """The same, as an async class-based view."""
+
+    async def get(self, request):
+        return JsonResponse({"quote": "Make haste slowly."})
