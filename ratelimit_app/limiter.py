@@ -8,11 +8,11 @@ were not decided yet (e.g. a `user` policy once DRF has authenticated a token).
 from __future__ import annotations
 
 import logging
-import time
 from typing import Iterable, NamedTuple
 
 from . import engine, policies
 from .conf import get_setting
+from .connection import outage
 from .engine import Check, Decision, Verdict
 from .overrides import CompiledOverride, matching_override
 from .policies import CompiledPolicy
@@ -41,25 +41,6 @@ class RequestState:
         self.decisions: list[Decision] = []
         self.denied: list[Decision] = []
         self.unavailable = False  # Redis could not be asked and RATELIMIT_FAIL_OPEN is False
-
-
-class Outage:
-    """Counts requests let through or refused while Redis was unavailable; logs once per interval."""
-
-    def __init__(self) -> None:
-        self.requests = 0
-        self._logged_at = 0.0
-
-    def record(self, error: engine.RedisUnavailable) -> None:
-        self.requests += 1
-        now = time.monotonic()
-        if now - self._logged_at >= get_setting("RATELIMIT_BREAKER_SECONDS"):
-            self._logged_at = now
-            action = "letting requests through" if get_setting("RATELIMIT_FAIL_OPEN") else "refusing requests (503)"
-            logger.warning("ratelimit: Redis unavailable, %s (%d so far): %s", action, self.requests, error)
-
-
-outage = Outage()
 
 
 def http_request(request):
