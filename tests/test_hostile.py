@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import logging
+import tracemalloc
 from functools import partial
 
 import pytest
@@ -154,3 +157,48 @@ def test_ipv6_zone_ids_do_not_make_new_subjects(client, settings):
     settings.RATELIMIT_IPV6_PREFIX = 128
     make(limit=2)
     assert [search(client, REMOTE_ADDR=f"2001:db8::77%{i}") for i in range(4)] == [200, 200, 429, 429]
+
+
+# --- memory -------------------------------------------------------------------------------------
+
+
+def retained_bytes(requests) -> int:
+    """Bytes still allocated after `requests` ran and garbage was collected."""
+    gc.collect()
+    tracemalloc.start()
+    quiet = logging.getLogger("django.request")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # pytest keeps log records, and Django's 401 records hold the request
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        requests()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+        quiet.setLevel(level)
+
+
+def test_distinct_huge_usernames_leave_no_memory_behind(client):
+    login_policy(limit=1000)
+    megabyte = 1 << 20
+    login(client, "username=warm")  # what the first request loads once is not what we measure
+
+    def attack():
+        for i in range(30):
+            assert login(client, f"username={i:04d}" + "u" * megabyte) == 401
+
+    assert retained_bytes(attack) < 5 * megabyte  # 30 MB when every value was kept as a cache key
+
+
+def test_distinct_huge_forwarded_for_entries_leave_no_memory_behind(client, settings):
+    settings.RATELIMIT_TRUSTED_PROXIES = ["10.0.0.1"]
+    make(limit=1000)
+    megabyte = 1 << 20
+    search(client)
+
+    def attack():
+        for i in range(30):
+            assert search(client, REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR=f"{i:04d}" + "f" * megabyte) == 200
+
+    assert retained_bytes(attack) < 5 * megabyte
