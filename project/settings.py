@@ -7,6 +7,8 @@ from pathlib import Path
 
 import dj_database_url
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -71,8 +73,9 @@ CACHES = {
             # Short timeouts: a dead Redis must cost a request at most this, then the breaker opens.
             "SOCKET_CONNECT_TIMEOUT": 0.25,
             "SOCKET_TIMEOUT": 0.25,
-            # One immediate retry on a broken pooled connection (Redis restarted), never a backoff.
-            "CONNECTION_POOL_KWARGS": {"retry_on_error": [redis.ConnectionError]},
+            # One immediate retry on a broken pooled connection (Redis restarted), never a backoff, and
+            # never after a timeout: a stalled Redis would cost two timeouts and count the request twice.
+            "CONNECTION_POOL_KWARGS": {"retry": Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))},
         },
     }
 }

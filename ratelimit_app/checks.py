@@ -67,3 +67,48 @@ def check_timeouts(app_configs: object = None, **kwargs: object) -> list:
             id="ratelimit_app.W002",
         )
     ]
+
+
+@register()
+def check_retries(app_configs: object = None, **kwargs: object) -> list:
+    from .connection import retries_timeouts
+
+    alias = get_setting("RATELIMIT_CACHE")
+    cache = settings.CACHES.get(alias, {})
+    if not cache.get("BACKEND", "").startswith("django_redis."):
+        return []
+    pool_kwargs = cache.get("OPTIONS", {}).get("CONNECTION_POOL_KWARGS", {})
+    try:
+        retried = retries_timeouts(pool_kwargs)
+    except (TypeError, ValueError, AttributeError) as error:
+        return [Error(f"The cache {alias!r} has CONNECTION_POOL_KWARGS redis-py refuses: {error}", id="ratelimit_app.E004")]
+    if not retried:
+        return []
+    return [
+        Warning(
+            f"The cache {alias!r} retries commands that timed out: a stalled Redis costs each request two "
+            "timeouts, and runs the command twice when it wakes up (a request counted twice).",
+            hint="Retry only a broken connection: 'CONNECTION_POOL_KWARGS': {'retry': Retry(NoBackoff(), 1, "
+            "supported_errors=(redis.ConnectionError,))} (from redis.retry and redis.backoff), without "
+            "retry_on_error or retry_on_timeout.",
+            id="ratelimit_app.W003",
+        )
+    ]
+
+
+@register()
+def check_trusted_proxies(app_configs: object = None, **kwargs: object) -> list:
+    from .subjects import invalid_trusted_proxies
+
+    invalid = invalid_trusted_proxies()
+    if not invalid:
+        return []
+    return [
+        Error(
+            f"RATELIMIT_TRUSTED_PROXIES holds {', '.join(invalid)}, neither an address, a network nor 'unix'; "
+            "it is ignored.",
+            hint="Use addresses or networks ('10.0.0.1', '10.0.0.0/8'), and 'unix' for a proxy talking to "
+            "this server through a unix socket.",
+            id="ratelimit_app.E003",
+        )
+    ]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
 import threading
 import time
 import weakref
-from typing import Awaitable, Callable, TypeVar
+from typing import Awaitable, Callable, NoReturn, TypeVar
 
 import redis
 import redis.asyncio
@@ -18,52 +20,155 @@ from django_redis import get_redis_connection
 from .conf import get_setting
 
 T = TypeVar("T")
+logger = logging.getLogger("ratelimit_app")
+OUTAGE_ATTRIBUTE = "_ratelimit_outage"
 
 
 class RedisUnavailable(Exception):
-    """Redis could not answer (down, timed out, or the circuit is open); the doors apply RATELIMIT_FAIL_OPEN."""
+    """Redis could not decide (down, timed out, the circuit is open, or it answered with an error);
+    the doors apply RATELIMIT_FAIL_OPEN."""
+
+
+class RedisCommandError(RedisUnavailable):
+    """Redis answered, with an error (WRONGTYPE, READONLY, a Lua error): not an outage, nothing decided."""
+
+
+def is_outage(error: redis.RedisError) -> bool:
+    """Redis did not answer (refused, timed out, cluster down); any other error is an answer."""
+    if isinstance(error, (redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError)):
+        return True
+    return not isinstance(error, redis.ResponseError)
+
+
+def describe(error: BaseException) -> str:
+    """The error as a log line: redis-py names the address ('Error 111 connecting to 127.0.0.1:6390');
+    the code it strips from an error reply ('READONLY', 'WRONGTYPE'...) is put back in front."""
+    code = getattr(error, "status_code", None)
+    message = str(error)
+    if code and not message.startswith(code):
+        message = f"{code} {message}"
+    return f"{type(error).__name__}: {message}"
 
 
 class CircuitBreaker:
-    """After a Redis error, fail fast for a while instead of adding a timeout to every request."""
+    """After Redis failed to answer, fail fast for a while instead of adding a timeout to every request.
+
+    Closed: calls go to Redis. Open, for RATELIMIT_BREAKER_SECONDS after an outage: calls fail at once
+    with the outage's cause. Half-open, then: one call probes Redis while the others keep failing at
+    once; its answer closes the circuit, its failure opens it again. An error Redis answers with is
+    no outage (it costs no timeout): it is logged with its message, counted in `errors`, and leaves
+    the circuit closed.
+    """
 
     def __init__(self) -> None:
         self.open_until = 0.0
-        self.failures = 0  # Redis errors seen, for monitoring
-        self._lock = threading.Lock()
+        self.failures = 0  # outages seen (refused, timed out), for monitoring
+        self.errors = 0  # errors Redis answered with, for monitoring
+        self.cause = ""  # the last outage, named by the calls that fail fast meanwhile
+        self._probe = threading.Lock()
+        self._count = threading.Lock()
+        self._error_logged_at = 0.0
 
     def call(self, operation: Callable[[], T]) -> T:
-        if self.open_until and time.monotonic() < self.open_until:
-            raise RedisUnavailable("Redis circuit is open after a recent error")
+        if not self.open_until:
+            return self._attempt(operation)
+        if time.monotonic() < self.open_until or not self._probe.acquire(blocking=False):
+            raise RedisUnavailable(self.cause)
+        try:  # half-open: this call is the only probe
+            return self._attempt(operation)
+        finally:
+            self._probe.release()
+
+    def _attempt(self, operation: Callable[[], T]) -> T:
         try:
             result = operation()
         except redis.RedisError as error:
-            with self._lock:
-                self.failures += 1
-                self.open_until = time.monotonic() + get_setting("RATELIMIT_BREAKER_SECONDS")
-            raise RedisUnavailable(f"Redis error: {error}") from error
+            self._failed(error)
         self.open_until = 0.0
         return result
 
     async def acall(self, operation: Callable[[], Awaitable[T]]) -> T:
         """call() for the asyncio client: the same circuit, shared by sync and async requests."""
-        if self.open_until and time.monotonic() < self.open_until:
-            raise RedisUnavailable("Redis circuit is open after a recent error")
+        if not self.open_until:
+            return await self._aattempt(operation)
+        if time.monotonic() < self.open_until or not self._probe.acquire(blocking=False):
+            raise RedisUnavailable(self.cause)
+        try:  # half-open: this call is the only probe
+            return await self._aattempt(operation)
+        finally:
+            self._probe.release()
+
+    async def _aattempt(self, operation: Callable[[], Awaitable[T]]) -> T:
         try:
             result = await operation()
         except redis.RedisError as error:
-            with self._lock:
-                self.failures += 1
-                self.open_until = time.monotonic() + get_setting("RATELIMIT_BREAKER_SECONDS")
-            raise RedisUnavailable(f"Redis error: {error}") from error
+            self._failed(error)
         self.open_until = 0.0
         return result
 
+    def _failed(self, error: redis.RedisError) -> NoReturn:
+        if is_outage(error):
+            self._open(error)
+            raise RedisUnavailable(self.cause) from error
+        self.open_until = 0.0  # Redis answered: it is up
+        self._answered_with(error)
+        raise RedisCommandError(describe(error)) from error
+
+    def _open(self, error: redis.RedisError) -> None:
+        with self._count:
+            self.failures += 1
+            self.cause = describe(error)
+            self.open_until = time.monotonic() + get_setting("RATELIMIT_BREAKER_SECONDS")
+
+    def _answered_with(self, error: redis.RedisError) -> None:
+        with self._count:
+            self.errors += 1
+            now = time.monotonic()
+            if now - self._error_logged_at < get_setting("RATELIMIT_BREAKER_SECONDS"):
+                return
+            self._error_logged_at = now
+        logger.error("ratelimit: Redis answered with an error (%d so far): %s", self.errors, describe(error))
+        if isinstance(error, redis.ReadOnlyError):
+            # a replica after a failover: pooled connections still point at the old primary, while a
+            # new connection to the same address may reach the new one
+            client().connection_pool.disconnect(inuse_connections=False)
+
     def reset(self) -> None:
+        """Close the circuit, and log the next error at once (tests start from here)."""
         self.open_until = 0.0
+        self._error_logged_at = 0.0
 
 
 breaker = CircuitBreaker()
+
+
+class Outage:
+    """Counts requests let through or refused because Redis could not decide; logs once per interval."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self._logged_at = 0.0
+        self._lock = threading.Lock()
+
+    def record(self, error: RedisUnavailable, request: object = None) -> None:
+        """Count one request; given the request, a second door reporting the same request adds nothing."""
+        if request is not None:
+            base = request.__dict__.get("_request", request)  # a DRF Request wraps Django's
+            if base.__dict__.get(OUTAGE_ATTRIBUTE):
+                return
+            base.__dict__[OUTAGE_ATTRIBUTE] = True
+        with self._lock:
+            self.requests += 1
+            now = time.monotonic()
+            if now - self._logged_at < get_setting("RATELIMIT_BREAKER_SECONDS"):
+                return
+            self._logged_at = now
+        action = "letting requests through" if get_setting("RATELIMIT_FAIL_OPEN") else "refusing requests (503)"
+        what = "Redis answered with an error" if isinstance(error, RedisCommandError) else "Redis unavailable"
+        logger.warning("ratelimit: %s, %s (%d so far): %s", what, action, self.requests, error)
+
+
+outage = Outage()
 
 
 _client: redis.Redis | None = None
@@ -110,3 +215,18 @@ def _forget_client(setting: str, **kwargs: object) -> None:
     if setting in ("CACHES", "RATELIMIT_CACHE"):
         _client = None
         _async_clients.clear()
+
+
+def retries_timeouts(pool_kwargs: dict) -> bool:
+    """Whether redis-py, given these CONNECTION_POOL_KWARGS, sends a command again after a timeout.
+
+    redis-py's default Retry retries TimeoutError too, and `retry_on_error` only adds to its list:
+    `retry_on_error=[ConnectionError]` alone retries timeouts. A stalled Redis then costs two
+    timeouts, and executes the command twice once it wakes up.
+    """
+    options = {name: pool_kwargs[name] for name in ("retry", "retry_on_error", "retry_on_timeout") if name in pool_kwargs}
+    retry = redis.Connection(**options).retry  # redis-py's own rules for combining the three
+    if retry.get_retries() == 0:
+        return False
+    retried = retry._supported_errors  # no public accessor in redis-py
+    return any(issubclass(timeout, retried) for timeout in (redis.TimeoutError, socket.timeout))

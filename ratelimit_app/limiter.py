@@ -6,11 +6,11 @@ Which door calls it, and when, is decided in doors.py; this module only plans an
 from __future__ import annotations
 
 import logging
-import time
 from typing import Iterable, NamedTuple
 
 from . import engine, policies
 from .conf import get_setting
+from .connection import outage
 from .engine import Check, Decision, Verdict
 from .overrides import CompiledOverride, matching_override
 from .policies import CompiledPolicy
@@ -48,25 +48,6 @@ class RequestState:
         for name in names:
             if name and name not in self.names:
                 self.names.append(name)
-
-
-class Outage:
-    """Counts requests let through or refused while Redis was unavailable; logs once per interval."""
-
-    def __init__(self) -> None:
-        self.requests = 0
-        self._logged_at = 0.0
-
-    def record(self, error: engine.RedisUnavailable) -> None:
-        self.requests += 1
-        now = time.monotonic()
-        if now - self._logged_at >= get_setting("RATELIMIT_BREAKER_SECONDS"):
-            self._logged_at = now
-            action = "letting requests through" if get_setting("RATELIMIT_FAIL_OPEN") else "refusing requests (503)"
-            logger.warning("ratelimit: Redis unavailable, %s (%d so far): %s", action, self.requests, error)
-
-
-outage = Outage()
 
 
 def http_request(request):
@@ -124,8 +105,8 @@ def settle(request, state: RequestState, checks: list[Check], verdict: Verdict) 
     state.denied.extend(verdict.denied_by)
 
 
-def unavailable(state: RequestState, error: engine.RedisUnavailable) -> None:
-    outage.record(error)
+def unavailable(request, state: RequestState, error: engine.RedisUnavailable) -> None:
+    outage.record(error, request)
     if not get_setting("RATELIMIT_FAIL_OPEN"):
         state.unavailable = True
 
@@ -137,7 +118,7 @@ def decide(request, state: RequestState) -> RequestState:
         try:
             verdict = engine.decide(checks)
         except engine.RedisUnavailable as error:
-            unavailable(state, error)
+            unavailable(request, state, error)
         else:
             settle(request, state, checks, verdict)
     return state
@@ -153,7 +134,7 @@ async def adecide(request, state: RequestState) -> RequestState:
         try:
             verdict = await engine.adecide(checks)
         except engine.RedisUnavailable as error:
-            unavailable(state, error)
+            unavailable(request, state, error)
         else:
             settle(request, state, checks, verdict)
     return state

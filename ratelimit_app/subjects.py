@@ -7,19 +7,28 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
+import logging
 import re
-from functools import lru_cache
 from typing import Callable, NamedTuple
 
+from django.conf import settings
+from django.core.exceptions import BadRequest, SuspiciousOperation
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+from django.http.multipartparser import MultiPartParserError
+from django.http.request import RawPostDataException
 
 from .conf import get_setting
+from .lru import byte_bounded_cache
+
+logger = logging.getLogger("ratelimit_app")
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RFC 9110 token)
 DISPLAY_LIMIT = 100
-KINDS = "ip, user, user_or_ip, header:<Name>, param:<name>, global"
+KINDS = "ip, user, user_or_ip, header:<Name>, param:<name>, get:<name>, post:<name>, global"
+UNIX_SOCKET = "unix"  # in RATELIMIT_TRUSTED_PROXIES: the server's own socket (REMOTE_ADDR empty) is a proxy
 
 
 class Subject(NamedTuple):
@@ -46,7 +55,8 @@ KeySpec = tuple[KeyPart, ...]
 
 
 def parse_key_spec(spec: str) -> KeySpec:
-    """'ip', 'user', 'user_or_ip', 'header:<Name>', 'param:<name>', 'global' or a comma list of them."""
+    """'ip', 'user', 'user_or_ip', 'header:<Name>', 'param:<name>', 'get:<name>', 'post:<name>', 'global'
+    or a comma list of them."""
     if not spec or not spec.strip():
         raise KeySpecError(f"The key is empty: use one of {KINDS}, or a comma list of them.")
     parts = [part.strip() for part in spec.split(",")]
@@ -74,10 +84,10 @@ def _parse_part(part: str) -> KeyPart:
         if not TOKEN.match(name):
             raise KeySpecError(f"{name!r} is not a valid HTTP header name.")
         return _header_part(name)
-    if kind == "param" and colon:
+    if kind in PARAMETER_SOURCES and colon:
         if not name:
-            raise KeySpecError("'param:' needs a parameter name, e.g. param:username.")
-        return _param_part(name)
+            raise KeySpecError(f"'{kind}:' needs a parameter name, e.g. {kind}:username.")
+        return _param_part(kind, name)
     raise KeySpecError(f"Unknown key kind {part!r} (expected {KINDS}).")
 
 
@@ -93,7 +103,26 @@ def _user(request) -> str | None:
 
 def _ip(request) -> str | None:
     address = client_ip(request)
-    return None if address is None else f"ip:{address}"
+    if address is None:
+        _warn_no_address(request)
+        return None
+    return f"ip:{address}"
+
+
+_warned_no_address = False
+
+
+def _warn_no_address(request) -> None:
+    global _warned_no_address
+    if _warned_no_address:
+        return
+    _warned_no_address = True  # once per process: loud enough to be seen, never a flood
+    logger.warning(
+        "ratelimit: an ip policy met a request with no usable client address (REMOTE_ADDR=%r, "
+        "X-Forwarded-For=%r); ip policies do not apply to such requests. Behind a unix socket, add "
+        "'unix' to RATELIMIT_TRUSTED_PROXIES so that the proxy's X-Forwarded-For is used.",
+        request.META.get("REMOTE_ADDR"), request.META.get("HTTP_X_FORWARDED_FOR", "")[:100],
+    )
 
 
 def _user_or_ip(request) -> str | None:
@@ -130,19 +159,97 @@ def _header_part(name: str) -> KeyPart:
     return KeyPart(label, read, show)
 
 
-def _param_part(name: str) -> KeyPart:
-    label = f"param:{name}"
+def _param_part(kind: str, name: str) -> KeyPart:
+    label = f"{kind}:{name}"
+    sources = PARAMETER_SOURCES[kind]
 
     def read(request) -> str | None:
-        value = request.GET.get(name)
-        if not value and request.META.get("CONTENT_TYPE", "").startswith("application/x-www-form-urlencoded"):
-            value = request.POST.get(name)  # never parse a multipart body from here
-        return f"{label}={value}" if value else None
+        for source in sources:
+            value = source(request, name)
+            if value is not None:  # the first source holding the field decides, as for the view
+                return f"{label}={value}" if value else None
+        return None
 
     def show(canonical: str) -> str:
         return f"{label}={mask(canonical[len(label) + 1 :])}"
 
     return KeyPart(label, read, show)
+
+
+# Reading a body must never turn into a 500: whatever Django refuses here, the view meets again.
+BODY_ERRORS = (SuspiciousOperation, BadRequest, MultiPartParserError, RawPostDataException, OSError, ValueError)
+JSON_ATTRIBUTE = "_ratelimit_json"
+
+
+def _django_request(request):
+    return request.__dict__.get("_request", request)  # a DRF Request wraps Django's
+
+
+def _from_query(request, name: str) -> str | None:
+    return request.GET.get(name)
+
+
+def _from_form(request, name: str) -> str | None:
+    """A field of a form body, as request.POST gives it to the view (multipart within Django's limits)."""
+    request = _django_request(request)
+    if request.method != "POST":
+        return None  # Django parses form bodies of POST requests only
+    if getattr(request, "content_type", None) == "multipart/form-data":
+        _keep_small_body(request)
+    try:
+        return request.POST.get(name)
+    except BODY_ERRORS:
+        if hasattr(request, "_body"):
+            # parse again when the view asks, so that it gets Django's own 400 rather than an empty form
+            request.__dict__.pop("_post", None)
+            request.__dict__.pop("_files", None)
+        return None
+
+
+def _keep_small_body(request) -> None:
+    # Parsing multipart consumes the stream: read a body Django would hold in memory anyway first,
+    # so the view can still read request.body. A larger one is streamed by request.POST, as the view
+    # would; its request.body is refused by Django either way.
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    try:
+        if limit is not None and int(request.META.get("CONTENT_LENGTH") or 0) <= limit:
+            request.body
+    except BODY_ERRORS:
+        pass  # request.POST meets the same error and says so
+
+
+def _from_json(request, name: str) -> str | None:
+    """A top-level field of a JSON object body; strings as they are, other values in their JSON form."""
+    request = _django_request(request)
+    document = request.__dict__.get(JSON_ATTRIBUTE, _MISSING)
+    if document is _MISSING:
+        document = request.__dict__[JSON_ATTRIBUTE] = _json_body(request)
+    if not isinstance(document, dict):
+        return None
+    value = document.get(name)
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _json_body(request) -> object:
+    content_type = getattr(request, "content_type", None) or ""
+    if content_type != "application/json" and not content_type.endswith("+json"):
+        return None
+    try:
+        return json.loads(request.body)  # request.body enforces DATA_UPLOAD_MAX_MEMORY_SIZE
+    except (*BODY_ERRORS, RecursionError):
+        return None
+
+
+_MISSING = object()
+
+# Where each kind looks, in order: the body first, because that is what a view handling a post reads.
+PARAMETER_SOURCES: dict[str, tuple[Callable[[object, str], str | None], ...]] = {
+    "param": (_from_form, _from_json, _from_query),
+    "get": (_from_query,),
+    "post": (_from_form, _from_json),
+}
 
 
 # --- computing a subject -------------------------------------------------------------------------
@@ -166,7 +273,7 @@ def subject_for(spec: KeySpec, request) -> Subject | None:
     return Subject(_hash(",".join(values)), _bounded(display))
 
 
-@lru_cache(maxsize=8192)
+@byte_bounded_cache(4 << 20)
 def _single(value: str, show: Callable[[str], str]) -> Subject:
     # the same clients come back: hashing and formatting them again is wasted work
     return Subject(_hash(value), _bounded(show(value)))
@@ -197,24 +304,53 @@ def mask(value: str) -> str:
 # --- the client's address ------------------------------------------------------------------------
 
 
-_trusted_cache: dict[tuple, tuple[IPNetwork, ...]] = {}
+class TrustedProxies(NamedTuple):
+    networks: tuple[IPNetwork, ...]
+    unix: bool  # the server's own socket: REMOTE_ADDR is empty and the proxy is on this machine
 
 
-def _trusted_networks() -> tuple[IPNetwork, ...]:
+_trusted_cache: dict[tuple, TrustedProxies] = {}
+
+
+def trusted_proxies() -> TrustedProxies:
+    """RATELIMIT_TRUSTED_PROXIES read once: networks, and 'unix'; entries that are neither are skipped
+    (system check ratelimit_app.E003 names them)."""
     configured = tuple(get_setting("RATELIMIT_TRUSTED_PROXIES"))
-    networks = _trusted_cache.get(configured)
-    if networks is None:
-        networks = _trusted_cache[configured] = tuple(ipaddress.ip_network(p, strict=False) for p in configured)
-    return networks
+    trusted = _trusted_cache.get(configured)
+    if trusted is None:
+        networks = []
+        for entry in configured:
+            try:
+                networks.append(ipaddress.ip_network(entry, strict=False))
+            except ValueError:
+                continue  # 'unix', or an error the system check reports
+        unix = any(str(entry).strip().lower() == UNIX_SOCKET for entry in configured)
+        trusted = _trusted_cache[configured] = TrustedProxies(tuple(networks), unix)
+    return trusted
 
 
-@lru_cache(maxsize=4096)
+def invalid_trusted_proxies() -> list[str]:
+    """The entries of RATELIMIT_TRUSTED_PROXIES that are neither an address, a network nor 'unix'."""
+    invalid = []
+    for entry in get_setting("RATELIMIT_TRUSTED_PROXIES"):
+        if str(entry).strip().lower() == UNIX_SOCKET:
+            continue
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except (ValueError, TypeError):
+            invalid.append(repr(entry))
+    return invalid
+
+
+@byte_bounded_cache(1 << 20)
 def _parse_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     text = text.strip()
     if text.startswith("["):  # "[2001:db8::1]:443"
         text = text[1 : text.find("]")] if "]" in text else text[1:]
     elif text.count(":") == 1:  # "203.0.113.7:5678"
         text = text.partition(":")[0]
+    # a zone id ('%eth0') names the server's interface, not the client: '%1', '%2'... are one client
+    text = text.partition("%")[0]
     try:
         address = ipaddress.ip_address(text)
     except ValueError:
@@ -229,11 +365,21 @@ def _is_trusted(address, networks) -> bool:
 
 
 def client_address(request) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """REMOTE_ADDR, or behind trusted proxies the right-most untrusted X-Forwarded-For address."""
-    remote = _parse_address(request.META.get("REMOTE_ADDR", ""))
-    networks = _trusted_networks()
-    if remote is None or not networks or not _is_trusted(remote, networks):
-        return remote  # a client that is not a trusted proxy cannot choose its address by a header
+    """REMOTE_ADDR, or behind trusted proxies the right-most untrusted X-Forwarded-For address.
+
+    An empty REMOTE_ADDR is the server's unix socket: a trusted proxy when RATELIMIT_TRUSTED_PROXIES
+    holds 'unix', otherwise no address at all.
+    """
+    remote_text = request.META.get("REMOTE_ADDR") or ""
+    networks, unix = trusted_proxies()
+    if remote_text:
+        remote = _parse_address(remote_text)
+        if remote is None or not networks or not _is_trusted(remote, networks):
+            return remote  # a client that is not a trusted proxy cannot choose its address by a header
+    elif not unix:
+        return None
+    else:
+        remote = None  # the local socket: trusted, but it has no address of its own to fall back on
     forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
     hops = [hop for hop in forwarded.split(",") if hop.strip()]
     last_trusted = remote
@@ -256,7 +402,7 @@ def client_ip(request) -> str | None:
     return _grouped(address, prefix)
 
 
-@lru_cache(maxsize=4096)
+@byte_bounded_cache(1 << 20)
 def _grouped(address: ipaddress.IPv4Address | ipaddress.IPv6Address, prefix: int) -> str:
     if prefix >= address.max_prefixlen:
         return str(address)

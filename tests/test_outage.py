@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
+import redis
 from django.core.checks import run_checks
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from project.devredis import PrivateRedis
-from ratelimit_app import connection
+from ratelimit_app import connection, engine, keys
+from ratelimit_app.connection import RedisUnavailable
 from ratelimit_app.models import Policy
+from tests.helpers import check, count_round_trips, make_policy, policy, subject
 
 pytestmark = pytest.mark.django_db
 IP = "203.0.113.7"
@@ -119,3 +125,139 @@ def test_missing_socket_timeouts_are_reported_by_a_system_check(settings):
 def test_a_cache_that_is_not_redis_is_an_error(settings):
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     assert "ratelimit_app.E002" in [message.id for message in run_checks()]
+
+
+# --- a stalled Redis -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def stall(server):
+    """stall(seconds): the server sleeps (DEBUG SLEEP, sent from another connection); returns that thread."""
+    def pause(seconds: float) -> threading.Thread:
+        sleeper = redis.Redis(port=server.port)
+        thread = threading.Thread(target=sleeper.execute_command, args=("DEBUG", "SLEEP", seconds))
+        thread.start()
+        time.sleep(0.1)  # the server has read the command and sleeps
+        return thread
+    return pause
+
+
+def remaining(response) -> int:
+    return int(response.headers["RateLimit"].split(";r=")[1].split(";")[0])
+
+
+def test_a_stalled_redis_is_asked_once_and_counts_the_request_once(client, server, settings, stall):
+    settings.RATELIMIT_POLICY_RECHECK_SECONDS = 60  # only the decision call meets the stall
+    settings.RATELIMIT_BREAKER_SECONDS = 0.1
+    make_policy(name="search", action="demo:search", limit=100)
+    assert remaining(search(client)) == 99  # connected, script loaded
+    sleeping = stall(1)
+    with count_round_trips() as trips:
+        started = time.monotonic()
+        stalled = search(client)
+        waited = time.monotonic() - started
+    sleeping.join()
+    time.sleep(0.15)  # the circuit half-opens
+    after = search(client)
+    print(f"\nrequest during DEBUG SLEEP 1 waited {waited:.3f}s (SOCKET_TIMEOUT 0.25)")
+    assert stalled.status_code == 200 and "RateLimit" not in stalled.headers  # failed open, undecided
+    assert trips[0] == 1  # sent once: a timeout is not retried
+    assert remaining(after) == 97  # three requests admitted, three counted
+
+
+def test_a_configuration_retrying_timeouts_is_reported_by_a_system_check(settings):
+    def warned(pool_kwargs):
+        options = {**settings.CACHES["default"]["OPTIONS"], "CONNECTION_POOL_KWARGS": pool_kwargs}
+        settings.CACHES = {"default": {**settings.CACHES["default"], "OPTIONS": options}}
+        return "ratelimit_app.W003" in [message.id for message in run_checks()]
+
+    assert warned({"retry_on_error": [redis.ConnectionError]})  # redis-py adds it to a Retry that retries timeouts
+    assert warned({"retry_on_timeout": True})
+    assert warned({"retry": Retry(NoBackoff(), 1)})
+    assert not warned({"retry": Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))})
+    assert not warned({})
+
+
+def test_the_recommended_settings_do_not_retry_timeouts(settings):
+    assert not connection.retries_timeouts(settings.CACHES["default"]["OPTIONS"]["CONNECTION_POOL_KWARGS"])
+
+
+# --- the circuit breaker -------------------------------------------------------------------------
+
+
+def test_when_the_circuit_half_opens_one_call_probes_and_the_others_fail_fast(server, settings, stall):
+    settings.RATELIMIT_BREAKER_SECONDS = 0.3
+    compiled = policy(limit=100)
+    engine.decide([check(compiled)])  # connected, script loaded
+    sleeping = stall(3)
+    with pytest.raises(RedisUnavailable):
+        engine.decide([check(compiled)])  # one timeout opens the circuit
+    time.sleep(0.35)  # half-open
+    failures = connection.breaker.failures
+    start = threading.Barrier(16)
+    refused = []
+
+    def attempt() -> None:
+        start.wait()
+        try:
+            engine.decide([check(compiled)])
+        except RedisUnavailable as error:
+            refused.append(error)
+
+    threads = [threading.Thread(target=attempt) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    sleeping.join()
+    assert len(refused) == 16
+    assert connection.breaker.failures - failures == 1  # only the probe met the hung server
+
+
+def test_an_error_redis_answers_with_is_logged_counted_apart_and_keeps_the_circuit_closed(redis_client, caplog):
+    compiled = policy(limit=5)
+    redis_client.rpush(keys.counter_key(compiled, subject().key), "not a counter")
+    failures, errors = connection.breaker.failures, connection.breaker.errors
+    with pytest.raises(RedisUnavailable):
+        engine.decide([check(compiled)])
+    assert "WRONGTYPE" in caplog.text
+    assert (connection.breaker.failures - failures, connection.breaker.errors - errors) == (0, 1)
+    assert engine.decide([check(compiled, "ip:198.51.100.1")]).allowed  # other subjects are still decided
+
+
+def test_a_read_only_replica_is_an_error_not_an_outage(server, caplog):
+    compiled = policy(limit=5)
+    own = redis.Redis(port=server.port)
+    failures, errors = connection.breaker.failures, connection.breaker.errors
+    own.execute_command("REPLICAOF", "127.0.0.1", "1")  # a replica now, as after a failover
+    try:
+        with pytest.raises(RedisUnavailable):
+            engine.decide([check(compiled)])
+    finally:
+        own.execute_command("REPLICAOF", "NO", "ONE")
+    assert "READONLY" in caplog.text
+    assert (connection.breaker.failures - failures, connection.breaker.errors - errors) == (0, 1)
+    assert engine.decide([check(compiled)]).allowed  # promoted again: decided at once, no open circuit
+
+
+def test_the_outage_log_names_the_real_cause(client, server, limited, caplog):
+    server.stop()
+    assert search(client).status_code == 200
+    assert f"127.0.0.1:{server.port}" in caplog.text and "refused" in caplog.text.lower()
+
+
+def test_the_outage_counter_counts_requests_not_doors(client, server):
+    make_policy(name="everything", action="*", limit=100)  # the middleware decides it
+    make_policy(name="login", action="login", limit=100)  # the decorator decides it
+    server.stop()
+    before = connection.outage.requests
+    assert [client.post("/demo/login/", REMOTE_ADDR=IP).status_code for _ in range(3)] == [401] * 3
+    assert connection.outage.requests - before == 3
+
+
+def test_an_outage_reported_twice_for_one_request_counts_once(rf):
+    request, other = rf.get("/"), rf.get("/")
+    before = connection.outage.requests
+    for made in (request, request, other):
+        connection.outage.record(RedisUnavailable("down"), made)
+    assert connection.outage.requests - before == 2

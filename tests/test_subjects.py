@@ -23,7 +23,7 @@ def subject(spec, made):
 
 
 @pytest.mark.parametrize("spec", ["ip", "user", "user_or_ip", "global", "header:X-Api-Key", "param:username",
-                                  " ip , header:User-Agent "])
+                                  "get:page", "post:username", " ip , header:User-Agent "])
 def test_valid_key_specs_parse(spec):
     assert parse_key_spec(spec)
 
@@ -37,6 +37,8 @@ def test_valid_key_specs_parse(spec):
         ("header:", "needs a header name"),
         ("header:X Api", "not a valid HTTP header name"),
         ("param:", "needs a parameter name"),
+        ("get:", "needs a parameter name"),
+        ("post:", "needs a parameter name"),
         ("ip,ip", "repeats ip"),
         ("global,ip", "cannot be combined"),
     ],
@@ -78,13 +80,62 @@ def test_plain_headers_are_shown(settings):
     assert subject("header:User-Agent", request(HTTP_USER_AGENT="curl/8.0")).display == "header:User-Agent=…"
 
 
-def test_param_subject_from_query_then_urlencoded_form_never_multipart():
+def post(body, content_type, path="/"):
+    made = RequestFactory().post(path, body, content_type=content_type, REMOTE_ADDR="1.2.3.4")
+    made.user = AnonymousUser()
+    return made
+
+
+def test_param_reads_the_form_body_then_a_json_field_then_the_query_string():
     assert subject("param:q", request(path="/?q=apple")).display.startswith("param:q=")
-    form = RequestFactory().post("/", "username=alice", content_type="application/x-www-form-urlencoded", REMOTE_ADDR="1.2.3.4")
+    decoy = post("username=alice", "application/x-www-form-urlencoded", path="/?username=decoy")
+    assert subject("param:username", decoy) == subject("param:username", post("username=alice", "application/x-www-form-urlencoded"))
+    as_json = post({"username": "alice"}, "application/json", path="/?username=decoy")
+    assert subject("param:username", as_json) == subject("param:username", decoy)
+    assert subject("param:username", post({"other": 1}, "application/json", path="/?username=alice")) == subject("param:username", decoy)
+
+
+def test_get_and_post_kinds_read_one_source_each():
+    both = post("username=alice", "application/x-www-form-urlencoded", path="/?username=bob")
+    assert subject("get:username", both) != subject("post:username", both)
+    assert subject("get:username", both) == subject("get:username", request(path="/?username=bob"))
+    assert subject("post:username", request(path="/?username=bob")) is None
+    assert subject("post:username", post({"username": "alice"}, "application/json")) == subject("post:username", both)
+
+
+def test_reading_the_body_leaves_it_to_the_view():
+    form = post("username=alice", "application/x-www-form-urlencoded")
     assert subject("param:username", form) is not None
+    assert form.body == b"username=alice" and form.POST["username"] == "alice"
     multipart = RequestFactory().post("/", {"username": "alice"}, REMOTE_ADDR="1.2.3.4")
-    assert subject("param:username", multipart) is None
-    assert multipart.body  # the body was not consumed by a multipart parse
+    assert subject("param:username", multipart) is not None
+    assert b'name="username"' in multipart.body and multipart.POST["username"] == "alice"
+    as_json = post({"username": "alice"}, "application/json")
+    assert subject("param:username", as_json) is not None
+    assert as_json.body == b'{"username": "alice"}'
+
+
+def test_json_values_that_are_not_strings_still_count():
+    assert subject("param:id", post({"id": 7}, "application/json")).display.startswith("param:id=")
+    assert subject("param:id", post({"id": ["a", "b"]}, "application/json")) is not None
+    assert subject("param:id", post({"id": None}, "application/json")) is None
+
+
+def test_a_malformed_multipart_body_gives_no_subject_and_the_view_still_sees_the_error():
+    from django.http.multipartparser import MultiPartParserError
+
+    broken = post("--xyz\r\nContent-Disposition: form-data\r\n\r\nnope", "multipart/form-data; boundary=xyz")
+    broken.META["CONTENT_TYPE"] = "multipart/form-data"  # no boundary: Django refuses to parse it
+    broken._set_content_type_params(broken.META)
+    assert subject("param:username", broken) is None
+    with pytest.raises(MultiPartParserError):
+        broken.POST  # as if the subject had never been computed: Django answers 400
+
+
+def test_a_body_over_django_limits_gives_no_subject(settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10
+    assert subject("param:username", post("username=" + "a" * 100, "application/x-www-form-urlencoded")) is None
+    assert subject("param:username", post({"username": "a" * 100}, "application/json")) is None
 
 
 def test_global_subject_is_everyone():
@@ -162,3 +213,24 @@ def test_ipv4_mapped_addresses_count_as_ipv4():
 
 def test_unparsable_remote_addr_means_no_ip_subject():
     assert subject("ip", request("not-an-ip")) is None
+
+
+def test_ipv6_zone_ids_are_not_new_subjects(settings):
+    settings.RATELIMIT_IPV6_PREFIX = 128
+    assert client_ip(request("2001:db8::77%1")) == client_ip(request("2001:db8::77%2")) == "2001:db8::77"
+    settings.RATELIMIT_TRUSTED_PROXIES = ["10.0.0.1"]
+    assert client_ip(request("10.0.0.1", HTTP_X_FORWARDED_FOR="[fe80::1%eth0]:443")) == "fe80::1"
+
+
+def test_behind_a_unix_socket_the_forwarded_address_counts_when_unix_is_trusted(settings):
+    assert client_ip(request("", HTTP_X_FORWARDED_FOR="198.51.100.1")) is None
+    settings.RATELIMIT_TRUSTED_PROXIES = ["unix"]
+    assert client_ip(request("", HTTP_X_FORWARDED_FOR="198.51.100.1")) == "198.51.100.1"
+    assert client_ip(request("", HTTP_X_FORWARDED_FOR="6.6.6.6, 198.51.100.1")) == "198.51.100.1"
+    assert client_ip(request("", HTTP_X_FORWARDED_FOR="")) is None
+    assert client_ip(request("203.0.113.7", HTTP_X_FORWARDED_FOR="198.51.100.1")) == "203.0.113.7"  # TCP: untrusted
+
+
+def test_unix_and_networks_together(settings):
+    settings.RATELIMIT_TRUSTED_PROXIES = ["unix", "10.0.0.0/8"]
+    assert client_ip(request("", HTTP_X_FORWARDED_FOR="198.51.100.1, 10.0.0.2")) == "198.51.100.1"
