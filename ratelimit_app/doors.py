@@ -21,7 +21,6 @@ The doors, outermost first: RateLimitMiddleware, @ratelimit on the view, PolicyT
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import NamedTuple
 
 from django.core.signals import setting_changed
@@ -30,6 +29,7 @@ from django.urls import Resolver404, resolve
 
 from . import headers, policies
 from .conf import get_setting
+from .lru import byte_bounded_cache
 from .limiter import STATE_ATTRIBUTE, RequestState, adecide, decide, state_of
 from .responses import refusal
 
@@ -65,7 +65,7 @@ def has_door_inside(view) -> bool:
     return is_policy_throttled(owner)
 
 
-@lru_cache(maxsize=2048)  # a client inventing paths only evicts entries; resolving again is always right
+@byte_bounded_cache(2 << 20)  # a client inventing paths only evicts entries; resolving again is always right
 def _resolve_route(path: str, urlconf: str | None) -> Route:
     try:
         match = resolve(path, urlconf)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import tracemalloc
+import urllib.parse
 from functools import partial
 
 import pytest
@@ -202,3 +203,16 @@ def test_distinct_huge_forwarded_for_entries_leave_no_memory_behind(client, sett
             assert search(client, REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR=f"{i:04d}" + "f" * megabyte) == 200
 
     assert retained_bytes(attack) < 5 * megabyte
+
+
+def test_distinct_long_paths_leave_no_memory_behind(client):
+    make(action="*", limit=100000)
+    search(client)
+    long_path = 64 << 10  # a long URL, as a client may send one; every one is new
+
+    def attack():
+        for i in range(200):
+            assert client.get(f"/{i:04d}" + "p" * long_path, REMOTE_ADDR="203.0.113.9").status_code == 404
+        urllib.parse.clear_cache()  # the test client's urlsplit keeps the last 128 URLs; a server does not
+
+    assert retained_bytes(attack) < 5 << 20  # 13 MB when every path was kept as a cache key
