@@ -13,13 +13,15 @@ from typing import Callable, NamedTuple
 
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+from django.utils.module_loading import import_string
+from django.utils.module_loading import import_string
 
 from .conf import get_setting
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RFC 9110 token)
 DISPLAY_LIMIT = 100
-KINDS = "ip, user, user_or_ip, header:<Name>, param:<name>, global"
+KINDS = "ip, user, user_or_ip, header:<Name>, param:<name>, global, a dotted path to a function (myapp.keys.tenant)"
 
 
 class Subject(NamedTuple):
@@ -63,6 +65,8 @@ def parse_key_spec(spec: str) -> KeySpec:
 
 
 def _parse_part(part: str) -> KeyPart:
+    if "." in part and ":" not in part:
+        return _callable_part(part)
     kind, colon, name = part.partition(":")
     kind = kind.strip().lower()
     name = name.strip()
@@ -143,6 +147,42 @@ def _param_part(name: str) -> KeyPart:
         return f"{label}={mask(canonical[len(label) + 1 :])}"
 
     return KeyPart(label, read, show)
+
+
+def _callable_part(path: str) -> KeyPart:
+    """A function of the project, `(request) -> str | None`, named by its dotted path; imported now, so a
+    policy naming a missing or non-callable one is refused when it is saved."""
+    try:
+        function = import_string(path)
+    except ImportError as error:
+        raise KeySpecError(f"Cannot import the key function {path!r}: {error}.") from error
+    if not callable(function):
+        raise KeySpecError(f"{path!r} is not a function: a key function takes the request and returns a string or None.")
+    label = path
+
+    def read(request) -> str | None:
+        value = function(request)
+        return None if value is None or value == "" else f"{label}={value}"
+
+    return KeyPart(label, read, _plain)
+
+
+def _callable_part(path: str) -> KeyPart:
+    """A function of the project, `(request) -> str | None`, named by its dotted path; imported now, so a
+    policy naming a missing or non-callable one is refused when it is saved."""
+    try:
+        function = import_string(path)
+    except ImportError as error:
+        raise KeySpecError(f"Cannot import the key function {path!r}: {error}.") from error
+    if not callable(function):
+        raise KeySpecError(f"{path!r} is not a function: a key function takes the request and returns a string or None.")
+    label = path
+
+    def read(request) -> str | None:
+        value = function(request)
+        return None if value is None or value == "" else f"{label}={value}"
+
+    return KeyPart(label, read, _plain)
 
 
 # --- computing a subject -------------------------------------------------------------------------
