@@ -4,6 +4,7 @@
 Two virtualenvs: one from the built wheel without Django REST framework (middleware, decorator, admin
 and commands must all work there), one by the README's `pip install ".[drf,hiredis]"` from a copy of
 the source tree. Dependencies come from the index at the versions pinned in requirements.txt.
+RATELIMIT_PACKAGE_PYTHON names another interpreter for the virtualenvs (e.g. a python3.13).
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import shlex
 import shutil
 import subprocess
 import sys
-import venv
 import zipfile
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -176,14 +177,32 @@ def wheel(workspace, source) -> Path:
     return built
 
 
-def new_site(workspace: Path, name: str, install: list[str], cwd: Path, drf: bool) -> Path:
-    """A fresh virtualenv with `pip install ...install`, and a new project configured by the README."""
-    environment = workspace / f"venv-{name}"
-    venv.create(environment, with_pip=False)  # the outer pip installs into it (pip --python)
+class Site(NamedTuple):
+    environment: Path  # the virtualenv
+    directory: Path  # the project startproject made
+
+    @property
+    def python(self) -> Path:
+        return self.environment / "bin" / "python"
+
+
+def new_site(workspace: Path, name: str, install: list[str], cwd: Path, drf: bool) -> Site:
+    """A fresh virtualenv with `pip install ...install` (run in `cwd`), and a new project for it."""
+    environment = new_virtualenv(workspace / f"venv-{name}", install, cwd)
+    return Site(environment, new_project(environment, workspace / f"site-{name}", drf))
+
+
+def new_virtualenv(environment: Path, install: list[str], cwd: Path) -> Path:
+    interpreter = os.environ.get("RATELIMIT_PACKAGE_PYTHON", sys.executable)
+    run([interpreter, "-m", "venv", "--without-pip", str(environment)], cwd=cwd)  # our own pip installs into it
+    constraints = pinned_constraints(environment)
     python = environment / "bin" / "python"
-    constraints = pinned_constraints(workspace)
     run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "-c", str(constraints), *install], cwd=cwd)
-    site = workspace / f"site-{name}"
+    return environment
+
+
+def new_project(environment: Path, site: Path, drf: bool) -> Path:
+    """`django-admin startproject`, the README's settings appended verbatim, a few views and policies."""
     site.mkdir()
     run([str(environment / "bin" / "django-admin"), "startproject", "mysite", str(site)], cwd=site)
     settings = site / "mysite" / "settings.py"
@@ -191,41 +210,42 @@ def new_site(workspace: Path, name: str, install: list[str], cwd: Path, drf: boo
     settings.write_text(
         settings.read_text()
         + "\n# The README's settings, verbatim\n" + "\n".join(snippets)
-        + '\n# This test session\'s private server instead of the default one\nimport os\nCACHES["default"]["LOCATION"] = os.environ["REDIS_URL"]\n'
+        + "\n# This test session's private server instead of the README's\n"
+        + 'import os\nCACHES["default"]["LOCATION"] = os.environ["REDIS_URL"]\n'
     )
     (site / "mysite" / "views.py").write_text(VIEWS + (DRF_VIEWS if drf else ""))
     urls = site / "mysite" / "urls.py"
     urls.write_text(urls.read_text() + URLS + (DRF_URLS if drf else ""))
     (site / "policies.json").write_text(json.dumps(POLICIES))
     (site / "proof.py").write_text(PROOF)
-    return python
+    return site
 
 
 @pytest.fixture(scope="module")
-def site_without_drf(workspace, wheel) -> Path:
+def site_without_drf(workspace, wheel) -> Site:
     return new_site(workspace, "bare", [f"{wheel}[hiredis]"], cwd=workspace, drf=False)
 
 
 @pytest.fixture(scope="module")
-def site_with_drf(workspace, source) -> Path:
+def site_with_drf(workspace, source) -> Site:
     return new_site(workspace, "drf", readme_drf_install()[2:], cwd=source, drf=True)
 
 
-def manage(python: Path, *args: str) -> str:
-    site = python.parent.parent.parent / python.parent.parent.name.replace("venv-", "site-")
-    return run([str(python), "manage.py", *args], cwd=site)
+def manage(site: Site, *args: str) -> str:
+    return run([str(site.python), "manage.py", *args], cwd=site.directory)
 
 
-def prove(python: Path, *args: str) -> dict:
-    manage(python, "migrate", "-v", "0")
-    assert "Imported 3 policies" in manage(python, "ratelimit_import", "policies.json")
-    exported = json.loads(manage(python, "ratelimit_export"))
+def prove(site: Site, *args: str) -> dict:
+    """Migrate, import the policies, check, then what proof.py saw; always the installed package."""
+    manage(site, "migrate", "-v", "0")
+    assert "Imported 3 policies" in manage(site, "ratelimit_import", "policies.json")
+    exported = json.loads(manage(site, "ratelimit_export"))
     assert sorted(p["name"] for p in exported["policies"]) == sorted(p["name"] for p in POLICIES["policies"])
     # the README's settings are complete: no error and no warning (cache, timeouts, middleware order)
-    manage(python, "check", "--fail-level", "WARNING")
-    site = python.parent.parent.parent / python.parent.parent.name.replace("venv-", "site-")
-    found = json.loads(run([str(python), "proof.py", *args], cwd=site, env={**clean_env(), "DJANGO_SETTINGS_MODULE": "mysite.settings"}))
-    assert found["package"].startswith(str(python.parent.parent)), "the installed package, not this tree, answered"
+    manage(site, "check", "--fail-level", "WARNING")
+    env = {**clean_env(), "DJANGO_SETTINGS_MODULE": "mysite.settings"}
+    found = json.loads(run([str(site.python), "proof.py", *args], cwd=site.directory, env=env))
+    assert found["package"].startswith(str(site.environment)), "the installed package, not this tree, answered"
     return found
 
 
@@ -242,8 +262,8 @@ def test_the_wheel_holds_the_app_with_its_data_files_and_nothing_of_the_demo(whe
 
 
 def test_a_new_project_without_drf_limits_through_middleware_decorator_admin_and_commands(site_without_drf):
-    run([str(site_without_drf), "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('rest_framework') is not None)"],
-        cwd=site_without_drf.parent)
+    no_drf = "import importlib.util, sys; sys.exit(importlib.util.find_spec('rest_framework') is not None)"
+    run([str(site_without_drf.python), "-c", no_drf], cwd=site_without_drf.directory)
     found = prove(site_without_drf)
     assert found["hello"] == [200, 200, 429]
     assert found["hello_policy_header"] == '"hello-per-ip";q=2;w=60'
