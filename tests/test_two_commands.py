@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from project.devredis import SHIPPED_BINARIES, _shipped
+from project.devredis import SHIPPED_BINARIES, shipped_binary
 from tests.servers import ROOT
 
 PING = "import os, redis; print('PING', redis.Redis.from_url(os.environ['REDIS_URL']).ping())"
-VALKEY = _shipped(*SHIPPED_BINARIES[0])
+VALKEY = shipped_binary(*SHIPPED_BINARIES[0])
 
 
 def machine_env(path: Path, **extra: str) -> dict[str, str]:
