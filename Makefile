@@ -1,9 +1,10 @@
-# `make run`: the demo at http://127.0.0.1:8000/   `make test`: the whole suite   `make bench`: benchmarks
+# `make run`: the demo at http://127.0.0.1:8000/ (PORT=8001 for another port)   `make test`: the whole suite   `make bench`: benchmarks
 # Each bootstraps .venv itself; without REDIS_URL a private Redis-compatible server is started and stopped.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 WITH_REDIS := $(BIN)/python -m project.devredis --
+PORT ?= 8000
 
 .PHONY: run test bench clean
 
@@ -24,8 +25,8 @@ $(VENV)/.bench: bench/requirements.txt $(VENV)/.dev
 
 run: $(VENV)/.runtime
 	$(WITH_REDIS) sh -c '$(BIN)/python manage.py migrate --noinput && \
-		$(BIN)/python manage.py demo_setup && \
-		exec $(BIN)/python manage.py runserver --noreload 127.0.0.1:8000'
+		$(BIN)/python manage.py demo_setup --port $(PORT) && \
+		exec $(BIN)/python manage.py runserver --noreload 127.0.0.1:$(PORT)'
 
 test: $(VENV)/.dev
 	scripts/ensure-chromium

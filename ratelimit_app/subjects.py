@@ -18,6 +18,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
+from django.utils.module_loading import import_string
 
 from .conf import get_setting
 from .lru import byte_bounded_cache
@@ -27,7 +28,7 @@ logger = logging.getLogger("ratelimit_app")
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RFC 9110 token)
 DISPLAY_LIMIT = 100
-KINDS = "ip, user, user_or_ip, header:<Name>, param:<name>, get:<name>, post:<name>, global"
+KINDS = "ip, user, user_or_ip, header:<Name>, param:<name>, get:<name>, post:<name>, global, a dotted path to a function (myapp.keys.tenant)"
 UNIX_SOCKET = "unix"  # in RATELIMIT_TRUSTED_PROXIES: the server's own socket (REMOTE_ADDR empty) is a proxy
 
 
@@ -46,6 +47,7 @@ class KeyPart(NamedTuple):
     label: str
     read: Callable[[object], str | None]  # request -> canonical value, or None when it cannot be computed
     show: Callable[[str], str]  # canonical value -> display
+    reads_user: bool = False  # may read request.user (async views load the user before computing it)
 
 
 KeySpec = tuple[KeyPart, ...]
@@ -73,6 +75,8 @@ def parse_key_spec(spec: str) -> KeySpec:
 
 
 def _parse_part(part: str) -> KeyPart:
+    if "." in part and ":" not in part:
+        return _callable_part(part)
     kind, colon, name = part.partition(":")
     kind = kind.strip().lower()
     name = name.strip()
@@ -135,8 +139,8 @@ def _plain(value: str) -> str:
 
 SIMPLE_PARTS = {
     "ip": KeyPart("ip", _ip, _plain),
-    "user": KeyPart("user", _user, _plain),
-    "user_or_ip": KeyPart("user_or_ip", _user_or_ip, _plain),
+    "user": KeyPart("user", _user, _plain, reads_user=True),
+    "user_or_ip": KeyPart("user_or_ip", _user_or_ip, _plain, reads_user=True),
     "global": KeyPart("global", lambda request: "global", _plain),
 }
 
@@ -250,6 +254,24 @@ PARAMETER_SOURCES: dict[str, tuple[Callable[[object, str], str | None], ...]] = 
     "get": (_from_query,),
     "post": (_from_form, _from_json),
 }
+
+
+def _callable_part(path: str) -> KeyPart:
+    """A function of the project, `(request) -> str | None`, named by its dotted path; imported now, so a
+    policy naming a missing or non-callable one is refused when it is saved."""
+    try:
+        function = import_string(path)
+    except ImportError as error:
+        raise KeySpecError(f"Cannot import the key function {path!r}: {error}.") from error
+    if not callable(function):
+        raise KeySpecError(f"{path!r} is not a function: a key function takes the request and returns a string or None.")
+    label = path
+
+    def read(request) -> str | None:
+        value = function(request)
+        return None if value is None or value == "" else f"{label}={value}"
+
+    return KeyPart(label, read, _plain, reads_user=True)  # a project's function may look at the user
 
 
 # --- computing a subject -------------------------------------------------------------------------
