@@ -166,16 +166,17 @@ def test_a_stalled_redis_is_asked_once_and_counts_the_request_once(client, serve
 
 
 def test_a_configuration_retrying_timeouts_is_reported_by_a_system_check(settings):
-    def warned(pool_kwargs):
+    def warned(pool_kwargs, id="ratelimit_app.W003"):
         options = {**settings.CACHES["default"]["OPTIONS"], "CONNECTION_POOL_KWARGS": pool_kwargs}
         settings.CACHES = {"default": {**settings.CACHES["default"], "OPTIONS": options}}
-        return "ratelimit_app.W003" in [message.id for message in run_checks()]
+        return id in [message.id for message in run_checks()]
 
     assert warned({"retry_on_error": [redis.ConnectionError]})  # redis-py adds it to a Retry that retries timeouts
     assert warned({"retry_on_timeout": True})
     assert warned({"retry": Retry(NoBackoff(), 1)})
     assert not warned({"retry": Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))})
     assert not warned({})
+    assert warned({"retry_on_error": 5}, id="ratelimit_app.E004")  # not a list: said, never a crash
 
 
 def test_the_recommended_settings_do_not_retry_timeouts(settings):

@@ -234,3 +234,14 @@ def test_behind_a_unix_socket_the_forwarded_address_counts_when_unix_is_trusted(
 def test_unix_and_networks_together(settings):
     settings.RATELIMIT_TRUSTED_PROXIES = ["unix", "10.0.0.0/8"]
     assert client_ip(request("", HTTP_X_FORWARDED_FOR="198.51.100.1, 10.0.0.2")) == "198.51.100.1"
+
+
+@pytest.mark.django_db
+def test_a_trusted_proxy_entry_that_is_not_an_address_is_a_system_check_error(settings):
+    from django.core.checks import run_checks
+
+    settings.RATELIMIT_TRUSTED_PROXIES = ["unix", "10.0.0.0/8"]
+    assert "ratelimit_app.E003" not in [message.id for message in run_checks()]
+    settings.RATELIMIT_TRUSTED_PROXIES = ["unix", "localhost", "10.0.0.0/8"]
+    assert "ratelimit_app.E003" in [message.id for message in run_checks()]
+    assert client_ip(request("10.0.0.1", HTTP_X_FORWARDED_FOR="198.51.100.1")) == "198.51.100.1"  # still works
