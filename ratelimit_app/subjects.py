@@ -311,34 +311,30 @@ class TrustedProxies(NamedTuple):
 _trusted_cache: dict[tuple, TrustedProxies] = {}
 
 
-def trusted_proxies() -> TrustedProxies:
-    """RATELIMIT_TRUSTED_PROXIES read once: networks, and 'unix'; entries that are neither are skipped
-    (system check ratelimit_app.E003 names them)."""
+def _trusted_proxies() -> TrustedProxies:
+    """RATELIMIT_TRUSTED_PROXIES, read once: its networks, and whether it holds 'unix'."""
     configured = tuple(get_setting("RATELIMIT_TRUSTED_PROXIES"))
     trusted = _trusted_cache.get(configured)
     if trusted is None:
-        networks = []
-        for entry in configured:
-            try:
-                networks.append(ipaddress.ip_network(entry, strict=False))
-            except ValueError:
-                continue  # 'unix', or an error the system check reports
-        unix = any(str(entry).strip().lower() == UNIX_SOCKET for entry in configured)
-        trusted = _trusted_cache[configured] = TrustedProxies(tuple(networks), unix)
+        entries = [_proxy_entry(entry) for entry in configured]
+        networks = tuple(entry for entry in entries if entry is not None and entry != UNIX_SOCKET)
+        trusted = _trusted_cache[configured] = TrustedProxies(networks, UNIX_SOCKET in entries)
     return trusted
+
+
+def _proxy_entry(entry: object) -> IPNetwork | str | None:
+    """A network, 'unix', or None for an entry that is neither (skipped; system check E003)."""
+    if str(entry).strip().lower() == UNIX_SOCKET:
+        return UNIX_SOCKET
+    try:
+        return ipaddress.ip_network(entry, strict=False)
+    except (ValueError, TypeError):
+        return None
 
 
 def invalid_trusted_proxies() -> list[str]:
     """The entries of RATELIMIT_TRUSTED_PROXIES that are neither an address, a network nor 'unix'."""
-    invalid = []
-    for entry in get_setting("RATELIMIT_TRUSTED_PROXIES"):
-        if str(entry).strip().lower() == UNIX_SOCKET:
-            continue
-        try:
-            ipaddress.ip_network(entry, strict=False)
-        except (ValueError, TypeError):
-            invalid.append(repr(entry))
-    return invalid
+    return [repr(entry) for entry in get_setting("RATELIMIT_TRUSTED_PROXIES") if _proxy_entry(entry) is None]
 
 
 @byte_bounded_cache(1 << 20)
@@ -370,7 +366,7 @@ def client_address(request) -> ipaddress.IPv4Address | ipaddress.IPv6Address | N
     holds 'unix', otherwise no address at all.
     """
     remote_text = request.META.get("REMOTE_ADDR") or ""
-    networks, unix = trusted_proxies()
+    networks, unix = _trusted_proxies()
     if remote_text:
         remote = _parse_address(remote_text)
         if remote is None or not networks or not _is_trusted(remote, networks):
