@@ -130,8 +130,11 @@ class CircuitBreaker:
         logger.error("ratelimit: Redis answered with an error (%d so far): %s", self.errors, describe(error))
         if isinstance(error, redis.ReadOnlyError):
             # a replica after a failover: pooled connections still point at the old primary, while a
-            # new connection to the same address may reach the new one
-            client().connection_pool.disconnect(inuse_connections=False)
+            # new connection to the same address may reach the new one (a cluster client has no
+            # single pool, and follows failovers itself)
+            pool = getattr(client(), "connection_pool", None)
+            if pool is not None:
+                pool.disconnect(inuse_connections=False)
 
     def reset(self) -> None:
         """Close the circuit, and log the next error at once (tests start from here)."""

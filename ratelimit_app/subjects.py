@@ -10,6 +10,7 @@ import ipaddress
 import json
 import logging
 import re
+from functools import lru_cache
 from typing import Callable, NamedTuple
 
 from django.conf import settings
@@ -88,7 +89,7 @@ def _parse_part(part: str) -> KeyPart:
         if not TOKEN.match(name):
             raise KeySpecError(f"{name!r} is not a valid HTTP header name.")
         return _header_part(name)
-    if kind in PARAMETER_SOURCES and colon:
+    if kind in ("param", "get", "post") and colon:
         if not name:
             raise KeySpecError(f"'{kind}:' needs a parameter name, e.g. {kind}:username.")
         return _param_part(kind, name)
@@ -164,15 +165,16 @@ def _header_part(name: str) -> KeyPart:
 
 
 def _param_part(kind: str, name: str) -> KeyPart:
+    """param: the body, then the query string (what a view handling a post reads); get: the query
+    string only; post: the body only."""
     label = f"{kind}:{name}"
-    sources = PARAMETER_SOURCES[kind]
+    body, query = kind != "get", kind != "post"
 
     def read(request) -> str | None:
-        for source in sources:
-            value = source(request, name)
-            if value is not None:  # the first source holding the field decides, as for the view
-                return f"{label}={value}" if value else None
-        return None
+        value = _from_body(request, name) if body else None
+        if value is None and query:  # the first source holding the field decides, as for the view
+            value = request.GET.get(name)
+        return f"{label}={value}" if value else None
 
     def show(canonical: str) -> str:
         return f"{label}={mask(canonical[len(label) + 1 :])}"
@@ -189,16 +191,24 @@ def _django_request(request):
     return request.__dict__.get("_request", request)  # a DRF Request wraps Django's
 
 
-def _from_query(request, name: str) -> str | None:
-    return request.GET.get(name)
-
-
-def _from_form(request, name: str) -> str | None:
-    """A field of a form body, as request.POST gives it to the view (multipart within Django's limits)."""
+def _from_body(request, name: str) -> str | None:
+    """A field of a form body, or a top-level field of a JSON object body (content types as Django
+    parses them: case, parameters and spaces do not matter)."""
     request = _django_request(request)
-    if request.method != "POST":
-        return None  # Django parses form bodies of POST requests only
-    if getattr(request, "content_type", None) == "multipart/form-data":
+    content_type = getattr(request, "content_type", None) or ""
+    if content_type in FORM_TYPES:
+        return _from_form(request, name, content_type) if request.method == "POST" else None  # as Django
+    if content_type == "application/json" or content_type.endswith("+json"):
+        return _from_json(request, name)
+    return None
+
+
+FORM_TYPES = frozenset(("application/x-www-form-urlencoded", "multipart/form-data"))
+
+
+def _from_form(request, name: str, content_type: str) -> str | None:
+    """A field of a form body, as request.POST gives it to the view (multipart within Django's limits)."""
+    if content_type == "multipart/form-data":
         _keep_small_body(request)
     try:
         return request.POST.get(name)
@@ -224,9 +234,8 @@ def _keep_small_body(request) -> None:
 
 def _from_json(request, name: str) -> str | None:
     """A top-level field of a JSON object body; strings as they are, other values in their JSON form."""
-    request = _django_request(request)
     document = request.__dict__.get(JSON_ATTRIBUTE, _MISSING)
-    if document is _MISSING:
+    if document is _MISSING:  # parsed once per request, however many policies read it
         document = request.__dict__[JSON_ATTRIBUTE] = _json_body(request)
     if not isinstance(document, dict):
         return None
@@ -237,9 +246,6 @@ def _from_json(request, name: str) -> str | None:
 
 
 def _json_body(request) -> object:
-    content_type = getattr(request, "content_type", None) or ""
-    if content_type != "application/json" and not content_type.endswith("+json"):
-        return None
     try:
         return json.loads(request.body)  # request.body enforces DATA_UPLOAD_MAX_MEMORY_SIZE
     except (*BODY_ERRORS, RecursionError):
@@ -247,13 +253,6 @@ def _json_body(request) -> object:
 
 
 _MISSING = object()
-
-# Where each kind looks, in order: the body first, because that is what a view handling a post reads.
-PARAMETER_SOURCES: dict[str, tuple[Callable[[object, str], str | None], ...]] = {
-    "param": (_from_form, _from_json, _from_query),
-    "get": (_from_query,),
-    "post": (_from_form, _from_json),
-}
 
 
 def _callable_part(path: str) -> KeyPart:
@@ -295,7 +294,7 @@ def subject_for(spec: KeySpec, request) -> Subject | None:
     return Subject(_hash(",".join(values)), _bounded(display))
 
 
-@byte_bounded_cache(4 << 20)
+@byte_bounded_cache(4 << 20)  # keyed by the canonical value: bounded in bytes, not entries
 def _single(value: str, show: Callable[[str], str]) -> Subject:
     # the same clients come back: hashing and formatting them again is wasted work
     return Subject(_hash(value), _bounded(show(value)))
@@ -334,34 +333,30 @@ class TrustedProxies(NamedTuple):
 _trusted_cache: dict[tuple, TrustedProxies] = {}
 
 
-def trusted_proxies() -> TrustedProxies:
-    """RATELIMIT_TRUSTED_PROXIES read once: networks, and 'unix'; entries that are neither are skipped
-    (system check ratelimit_app.E003 names them)."""
+def _trusted_proxies() -> TrustedProxies:
+    """RATELIMIT_TRUSTED_PROXIES, read once: its networks, and whether it holds 'unix'."""
     configured = tuple(get_setting("RATELIMIT_TRUSTED_PROXIES"))
     trusted = _trusted_cache.get(configured)
     if trusted is None:
-        networks = []
-        for entry in configured:
-            try:
-                networks.append(ipaddress.ip_network(entry, strict=False))
-            except ValueError:
-                continue  # 'unix', or an error the system check reports
-        unix = any(str(entry).strip().lower() == UNIX_SOCKET for entry in configured)
-        trusted = _trusted_cache[configured] = TrustedProxies(tuple(networks), unix)
+        entries = [_proxy_entry(entry) for entry in configured]
+        networks = tuple(entry for entry in entries if entry is not None and entry != UNIX_SOCKET)
+        trusted = _trusted_cache[configured] = TrustedProxies(networks, UNIX_SOCKET in entries)
     return trusted
+
+
+def _proxy_entry(entry: object) -> IPNetwork | str | None:
+    """A network, 'unix', or None for an entry that is neither (skipped; system check E003)."""
+    if str(entry).strip().lower() == UNIX_SOCKET:
+        return UNIX_SOCKET
+    try:
+        return ipaddress.ip_network(entry, strict=False)
+    except (ValueError, TypeError):
+        return None
 
 
 def invalid_trusted_proxies() -> list[str]:
     """The entries of RATELIMIT_TRUSTED_PROXIES that are neither an address, a network nor 'unix'."""
-    invalid = []
-    for entry in get_setting("RATELIMIT_TRUSTED_PROXIES"):
-        if str(entry).strip().lower() == UNIX_SOCKET:
-            continue
-        try:
-            ipaddress.ip_network(entry, strict=False)
-        except (ValueError, TypeError):
-            invalid.append(repr(entry))
-    return invalid
+    return [repr(entry) for entry in get_setting("RATELIMIT_TRUSTED_PROXIES") if _proxy_entry(entry) is None]
 
 
 @byte_bounded_cache(1 << 20)
@@ -393,7 +388,7 @@ def client_address(request) -> ipaddress.IPv4Address | ipaddress.IPv6Address | N
     holds 'unix', otherwise no address at all.
     """
     remote_text = request.META.get("REMOTE_ADDR") or ""
-    networks, unix = trusted_proxies()
+    networks, unix = _trusted_proxies()
     if remote_text:
         remote = _parse_address(remote_text)
         if remote is None or not networks or not _is_trusted(remote, networks):
@@ -424,7 +419,7 @@ def client_ip(request) -> str | None:
     return _grouped(address, prefix)
 
 
-@byte_bounded_cache(1 << 20)
+@lru_cache(maxsize=4096)  # addresses and prefixes: every entry has the same small size
 def _grouped(address: ipaddress.IPv4Address | ipaddress.IPv6Address, prefix: int) -> str:
     if prefix >= address.max_prefixlen:
         return str(address)

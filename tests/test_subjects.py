@@ -234,3 +234,39 @@ def test_behind_a_unix_socket_the_forwarded_address_counts_when_unix_is_trusted(
 def test_unix_and_networks_together(settings):
     settings.RATELIMIT_TRUSTED_PROXIES = ["unix", "10.0.0.0/8"]
     assert client_ip(request("", HTTP_X_FORWARDED_FOR="198.51.100.1, 10.0.0.2")) == "198.51.100.1"
+
+
+@pytest.mark.django_db
+def test_a_trusted_proxy_entry_that_is_not_an_address_is_a_system_check_error(settings):
+    from django.core.checks import run_checks
+
+    settings.RATELIMIT_TRUSTED_PROXIES = ["unix", "10.0.0.0/8"]
+    assert "ratelimit_app.E003" not in [message.id for message in run_checks()]
+    settings.RATELIMIT_TRUSTED_PROXIES = ["unix", "localhost", "10.0.0.0/8"]
+    assert "ratelimit_app.E003" in [message.id for message in run_checks()]
+    assert client_ip(request("10.0.0.1", HTTP_X_FORWARDED_FOR="198.51.100.1")) == "198.51.100.1"  # still works
+
+
+def test_a_drf_view_still_parses_a_body_read_for_the_subject():
+    from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+    from rest_framework.request import Request
+
+    made = [
+        post("username=alice", "application/x-www-form-urlencoded"),
+        post({"username": "alice"}, "application/json"),
+        RequestFactory().post("/", {"username": "alice"}, REMOTE_ADDR="1.2.3.4"),
+    ]
+    for django_request in made:
+        drf_request = Request(django_request, parsers=[JSONParser(), FormParser(), MultiPartParser()])
+        assert subject("param:username", drf_request) is not None
+        assert drf_request.data["username"] == "alice"
+
+
+def test_a_multipart_upload_larger_than_the_memory_limit_is_streamed_as_the_view_would(settings):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000  # the file does not count, as in Django
+    upload = SimpleUploadedFile("report.csv", b"x" * 50_000)
+    made = RequestFactory().post("/", {"username": "alice", "report": upload}, REMOTE_ADDR="1.2.3.4")
+    assert subject("param:username", made) == subject("param:username", post("username=alice", "application/x-www-form-urlencoded"))
+    assert made.POST["username"] == "alice" and made.FILES["report"].size == 50_000
