@@ -60,7 +60,7 @@ class PolicyAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("name", "description", "enabled", "mode")}),
         ("What it protects", {"fields": ("action", "methods")}),
-        ("How much", {"fields": ("limit", "window", "strategy", "bucket_size", "key")}),
+        ("How much", {"fields": ("limit", "window", "strategy", "bucket_size", "burst", "key")}),
         ("Bookkeeping", {"classes": ("collapse",), "fields": ("generation", "created", "updated")}),
     )
 

@@ -25,8 +25,16 @@ def seconds_left(decision: Decision) -> int:
     return max(math.ceil(left), 0)
 
 
+def quota(decision: Decision) -> str:
+    """`q` and `w`: the limit per window; for a token bucket, its burst and the seconds it takes to refill."""
+    burst = decision.policy.burst
+    if burst is None:  # every window strategy, and a token bucket whose burst is its limit
+        return f"q={decision.limit};w={decision.policy.window}"
+    return f"q={burst};w={-(-burst * decision.policy.window // decision.limit)}"
+
+
 def policy_header(decisions: Sequence[Decision]) -> str:
-    return ", ".join(f"{_name(d)};q={d.limit};w={d.policy.window}" for d in decisions)
+    return ", ".join(f"{_name(d)};{quota(d)}" for d in decisions)
 
 
 def ratelimit_header(decisions: Sequence[Decision]) -> str:

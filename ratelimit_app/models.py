@@ -14,6 +14,8 @@ from .subjects import KeySpecError, parse_key_spec
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
 MAX_BUCKETS = 60  # default bucket count
 BUCKET_CEILING = 600  # more buckets make every decision sum too many fields
+TOKEN_BUCKET_MAX_RATE = 1_000_000  # per second: a token bucket spaces requests in whole microseconds
+TOKEN_BUCKET_MAX_REFILL = 366 * 86400  # seconds an empty bucket may take to fill, as long as the longest window
 
 
 class Strategy(models.TextChoices):
@@ -107,7 +109,9 @@ class Policy(models.Model):
         help_text=(
             "fixed_window: one counter per window, cheapest, allows bursts at window edges. "
             "sliding_window: counts in buckets, smooth and bounded memory. "
-            "sliding_log: one entry per request, exact, memory grows with the limit."
+            "sliding_log: one entry per request, exact, memory grows with the limit. "
+            "token_bucket: the limit per window as a steady rate plus a burst at once (GCRA), exact, "
+            "smooth, one integer per subject."
         ),
     )
     key = models.CharField(
@@ -151,7 +155,10 @@ class Policy(models.Model):
         null=True,
         blank=True,
         validators=[MinValueValidator(1, "The burst must be at least 1 request.")],
-        help_text="token_bucket only: requests allowed at once, e.g. 10. Blank means the limit.",
+        help_text=(
+            "token_bucket only: requests allowed at once; after them, one request every window / limit. "
+            "E.g. limit 10, window 60, burst 10: burst 10, then 1 request every 6 s. Blank means the limit."
+        ),
     )
     source = models.CharField(
         "source",
@@ -188,6 +195,7 @@ class Policy(models.Model):
 
     def clean(self) -> None:
         super().clean()
+        self._clean_burst()
         if self.strategy != Strategy.SLIDING_WINDOW:
             if self.bucket_size:
                 raise ValidationError(
@@ -213,6 +221,33 @@ class Policy(models.Model):
                     "bucket_size": (
                         f"{self.window // self.bucket_size} buckets is too many (at most {BUCKET_CEILING}): "
                         f"use a bucket of at least {-(-self.window // BUCKET_CEILING)} seconds."
+                    )
+                }
+            )
+
+    def _clean_burst(self) -> None:
+        if self.strategy != Strategy.TOKEN_BUCKET:
+            if self.burst is not None:
+                raise ValidationError({"burst": "The burst applies to token_bucket only; leave it blank."})
+            return
+        if not self.limit or not self.window or self.limit < 1 or self.window < 1:
+            return  # the limit and window fields report their own errors
+        if self.limit > self.window * TOKEN_BUCKET_MAX_RATE:
+            raise ValidationError(
+                {
+                    "limit": (
+                        f"A token bucket admits at most {TOKEN_BUCKET_MAX_RATE:,} requests per second: with a "
+                        f"window of {self.window} s the limit can be at most {self.window * TOKEN_BUCKET_MAX_RATE:,}."
+                    )
+                }
+            )
+        if self.burst and self.burst * self.window > TOKEN_BUCKET_MAX_REFILL * self.limit:
+            raise ValidationError(
+                {
+                    "burst": (
+                        f"A burst of {self.burst} at {self.limit} per {self.window} s takes "
+                        f"{self.burst * self.window // self.limit:,} s to refill, more than a year "
+                        f"({TOKEN_BUCKET_MAX_REFILL:,} s): lower the burst or raise the limit."
                     )
                 }
             )

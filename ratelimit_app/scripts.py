@@ -10,7 +10,7 @@ from importlib import resources
 import redis
 from redis.commands.core import Script
 
-STRATEGY_FILES = ("fixed_window.lua", "sliding_window.lua", "sliding_log.lua")
+STRATEGY_FILES = ("fixed_window.lua", "sliding_window.lua", "sliding_log.lua", "token_bucket.lua")
 
 
 def _lua(name: str) -> str:
