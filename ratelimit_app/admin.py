@@ -68,7 +68,8 @@ class PolicyAdmin(admin.ModelAdmin):
 
     @admin.display(description="limit", ordering="limit")
     def rate(self, policy: Policy) -> str:
-        return f"{policy.limit} / {human_window(policy.window)}"
+        burst = f", burst {policy.burst}" if policy.burst else ""
+        return f"{policy.limit} / {human_window(policy.window)}{burst}"
 
     @admin.display(description="active now")
     def active_now(self, policy: Policy):

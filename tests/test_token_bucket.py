@@ -257,6 +257,8 @@ def test_headers_say_the_burst_what_may_be_made_now_and_when_the_bucket_is_full(
     assert sent["RateLimit-Policy"] == '"bursty";q=10;w=60'  # 10 at once, all back within 60 s
     assert sent["RateLimit"] == '"bursty";r=6;t=23'  # 4 of 10 in use, the bucket full at T0 + 24
     assert "Retry-After" not in sent
+    blank = bucket(limit=10, window=60, name="blank")  # the burst is the limit: q and w as for a window
+    assert header_response(hit(check(blank), now=T0))["RateLimit-Policy"] == '"blank";q=10;w=60'
 
 
 def test_retry_after_is_when_one_more_request_fits_never_earlier():
@@ -329,6 +331,7 @@ def test_live_page_shows_what_may_be_made_now_and_when_the_bucket_is_full(admin_
         for _ in range(times):
             client.get("/demo/search/?q=a", REMOTE_ADDR=ip)
     live_url = f"{CHANGELIST}{row.pk}/live/"
+    assert "1 / 1 min, burst 3" in admin_client.get(live_url).content.decode()
     data = admin_client.get(live_url + "?format=json").json()
     shown = {s["subject"]: s for s in data["subjects"]}
     busy, partner = shown["ip:198.51.100.1"], shown["ip:198.51.100.2"]
