@@ -83,7 +83,7 @@ def _verdict(checks: Sequence[Check], reply: list[int]) -> Verdict:
     decisions = []
     for i, (policy, subject, limit) in enumerate(checks):
         exceeded, count, reset_ms, retry_ms = reply[3 + 4 * i : 7 + 4 * i]
-        capacity = policy.burst or limit  # what the count is compared with: a token bucket's burst
+        capacity = policy.capacity(limit)  # a token bucket's count is compared with its burst
         # positional: this runs for every policy of every request
         decisions.append(
             Decision(

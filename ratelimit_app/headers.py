@@ -26,11 +26,10 @@ def seconds_left(decision: Decision) -> int:
 
 
 def quota(decision: Decision) -> str:
-    """`q` and `w`: the limit per window; for a token bucket, its burst and the seconds it takes to refill."""
-    burst = decision.policy.burst
-    if burst is None:  # every window strategy, and a token bucket whose burst is its limit
-        return f"q={decision.limit};w={decision.policy.window}"
-    return f"q={burst};w={-(-burst * decision.policy.window // decision.limit)}"
+    """`q` and `w`: the limit per window; for a token bucket, its burst and the seconds an empty bucket
+    takes to fill (the window when the burst is the limit), so that q per w is the rate either way."""
+    q = decision.policy.capacity(decision.limit)
+    return f"q={q};w={-(-q * decision.policy.window // decision.limit)}"
 
 
 def policy_header(decisions: Sequence[Decision]) -> str:

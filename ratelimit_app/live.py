@@ -42,7 +42,7 @@ def live_usage(policy: CompiledPolicy, *, now: float | None = None) -> LiveUsage
     for i in range(3, len(reply), 3):  # oldest first: a subject seen again under a new limit keeps the newest
         member, count, reset_ms = reply[i : i + 3]
         subject_key, limit, overridden, display = parse_live_member(member.decode())
-        capacity = policy.burst or limit or policy.limit
+        capacity = policy.capacity(limit or policy.limit)
         subjects[subject_key] = SubjectUsage(subject_key, display, count, reset_ms / 1000, capacity, overridden)
     return LiveUsage(reply[1], reply[2], list(subjects.values()))
 

@@ -14,8 +14,8 @@ from .subjects import KeySpecError, parse_key_spec
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
 MAX_BUCKETS = 60  # default bucket count
 BUCKET_CEILING = 600  # more buckets make every decision sum too many fields
+MAX_WINDOW = 366 * 86400  # seconds
 TOKEN_BUCKET_MAX_RATE = 1_000_000  # per second: a token bucket spaces requests in whole microseconds
-TOKEN_BUCKET_MAX_REFILL = 366 * 86400  # seconds an empty bucket may take to fill, as long as the longest window
 
 
 class Strategy(models.TextChoices):
@@ -97,7 +97,7 @@ class Policy(models.Model):
         "window (seconds)",
         validators=[
             MinValueValidator(1, "The window must be at least 1 second."),
-            MaxValueValidator(366 * 86400, "The window can be at most one year (31622400 seconds)."),
+            MaxValueValidator(MAX_WINDOW, "The window can be at most one year (31622400 seconds)."),
         ],
         help_text="Length of the window in seconds, e.g. 60 for a minute, 3600 for an hour.",
     )
@@ -156,8 +156,9 @@ class Policy(models.Model):
         blank=True,
         validators=[MinValueValidator(1, "The burst must be at least 1 request.")],
         help_text=(
-            "token_bucket only: requests allowed at once; after them, one request every window / limit. "
-            "E.g. limit 10, window 60, burst 10: burst 10, then 1 request every 6 s. Blank means the limit."
+            "token_bucket only: requests allowed at once, at most the limit; after them, one request every "
+            "window / limit. E.g. limit 10, window 60, burst 10 (or blank): burst 10, then 1 request every 6 s; "
+            "burst 2: 2 at once, then 1 every 6 s. Blank means the limit."
         ),
     )
     source = models.CharField(
@@ -241,16 +242,16 @@ class Policy(models.Model):
                     )
                 }
             )
-        if self.burst and self.burst * self.window > TOKEN_BUCKET_MAX_REFILL * self.limit:
-            raise ValidationError(
-                {
-                    "burst": (
-                        f"A burst of {self.burst} at {self.limit} per {self.window} s takes "
-                        f"{self.burst * self.window // self.limit:,} s to refill, more than a year "
-                        f"({TOKEN_BUCKET_MAX_REFILL:,} s): lower the burst or raise the limit."
-                    )
-                }
-            )
+        if self.burst and self.burst > self.limit:
+            # so that a bucket refills within its window, which the live page and the totals are counted in
+            message = f"The burst can be at most the limit ({self.limit}): a token bucket refills within its window."
+            times = -(-self.burst // self.limit)
+            if self.window * times <= MAX_WINDOW:
+                message += (
+                    f" For the same rate with a burst of {self.burst}, write a limit of {self.limit * times} "
+                    f"per {self.window * times} s."
+                )
+            raise ValidationError({"burst": message})
 
     @property
     def methods_set(self) -> frozenset[str]:

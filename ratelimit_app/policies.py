@@ -47,7 +47,7 @@ class CompiledPolicy:
     mode: str
     bucket_size: int | None
     generation: int
-    burst: int | None  # token_bucket: requests allowed at once; None: the limit in effect (and every other strategy)
+    burst: int | None  # token_bucket: requests allowed at once, at most the limit in effect; None: that limit
     window_ms: int
     bucket_ms: int  # the scripts' bucket slot: sliding_window's bucket in ms; token_bucket's burst (0: the limit)
     shape: str  # part of the counter key: a change of strategy, window or bucket starts fresh counters
@@ -56,6 +56,10 @@ class CompiledPolicy:
 
     def applies_to_method(self, method: str) -> bool:
         return not self.methods or method in self.methods
+
+    def capacity(self, limit: int) -> int:
+        """What a subject's count is compared with under `limit`: the limit, or a token bucket's burst."""
+        return limit if self.burst is None or self.burst > limit else self.burst
 
 
 def compile_policy(row: Policy) -> CompiledPolicy:

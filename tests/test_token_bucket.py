@@ -75,7 +75,7 @@ steps = st.lists(
     st.tuples(
         st.one_of(st.just(0), st.integers(1, 50), st.integers(51, 20_000)),  # ms since the previous request
         st.sampled_from([1, 2, 3, 7, 10, 100]),  # the limit in effect (an override may change it)
-        st.sampled_from([None, 1, 2, 5, 10]),  # the policy's burst, edited between requests
+        st.sampled_from([None, 1, 2, 5, 10]),  # the policy's burst, edited between requests (the limit in effect caps it)
     ),
     min_size=1,
     max_size=60,
@@ -92,7 +92,7 @@ def test_decisions_match_the_reference_model(window, steps):
         if burst not in compiled:
             compiled[burst] = bucket(pk=pk, limit=10, window=window, burst=burst)
         verdict = hit(check(compiled[burst], limit=limit), now=now_ms / 1000)
-        expected = model.request(now_ms, limit, window, burst or limit)
+        expected = model.request(now_ms, limit, window, min(burst or limit, limit))
         assert observed(verdict) == expected, (advance, limit, burst)
 
 
@@ -108,12 +108,6 @@ def test_a_burst_passes_at_once_then_one_request_every_window_over_limit():
     assert not hit(check(limited), now=T0 + 5.999).allowed
     assert [hit(check(limited), now=T0 + 6).allowed for _ in range(2)] == [True, False]
     assert [hit(check(limited), now=T0 + 12).allowed for _ in range(2)] == [True, False]
-
-
-def test_an_explicit_burst_above_the_limit():
-    limited = bucket(limit=1, window=6, burst=10)  # the same promise, spelled as 1 per 6 s with a burst of 10
-    assert [hit(check(limited), now=T0).allowed for _ in range(11)] == [True] * 10 + [False]
-    assert [hit(check(limited), now=T0 + 6).allowed for _ in range(2)] == [True, False]
 
 
 def test_a_burst_below_the_limit_spreads_the_limit_over_the_window():
@@ -169,9 +163,16 @@ def test_an_override_changes_the_rate_and_a_blank_burst_follows_the_limit():
     blank = bucket(limit=2, window=60)
     assert [hit(check(blank, limit=5), now=T0).allowed for _ in range(6)] == [True] * 5 + [False]
     assert hit(check(blank, limit=5), now=T0).decisions[0].retry_after == pytest.approx(12)
-    fixed_burst = bucket(limit=2, window=60, burst=3)
-    assert [hit(check(fixed_burst, limit=60), now=T0).allowed for _ in range(4)] == [True] * 3 + [False]
-    assert hit(check(fixed_burst, limit=60), now=T0 + 1).allowed  # one a second at the overridden rate
+
+
+def test_an_override_keeps_an_explicit_burst_up_to_its_own_limit():
+    limited = bucket(limit=4, window=120, burst=3)  # 3 at once, then one every 30 s
+    raised = [hit(check(limited, "ip:198.51.100.1", limit=60), now=T0) for _ in range(4)]
+    assert [v.allowed for v in raised] == [True] * 3 + [False]
+    assert raised[-1].decisions[0].retry_after == pytest.approx(2)  # one every 2 s at the overridden rate
+    lowered = [hit(check(limited, "ip:198.51.100.2", limit=1), now=T0) for _ in range(2)]
+    assert [v.allowed for v in lowered] == [True, False]  # a burst never exceeds the limit in effect
+    assert lowered[-1].decisions[0].retry_after == pytest.approx(120)
 
 
 def test_shadow_token_bucket_reports_but_never_denies():
@@ -250,15 +251,16 @@ def header_response(verdict):
 
 
 def test_headers_say_the_burst_what_may_be_made_now_and_when_the_bucket_is_full():
-    limited = bucket(limit=1, window=6, burst=10, name="bursty")
+    limited = bucket(limit=20, window=120, burst=10, name="bursty")  # 10 at once, then one every 6 s
     for _ in range(3):
         hit(check(limited), now=T0)
     sent = header_response(hit(check(limited), now=T0 + 1))
     assert sent["RateLimit-Policy"] == '"bursty";q=10;w=60'  # 10 at once, all back within 60 s
     assert sent["RateLimit"] == '"bursty";r=6;t=23'  # 4 of 10 in use, the bucket full at T0 + 24
     assert "Retry-After" not in sent
-    blank = bucket(limit=10, window=60, name="blank")  # the burst is the limit: q and w as for a window
-    assert header_response(hit(check(blank), now=T0))["RateLimit-Policy"] == '"blank";q=10;w=60'
+    blank = bucket(limit=10, window=60, name="api-bucket")  # the README's example: burst blank = the limit
+    sent = [header_response(hit(check(blank), now=T0)) for _ in range(3)][-1]
+    assert (sent["RateLimit-Policy"], sent["RateLimit"]) == ('"api-bucket";q=10;w=60', '"api-bucket";r=7;t=18')
 
 
 def test_retry_after_is_when_one_more_request_fits_never_earlier():
@@ -277,7 +279,7 @@ def test_retry_after_is_when_one_more_request_fits_never_earlier():
 
 @pytest.mark.django_db
 def test_a_real_request_gets_the_token_bucket_headers_and_429(client):
-    make_policy(name="search-bucket", action="demo:search", strategy="token_bucket", limit=1, window=6, burst=2)
+    make_policy(name="search-bucket", action="demo:search", strategy="token_bucket", limit=4, window=24, burst=2)
     answers = [client.get("/demo/search/?q=a", REMOTE_ADDR="203.0.113.7") for _ in range(3)]
     assert [a.status_code for a in answers] == [200, 200, 429]
     assert answers[0].headers["RateLimit-Policy"] == '"search-bucket";q=2;w=12'
@@ -291,7 +293,7 @@ def test_a_real_request_gets_the_token_bucket_headers_and_429(client):
 
 CHANGELIST = "/admin/ratelimit_app/policy/"
 FORM = {
-    "name": "search-bucket", "action": "demo:search", "limit": "10", "window": "60", "strategy": "token_bucket",
+    "name": "search-bucket", "action": "demo:search", "limit": "60", "window": "60", "strategy": "token_bucket",
     "key": "ip", "methods": "", "mode": "enforce", "enabled": "on", "bucket_size": "", "burst": "20",
     "description": "", "overrides-TOTAL_FORMS": "0", "overrides-INITIAL_FORMS": "0",
     "overrides-MIN_NUM_FORMS": "0", "overrides-MAX_NUM_FORMS": "1000",
@@ -312,7 +314,9 @@ def test_the_admin_form_creates_a_token_bucket_and_explains_the_burst(admin_clie
     [
         ({"strategy": "fixed_window"}, "burst", "The burst applies to token_bucket only"),
         ({"burst": "0"}, "burst", "at least 1 request"),
-        ({"limit": "1", "window": "86400", "burst": "400"}, "burst", "more than a year"),
+        ({"limit": "1", "window": "6", "burst": "10"}, "burst", "write a limit of 10 per 60 s"),
+        ({"limit": "3", "window": "10", "burst": "5"}, "burst", "write a limit of 6 per 20 s"),
+        ({"limit": "1", "window": "31622400", "burst": "2"}, "burst", "at most the limit (1)"),
         ({"limit": "2000000", "window": "1", "burst": ""}, "limit", "at most 1,000,000 requests per second"),
     ],
 )
@@ -325,18 +329,18 @@ def test_bad_token_bucket_values_are_refused_with_a_message(admin_client, change
 
 @pytest.mark.django_db
 def test_live_page_shows_what_may_be_made_now_and_when_the_bucket_is_full(admin_client, client):
-    row = make_policy(name="search-bucket", action="demo:search", strategy="token_bucket", limit=1, window=60, burst=3)
+    row = make_policy(name="search-bucket", action="demo:search", strategy="token_bucket", limit=6, window=60, burst=3)
     Override.objects.create(policy=row, kind="ip", network="198.51.100.2", limit=60, reason="partner")
     for ip, times in (("198.51.100.1", 4), ("198.51.100.2", 2)):
         for _ in range(times):
             client.get("/demo/search/?q=a", REMOTE_ADDR=ip)
     live_url = f"{CHANGELIST}{row.pk}/live/"
-    assert "1 / 1 min, burst 3" in admin_client.get(live_url).content.decode()
+    assert "6 / 1 min, burst 3" in admin_client.get(live_url).content.decode()
     data = admin_client.get(live_url + "?format=json").json()
     shown = {s["subject"]: s for s in data["subjects"]}
     busy, partner = shown["ip:198.51.100.1"], shown["ip:198.51.100.2"]
     assert (busy["count"], busy["limit"], busy["remaining"], busy["blocked"]) == (3, 3, 0, True)
-    assert 170 < busy["reset_in"] <= 180  # three requests of a minute each
+    assert 20 < busy["reset_in"] <= 30  # three requests of 10 s each
     assert (partner["count"], partner["remaining"], partner["blocked"], partner["overridden"]) == (2, 1, False, True)
     assert 0 < partner["reset_in"] <= 2  # one a second at the partner's rate
     assert data["totals"] == {"allowed": 5, "denied": 1}

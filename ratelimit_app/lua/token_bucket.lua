@@ -4,13 +4,13 @@
 --
 -- limit per window is the sustained rate: one request every T = window / limit, in whole
 -- microseconds, rounded up so the rate is never exceeded; `bucket` carries the burst B (0: the
--- limit). A request at `now` is admitted iff TAT - now <= T * (B - 1), after which
+-- limit; never more than the limit in effect, which an override may lower). A request at `now` is admitted iff TAT - now <= T * (B - 1), after which
 -- TAT = max(TAT, now) + T: from a full bucket B requests pass at once, then one every T.
 -- The burst in use is ceil((TAT - now) / T), so "at the limit" reads count >= B (returned as the
 -- capacity). Times in and out are integer milliseconds; microseconds only inside.
 do  -- the helpers stay local to this file
   local function sizes(window, bucket, limit)
-    local capacity = bucket > 0 and bucket or limit
+    local capacity = bucket > 0 and math.min(bucket, limit) or limit
     return math.ceil(window * 1000 / limit), capacity
   end
 

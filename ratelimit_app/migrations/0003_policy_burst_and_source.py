@@ -14,7 +14,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='policy',
             name='burst',
-            field=models.PositiveIntegerField(blank=True, help_text='token_bucket only: requests allowed at once; after them, one request every window / limit. E.g. limit 10, window 60, burst 10: burst 10, then 1 request every 6 s. Blank means the limit.', null=True, validators=[django.core.validators.MinValueValidator(1, 'The burst must be at least 1 request.')], verbose_name='burst'),
+            field=models.PositiveIntegerField(blank=True, help_text='token_bucket only: requests allowed at once, at most the limit; after them, one request every window / limit. E.g. limit 10, window 60, burst 10 (or blank): burst 10, then 1 request every 6 s; burst 2: 2 at once, then 1 every 6 s. Blank means the limit.', null=True, validators=[django.core.validators.MinValueValidator(1, 'The burst must be at least 1 request.')], verbose_name='burst'),
         ),
         migrations.AddField(
             model_name='policy',
