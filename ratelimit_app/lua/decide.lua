@@ -35,7 +35,7 @@ for i = 1, n do
     member = ARGV[at + 6],
     key = KEYS[3 * i - 2],
   }
-  -- a strategy whose count is compared with something else than the limit returns it (a token bucket: its burst)
+  -- a strategy whose count is compared with something other than the limit returns it (a token bucket: its burst)
   policy.count, policy.retry, policy.state, policy.capacity =
     policy.strategy.peek(policy.key, now, policy.window, policy.bucket, policy.limit)
   policy.exceeded = policy.count >= (policy.capacity or policy.limit)
