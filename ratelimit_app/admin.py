@@ -60,7 +60,7 @@ class PolicyAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("name", "description", "enabled", "mode")}),
         ("What it protects", {"fields": ("action", "methods")}),
-        ("How much", {"fields": ("limit", "window", "strategy", "bucket_size", "key")}),
+        ("How much", {"fields": ("limit", "window", "strategy", "bucket_size", "burst", "key")}),
         ("Bookkeeping", {"classes": ("collapse",), "fields": ("generation", "created", "updated")}),
     )
 
@@ -68,7 +68,8 @@ class PolicyAdmin(admin.ModelAdmin):
 
     @admin.display(description="limit", ordering="limit")
     def rate(self, policy: Policy) -> str:
-        return f"{policy.limit} / {human_window(policy.window)}"
+        burst = f", burst {policy.burst}" if policy.burst else ""
+        return f"{policy.limit} / {human_window(policy.window)}{burst}"
 
     @admin.display(description="active now")
     def active_now(self, policy: Policy):

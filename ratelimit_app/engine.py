@@ -98,11 +98,12 @@ def _verdict(checks: Sequence[Check], reply: list[int]) -> Verdict:
     decisions = []
     for i, (policy, subject, limit) in enumerate(checks):
         exceeded, count, reset_ms, retry_ms = reply[3 + 4 * i : 7 + 4 * i]
+        capacity = policy.capacity(limit)  # a token bucket's count is compared with its burst
         # positional: this runs for every policy of every request
         decisions.append(
             Decision(
                 policy, subject, not (exceeded and policy.enforce), bool(exceeded), count, limit,
-                limit - count if count < limit else 0, reset_ms / 1000, retry_ms / 1000 if exceeded else None,
+                capacity - count if count < capacity else 0, reset_ms / 1000, retry_ms / 1000 if exceeded else None,
             )
         )
     return Verdict(not denied, tuple(decisions), version)

@@ -25,8 +25,15 @@ def seconds_left(decision: Decision) -> int:
     return max(math.ceil(left), 0)
 
 
+def quota(decision: Decision) -> str:
+    """`q` and `w`: the limit per window; for a token bucket, its burst and the seconds an empty bucket
+    takes to fill (the window when the burst is the limit), so that q per w is the rate either way."""
+    q = decision.policy.capacity(decision.limit)
+    return f"q={q};w={-(-q * decision.policy.window // decision.limit)}"
+
+
 def policy_header(decisions: Sequence[Decision]) -> str:
-    return ", ".join(f"{_name(d)};q={d.limit};w={d.policy.window}" for d in decisions)
+    return ", ".join(f"{_name(d)};{quota(d)}" for d in decisions)
 
 
 def ratelimit_header(decisions: Sequence[Decision]) -> str:

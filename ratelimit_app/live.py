@@ -21,7 +21,7 @@ class SubjectUsage(NamedTuple):
     display: str
     count: int
     reset_in: float
-    limit: int  # the limit in effect for this subject
+    limit: int  # the limit in effect for this subject (a token bucket: its burst, what the count is compared with)
     overridden: bool  # an override gave this subject a limit other than the policy's
 
 
@@ -42,7 +42,8 @@ def live_usage(policy: CompiledPolicy, *, now: float | None = None) -> LiveUsage
     for i in range(3, len(reply), 3):  # oldest first: a subject seen again under a new limit keeps the newest
         member, count, reset_ms = reply[i : i + 3]
         subject_key, limit, overridden, display = parse_live_member(member.decode())
-        subjects[subject_key] = SubjectUsage(subject_key, display, count, reset_ms / 1000, limit or policy.limit, overridden)
+        capacity = policy.capacity(limit or policy.limit)
+        subjects[subject_key] = SubjectUsage(subject_key, display, count, reset_ms / 1000, capacity, overridden)
     return LiveUsage(reply[1], reply[2], list(subjects.values()))
 
 

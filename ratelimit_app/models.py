@@ -14,6 +14,8 @@ from .subjects import KeySpecError, parse_key_spec
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
 MAX_BUCKETS = 60  # default bucket count
 BUCKET_CEILING = 600  # more buckets make every decision sum too many fields
+MAX_WINDOW = 366 * 86400  # seconds
+TOKEN_BUCKET_MAX_RATE = 1_000_000  # per second: a token bucket spaces requests in whole microseconds
 
 
 class Strategy(models.TextChoices):
@@ -95,7 +97,7 @@ class Policy(models.Model):
         "window (seconds)",
         validators=[
             MinValueValidator(1, "The window must be at least 1 second."),
-            MaxValueValidator(366 * 86400, "The window can be at most one year (31622400 seconds)."),
+            MaxValueValidator(MAX_WINDOW, "The window can be at most one year (31622400 seconds)."),
         ],
         help_text="Length of the window in seconds, e.g. 60 for a minute, 3600 for an hour.",
     )
@@ -107,7 +109,9 @@ class Policy(models.Model):
         help_text=(
             "fixed_window: one counter per window, cheapest, allows bursts at window edges. "
             "sliding_window: counts in buckets, smooth and bounded memory. "
-            "sliding_log: one entry per request, exact, memory grows with the limit."
+            "sliding_log: one entry per request, exact, memory grows with the limit. "
+            "token_bucket: the limit per window as a steady rate plus a burst at once (GCRA), exact, "
+            "smooth, one integer per subject."
         ),
     )
     key = models.CharField(
@@ -151,7 +155,11 @@ class Policy(models.Model):
         null=True,
         blank=True,
         validators=[MinValueValidator(1, "The burst must be at least 1 request.")],
-        help_text="token_bucket only: requests allowed at once, e.g. 10. Blank means the limit.",
+        help_text=(
+            "token_bucket only: requests allowed at once, at most the limit; after them, one request every "
+            "window / limit. E.g. limit 10, window 60, burst 10 (or blank): burst 10, then 1 request every 6 s; "
+            "burst 2: 2 at once, then 1 every 6 s. Blank means the limit."
+        ),
     )
     source = models.CharField(
         "source",
@@ -188,6 +196,7 @@ class Policy(models.Model):
 
     def clean(self) -> None:
         super().clean()
+        self._clean_burst()
         if self.strategy != Strategy.SLIDING_WINDOW:
             if self.bucket_size:
                 raise ValidationError(
@@ -216,6 +225,33 @@ class Policy(models.Model):
                     )
                 }
             )
+
+    def _clean_burst(self) -> None:
+        if self.strategy != Strategy.TOKEN_BUCKET:
+            if self.burst is not None:
+                raise ValidationError({"burst": "The burst applies to token_bucket only; leave it blank."})
+            return
+        if not self.limit or not self.window or self.limit < 1 or self.window < 1:
+            return  # the limit and window fields report their own errors
+        if self.limit > self.window * TOKEN_BUCKET_MAX_RATE:
+            raise ValidationError(
+                {
+                    "limit": (
+                        f"A token bucket admits at most {TOKEN_BUCKET_MAX_RATE:,} requests per second: with a "
+                        f"window of {self.window} s the limit can be at most {self.window * TOKEN_BUCKET_MAX_RATE:,}."
+                    )
+                }
+            )
+        if self.burst and self.burst > self.limit:
+            # so that a bucket refills within its window, which the live page and the totals are counted in
+            message = f"The burst can be at most the limit ({self.limit}): a token bucket refills within its window."
+            times = -(-self.burst // self.limit)
+            if self.window * times <= MAX_WINDOW:
+                message += (
+                    f" For the same rate with a burst of {self.burst}, write a limit of {self.limit * times} "
+                    f"per {self.window * times} s."
+                )
+            raise ValidationError({"burst": message})
 
     @property
     def methods_set(self) -> frozenset[str]:

@@ -29,7 +29,7 @@ from .subjects import KeySpec, parse_key_spec
 
 logger = logging.getLogger("ratelimit_app")
 
-SHAPE_LETTER = {Strategy.FIXED_WINDOW: "f", Strategy.SLIDING_WINDOW: "s", Strategy.SLIDING_LOG: "l"}
+SHAPE_LETTER = {Strategy.FIXED_WINDOW: "f", Strategy.SLIDING_WINDOW: "s", Strategy.SLIDING_LOG: "l", Strategy.TOKEN_BUCKET: "t"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,14 +48,19 @@ class CompiledPolicy:
     mode: str
     bucket_size: int | None
     generation: int
+    burst: int | None  # token_bucket: requests allowed at once, at most the limit in effect; None: that limit
     window_ms: int
-    bucket_ms: int
+    bucket_ms: int  # the scripts' bucket slot: sliding_window's bucket in ms; token_bucket's burst (0: the limit)
     shape: str  # part of the counter key: a change of strategy, window or bucket starts fresh counters
     enforce: bool  # mode == enforce, kept as a plain bool for the hot path
     counts_users: bool  # whether the subject depends on who is logged in
 
     def applies_to_method(self, method: str) -> bool:
         return not self.methods or method in self.methods
+
+    def capacity(self, limit: int) -> int:
+        """What a subject's count is compared with under `limit`: the limit, or a token bucket's burst."""
+        return limit if self.burst is None or self.burst > limit else self.burst
 
 
 def with_head(methods: frozenset[str]) -> frozenset[str]:
@@ -68,9 +73,7 @@ def compile_policy(row: Policy) -> CompiledPolicy:
     row.full_clean(validate_unique=False, validate_constraints=False)
     key_spec = parse_key_spec(row.key)
     bucket = row.bucket_size if row.strategy == Strategy.SLIDING_WINDOW else row.window
-    shape = f"{SHAPE_LETTER[row.strategy]}{row.window}"
-    if row.strategy == Strategy.SLIDING_WINDOW:
-        shape += f"/{bucket}"
+    burst = row.burst if row.strategy == Strategy.TOKEN_BUCKET else None
     return CompiledPolicy(
         id=row.pk,
         name=row.name,
@@ -84,12 +87,21 @@ def compile_policy(row: Policy) -> CompiledPolicy:
         mode=row.mode,
         bucket_size=row.bucket_size,
         generation=row.generation,
+        burst=burst,
         window_ms=row.window * 1000,
-        bucket_ms=bucket * 1000,
-        shape=shape,
+        bucket_ms=(burst or 0) if row.strategy == Strategy.TOKEN_BUCKET else bucket * 1000,
+        shape=_shape(row, bucket),
         enforce=row.mode == Mode.ENFORCE,
         counts_users=any(part.label in ("user", "user_or_ip") for part in key_spec),
     )
+
+
+def _shape(row: Policy, bucket: int) -> str:
+    if row.strategy == Strategy.TOKEN_BUCKET:
+        # its one value is a time, right under any rate: a new limit, window or burst keeps it (and the key short)
+        return SHAPE_LETTER[row.strategy]
+    shape = f"{SHAPE_LETTER[row.strategy]}{row.window}"
+    return shape + f"/{bucket}" if row.strategy == Strategy.SLIDING_WINDOW else shape
 
 
 class PolicyIndex:

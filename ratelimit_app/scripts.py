@@ -11,7 +11,7 @@ import redis
 import redis.asyncio
 from redis.commands.core import AsyncScript, Script
 
-STRATEGY_FILES = ("fixed_window.lua", "sliding_window.lua", "sliding_log.lua")
+STRATEGY_FILES = ("fixed_window.lua", "sliding_window.lua", "sliding_log.lua", "token_bucket.lua")
 
 
 def _lua(name: str) -> str:

@@ -7,7 +7,8 @@
 -- ARGV[1] now in milliseconds, or '' to use the server's TIME
 -- ARGV[2] '1' to decide without counting anything (dry run)
 -- ARGV[3] how many subjects a live index keeps
--- ARGV[4] n, then per policy 6 values: strategy, limit, window (ms), bucket (ms), enforce ('1'/'0'), live member
+-- ARGV[4] n, then per policy 6 values: strategy, limit, window (ms), bucket (ms; a token bucket's burst, 0 = the limit),
+--         enforce ('1'/'0'), live member
 --
 -- If any enforcing policy is at its limit, nothing is written to any counter; otherwise every policy
 -- below its limit counts the request once. A shadow policy at its limit is reported, never counted.
@@ -34,9 +35,10 @@ for i = 1, n do
     member = ARGV[at + 6],
     key = KEYS[3 * i - 2],
   }
-  policy.count, policy.retry, policy.state =
+  -- a strategy whose count is compared with something other than the limit returns it (a token bucket: its burst)
+  policy.count, policy.retry, policy.state, policy.capacity =
     policy.strategy.peek(policy.key, now, policy.window, policy.bucket, policy.limit)
-  policy.exceeded = policy.count >= policy.limit
+  policy.exceeded = policy.count >= (policy.capacity or policy.limit)
   if policy.exceeded and policy.enforce then denied = true end
   policies[i] = policy
 end

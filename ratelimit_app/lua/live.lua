@@ -3,7 +3,7 @@
 -- KEYS[1] live index of the policy (sorted set "<subject hash> <limit>[*] <display>" -> last seen, ms)
 -- KEYS[2] totals of the policy: a hash "<key>:<window number>" holds a = allowed, d = denied
 -- ARGV[1] now in milliseconds, or '' to use the server's TIME
--- ARGV[2] strategy, ARGV[3] limit, ARGV[4] window (ms), ARGV[5] bucket (ms)
+-- ARGV[2] strategy, ARGV[3] limit, ARGV[4] window (ms), ARGV[5] bucket (ms; a token bucket's burst, 0 = the limit)
 -- ARGV[6], ARGV[7] what goes before and after the subject hash to make a counter key
 -- (all counters of a policy share that shape; on a cluster this read is per node, see README)
 -- Returns {now, allowed, denied, then per subject seen within the window: member, count, reset (ms)}.
@@ -24,7 +24,9 @@ local members = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. (now - window), '+in
 for _, member in ipairs(members) do
   local hash = string.match(member, '^(%S+)')
   local key = ARGV[6] .. hash .. ARGV[7]
-  local count, retry, state = strategy.peek(key, now, window, bucket, limit)
+  -- the limit in effect for this subject, as the member records it (a token bucket's rate depends on it)
+  local subject_limit = tonumber(string.match(member, '^%S+ (%d+)')) or limit
+  local count, retry, state = strategy.peek(key, now, window, bucket, subject_limit)
   if count > 0 then
     local reset = strategy.reset(key, now, window, bucket, count, state)
     result[#result + 1] = member

@@ -14,7 +14,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='policy',
             name='burst',
-            field=models.PositiveIntegerField(blank=True, help_text='token_bucket only: requests allowed at once, e.g. 10. Blank means the limit.', null=True, validators=[django.core.validators.MinValueValidator(1, 'The burst must be at least 1 request.')], verbose_name='burst'),
+            field=models.PositiveIntegerField(blank=True, help_text='token_bucket only: requests allowed at once, at most the limit; after them, one request every window / limit. E.g. limit 10, window 60, burst 10 (or blank): burst 10, then 1 request every 6 s; burst 2: 2 at once, then 1 every 6 s. Blank means the limit.', null=True, validators=[django.core.validators.MinValueValidator(1, 'The burst must be at least 1 request.')], verbose_name='burst'),
         ),
         migrations.AddField(
             model_name='policy',
@@ -29,6 +29,6 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='policy',
             name='strategy',
-            field=models.CharField(choices=[('fixed_window', 'Fixed window'), ('sliding_window', 'Sliding window (buckets)'), ('sliding_log', 'Sliding log (exact)'), ('token_bucket', 'Token bucket (GCRA, with a burst)')], default='sliding_window', help_text='fixed_window: one counter per window, cheapest, allows bursts at window edges. sliding_window: counts in buckets, smooth and bounded memory. sliding_log: one entry per request, exact, memory grows with the limit.', max_length=20, verbose_name='strategy'),
+            field=models.CharField(choices=[('fixed_window', 'Fixed window'), ('sliding_window', 'Sliding window (buckets)'), ('sliding_log', 'Sliding log (exact)'), ('token_bucket', 'Token bucket (GCRA, with a burst)')], default='sliding_window', help_text='fixed_window: one counter per window, cheapest, allows bursts at window edges. sliding_window: counts in buckets, smooth and bounded memory. sliding_log: one entry per request, exact, memory grows with the limit. token_bucket: the limit per window as a steady rate plus a burst at once (GCRA), exact, smooth, one integer per subject.', max_length=20, verbose_name='strategy'),
         ),
     ]
