@@ -17,7 +17,7 @@ from django.db import transaction
 from .models import Override, Policy
 
 FORMAT = "ratelimit_app/1"
-POLICY_FIELDS = ("name", "action", "limit", "window", "strategy", "key", "methods", "mode", "enabled", "bucket_size", "description")
+POLICY_FIELDS = ("name", "action", "limit", "window", "strategy", "key", "methods", "mode", "enabled", "bucket_size", "burst", "description")
 OVERRIDE_FIELDS = ("kind", "network", "header", "value", "exempt", "limit", "reason")
 
 
