@@ -32,6 +32,8 @@ DEFAULTS: dict[str, Any] = {
     "RATELIMIT_LIVE_INDEX_SIZE": 2000,
     # Dotted path of a view answering denied requests instead of the built-in 429 response.
     "RATELIMIT_DENIED_VIEW": None,
+    # Prometheus metrics (ratelimit_app.metrics): None = on when prometheus_client is installed; False = off.
+    "RATELIMIT_METRICS": None,
 }
 
 
