@@ -67,3 +67,18 @@ def check_timeouts(app_configs: object = None, **kwargs: object) -> list:
             id="ratelimit_app.W002",
         )
     ]
+
+
+@register()
+def check_metrics(app_configs: object = None, **kwargs: object) -> list:
+    from . import metrics
+
+    if get_setting("RATELIMIT_METRICS") and metrics.prometheus_client is None:
+        return [
+            Warning(
+                "RATELIMIT_METRICS is True but prometheus_client is not installed: no metric is recorded.",
+                hint="pip install prometheus_client, or remove RATELIMIT_METRICS.",
+                id="ratelimit_app.W003",
+            )
+        ]
+    return []
