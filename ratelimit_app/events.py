@@ -52,7 +52,7 @@ def _denied_kwargs(request: HttpRequest, decisions: Sequence[Decision]) -> dict:
 
 
 def _log_failures(signal_name: str, responses: list) -> None:
-    for receiver, response in responses:
+    for _receiver, response in responses:
         if isinstance(response, Exception):
             logger.error("ratelimit: a receiver of %s failed: %r", signal_name, response, exc_info=response)
 

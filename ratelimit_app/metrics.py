@@ -144,8 +144,8 @@ def breaker_closed() -> None:
 
 
 def exposition() -> tuple[bytes, str]:
-    """The metrics in Prometheus' text format and its content type; under gunicorn's multiprocess
-    mode (PROMETHEUS_MULTIPROC_DIR set) the sum over every worker, live or gone."""
+    """The metrics in Prometheus' text format and its content type (needs prometheus_client); under
+    gunicorn's multiprocess mode (PROMETHEUS_MULTIPROC_DIR set) the sum over every worker, live or gone."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = prometheus_client.CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)

@@ -4,6 +4,7 @@ policy tester on a terminal."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 from django.core.exceptions import ValidationError
@@ -15,6 +16,8 @@ from ratelimit_app.connection import RedisUnavailable
 from ratelimit_app.models import Mode, Policy
 from ratelimit_app.policies import compile_policy
 from ratelimit_app.tester import TesterForm
+
+logger = logging.getLogger("ratelimit_app")
 
 
 class Command(BaseCommand):
@@ -111,7 +114,7 @@ class Command(BaseCommand):
             raise CommandError("Give either a SUBJECT (e.g. ip:203.0.113.7) or --all, not both.")
         if all:
             reset_all(row)
-            self.stdout.write(f"Counts of every subject reset for {row.name}.")
+            self._done(f"Counts of every subject reset for {row.name}.")
             return
         try:
             compiled = compile_policy(row)
@@ -122,7 +125,7 @@ class Command(BaseCommand):
         except RedisUnavailable as error:
             raise CommandError(f"Nothing was reset: Redis is unreachable ({error}).") from None
         if existed:
-            self.stdout.write(f"Counts of subject {shown} reset for {row.name}.")
+            self._done(f"Counts of subject {shown} reset for {row.name}.")
         else:
             self.stdout.write(f"Subject {shown} had no count under {row.name}: nothing to reset.")
 
@@ -149,6 +152,11 @@ class Command(BaseCommand):
             raise CommandError(results.error)
 
     # --- output -----------------------------------------------------------------------------
+
+    def _done(self, message: str) -> None:
+        """A change made from the command line: said, and logged (the admin's log needs a user)."""
+        logger.info("ratelimit: %s (manage.py ratelimit)", message)
+        self.stdout.write(message)
 
     def _print_table(self, rows: list[tuple[str, ...]], numeric: tuple[int, ...] = ()) -> None:
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
