@@ -12,6 +12,7 @@ from django.test import RequestFactory
 from ratelimit_app import engine, events
 from ratelimit_app.models import Policy
 from tests.helpers import check, make_policy, policy
+from tests.test_metrics import own_outage_log  # noqa: F401  (the fixture)
 
 
 # Sent from the request path once the lead wires it (limiter.py, connection.py): until then the tests
@@ -129,7 +130,7 @@ def test_a_denied_request_to_the_demo_sends_request_denied(client, received):
 
 @pytest.mark.django_db
 @WIRED
-def test_redis_going_down_and_coming_back_is_sent_once_each(client, received, settings):
+def test_redis_going_down_and_coming_back_is_sent_once_each(client, received, settings, own_outage_log):
     make_policy(name="search-per-ip", action="demo:search", limit=5, key="ip")
     settings.RATELIMIT_BREAKER_SECONDS = 0  # every request tries Redis again
     settings.CACHES = {**settings.CACHES, "dead": {**settings.CACHES["default"], "LOCATION": "redis://127.0.0.1:1/0"}}
