@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
@@ -114,17 +115,17 @@ def test_metrics_url_serves_the_prometheus_text_format(client):
     assert samples == {("ratelimit_decisions_total", "allowed"): 1, ("ratelimit_decisions_total", "denied"): 1}
 
 
-def _run(code: str, **env: str) -> str:
+def _run(database: Path, code: str, **env: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=site_env(ROOT / "unused.sqlite3", **env),
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=site_env(database, **env),
         capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
-def test_without_prometheus_client_the_app_works_and_the_url_says_what_is_missing():
-    output = _run("""
+def test_without_prometheus_client_the_app_works_and_the_url_says_what_is_missing(tmp_path):
+    output = _run(tmp_path / "db.sqlite3", """
         import sys
         sys.modules["prometheus_client"] = None  # as if it were not installed: importing it fails
         import django
@@ -159,9 +160,11 @@ def test_gunicorn_multiprocess_mode_adds_up_every_worker(tmp_path, monkeypatch):
         if {n} == 1:
             metrics.breaker_opened()
     """
+    shared = tmp_path / "metrics"
+    shared.mkdir()
     for n in (1, 2):  # two processes, like two gunicorn workers
-        _run(worker.format(n=n), PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+        _run(tmp_path / "db.sqlite3", worker.format(n=n), PROMETHEUS_MULTIPROC_DIR=str(shared))
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(shared))
     body, _ = metrics.exposition()
     found = families(body.decode())
     outcomes = {s.labels["outcome"]: s.value for s in found["ratelimit_decisions"].samples
@@ -220,7 +223,9 @@ def test_requests_let_through_while_redis_is_down_are_counted(client, settings, 
 @pytest.mark.slow
 @WIRED
 def test_gunicorn_workers_requests_add_up_at_the_metrics_url(tmp_path):
-    env = site_env(tmp_path / "metrics.sqlite3", PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    shared = tmp_path / "metrics"
+    shared.mkdir()
+    env = site_env(tmp_path / "metrics.sqlite3", PROMETHEUS_MULTIPROC_DIR=str(shared))
     manage(env, "migrate", "--noinput")
     manage(env, "shell", "-c", "from ratelimit_app.models import Policy\n"
            "Policy.objects.create(name='metered', action='demo:search', limit=5, window=60, key='ip')")
