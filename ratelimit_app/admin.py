@@ -18,7 +18,8 @@ from django.utils.html import format_html
 from . import live, tester
 from .connection import RedisUnavailable
 from .models import Mode, Override, Policy
-from .policies import compile_policy
+from .policies import CompiledPolicy, compile_policy
+from .subjects import SubjectTextError, subject_from_text
 
 LIVE_ROWS = 100
 SUBJECT_KEY = re.compile(r"[0-9a-f]{16}")  # what subjects.Subject.key holds
@@ -50,7 +51,7 @@ class PolicyListForm(forms.ModelForm):
 
 @admin.register(Policy)
 class PolicyAdmin(admin.ModelAdmin):
-    list_display = ("name", "action", "rate", "strategy", "key", "mode", "enabled", "active_now", "denied_now", "live_link")
+    list_display = ("name", "action", "rate", "strategy", "key", "mode", "enabled", "active_now", "denied_now", "denials_trend", "live_link")
     list_editable = ("mode", "enabled")
     list_filter = ("strategy", "mode", "enabled")
     search_fields = ("name", "action", "key", "description")
@@ -100,7 +101,26 @@ class PolicyAdmin(admin.ModelAdmin):
             messages.warning(request, "Redis is unreachable: current activity is not shown.")
         for policy in changelist.result_list:
             policy.activity = activity.get(policy.pk)
+        self._attach_trends(changelist.result_list)
         return changelist
+
+    # --- the list's sparkline of denials ------------------------------------------------------
+
+    def _attach_trends(self, policies) -> None:
+        try:
+            trends = live.policy_trends(list(policies))
+        except RedisUnavailable:
+            trends = {}  # the activity columns already say that Redis is unreachable
+        for policy in policies:
+            policy.trend = trends.get(policy.pk)
+
+    @admin.display(description="denied, trend")
+    def denials_trend(self, policy: Policy):
+        """Denials per window over the trend's span (for a shadow policy: what it would have denied)."""
+        trend = getattr(policy, "trend", None)
+        if not trend:
+            return "?"
+        return sparkline([point.denied for point in trend], f"{sum(p.denied for p in trend)} denied in the last {human_window(policy.window * len(trend))}")
 
     # --- bulk actions, each through save() so every worker hears of it ----------------------
 
@@ -161,6 +181,7 @@ class PolicyAdmin(admin.ModelAdmin):
     def live_view(self, request, pk: int):
         policy = self._policy_for(request, pk)
         data, status = live_data(policy, rows=_rows(request))
+        data["trend"] = [] if "error" in data else trend_data(policy)
         if request.GET.get("format") == "json":
             return JsonResponse(data, status=status)
         context = {
@@ -182,10 +203,10 @@ class PolicyAdmin(admin.ModelAdmin):
         subject = request.POST.get("subject", "").strip()
         try:
             if subject:
-                if not SUBJECT_KEY.fullmatch(subject):
-                    raise ValidationError(f"{subject[:40]!r} is not a subject key (16 hex digits, as the live page sends).")
-                live.reset_subjects(compile_policy(policy), [subject])
-                shown = request.POST.get("display", "")[:200] or subject
+                compiled = compile_policy(policy)
+                subject_key, shown = subject_key_of(compiled, subject)
+                live.reset_subjects(compiled, [subject_key])
+                shown = request.POST.get("display", "")[:200] or shown
                 message = f"Counts of subject {shown} reset for {policy.name}."
             else:
                 reset_all(policy)
@@ -290,3 +311,40 @@ def live_data(policy: Policy, rows: int = LIVE_ROWS) -> tuple[dict, int]:
     data["active"] = len(busiest)
     data["blocked"] = sum(1 for s in busiest if s.count >= s.limit)
     return data, 200
+
+
+def subject_key_of(policy: CompiledPolicy, text: str) -> tuple[str, str]:
+    """The subject key and how to show it, from a key as the live page sends it or a subject as a
+    person writes it (ip:203.0.113.7, user:alice); ValidationError saying why when it is neither."""
+    if SUBJECT_KEY.fullmatch(text):
+        return text, text
+    try:
+        subject = subject_from_text(policy.key_spec, text)
+    except SubjectTextError as error:
+        raise ValidationError(str(error)) from None
+    return subject.key, subject.display
+
+
+# --- trends: the live page's chart and the list's sparkline --------------------------------------
+
+
+def trend_data(policy: Policy) -> list[dict]:
+    """Allowed and denied per window, oldest first, for the live page's chart ([] when Redis cannot say)."""
+    try:
+        return [point._asdict() for point in live.policy_trend(policy)]
+    except RedisUnavailable:
+        return []
+
+
+def sparkline(values: list[int], title: str) -> str:
+    """A small inline SVG line of `values` (no external asset), scaled to its own maximum."""
+    width, height = 60, 16
+    top = max(values) or 1
+    step = width / max(len(values) - 1, 1)
+    points = " ".join(f"{i * step:.1f},{height - 1 - (height - 2) * value / top:.1f}" for i, value in enumerate(values))
+    return format_html(
+        '<svg class="rl-spark" width="{}" height="{}" viewBox="0 0 {} {}" role="img" aria-label="{}">'
+        '<title>{}</title><polyline points="{}" fill="none" stroke="{}" stroke-width="1.5"/></svg>',
+        width, height, width, height, title, title, points,
+        "var(--error-fg, #ba2121)" if any(values) else "var(--body-quiet-color, #666)",
+    )

@@ -173,3 +173,18 @@ def _policies_counting_users() -> list[str]:
         except (ValidationError, ValueError, KeyError):
             continue  # an invalid policy is reported by ratelimit_app.W001
     return names
+
+
+@register()
+def check_metrics(app_configs: object = None, **kwargs: object) -> list:
+    from . import metrics
+
+    if get_setting("RATELIMIT_METRICS") and metrics.prometheus_client is None:
+        return [
+            Warning(
+                "RATELIMIT_METRICS is True but prometheus_client is not installed: no metric is recorded.",
+                hint="pip install prometheus_client, or remove RATELIMIT_METRICS.",
+                id="ratelimit_app.W005",
+            )
+        ]
+    return []

@@ -32,6 +32,10 @@ DEFAULTS: dict[str, Any] = {
     "RATELIMIT_LIVE_INDEX_SIZE": 2000,
     # Dotted path of a view answering denied requests instead of the built-in 429 response.
     "RATELIMIT_DENIED_VIEW": None,
+    # Refuse a subject over an enforcing limit from this process's memory until its retry time (no Redis call).
+    "RATELIMIT_DENY_CACHE": True,
+    # Prometheus metrics (ratelimit_app.metrics): None = on when prometheus_client is installed; False = off.
+    "RATELIMIT_METRICS": None,
 }
 
 

@@ -17,6 +17,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django_redis import get_redis_connection
 
+from . import events
 from .conf import get_setting
 
 T = TypeVar("T")
@@ -84,7 +85,7 @@ class CircuitBreaker:
             result = operation()
         except redis.RedisError as error:
             self._failed(error)
-        self.open_until = 0.0
+        self._closed()
         return result
 
     async def acall(self, operation: Callable[[], Awaitable[T]]) -> T:
@@ -103,14 +104,14 @@ class CircuitBreaker:
             result = await operation()
         except redis.RedisError as error:
             self._failed(error)
-        self.open_until = 0.0
+        self._closed()
         return result
 
     def _failed(self, error: redis.RedisError) -> NoReturn:
         if is_outage(error):
             self._open(error)
             raise RedisUnavailable(self.cause) from error
-        self.open_until = 0.0  # Redis answered: it is up
+        self._closed()  # Redis answered: it is up
         self._answered_with(error)
         raise RedisCommandError(describe(error)) from error
 
@@ -119,6 +120,12 @@ class CircuitBreaker:
             self.failures += 1
             self.cause = describe(error)
             self.open_until = time.monotonic() + get_setting("RATELIMIT_BREAKER_SECONDS")
+        events.breaker_opened(error)
+
+    def _closed(self) -> None:
+        if self.open_until:  # the first answer after an outage
+            self.open_until = 0.0
+            events.breaker_closed()
 
     def _answered_with(self, error: redis.RedisError) -> None:
         with self._count:

@@ -3,9 +3,10 @@ Lua script (lua/decide.lua, assembled by scripts.py)."""
 
 from __future__ import annotations
 
+from time import perf_counter
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
-from . import keys
+from . import keys, metrics
 from .conf import get_setting
 from .connection import RedisUnavailable, aclient, breaker, client
 from .scripts import now_arg, scripts
@@ -64,7 +65,10 @@ def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool =
     script_keys, args = _script_call(checks, now, dry_run)
     redis_client = client()
     script = scripts.get("decide", redis_client)
-    return _verdict(checks, breaker.call(lambda: script(script_keys, args, redis_client)))
+    started = perf_counter()
+    reply = breaker.call(lambda: script(script_keys, args, redis_client))
+    metrics.record_call(perf_counter() - started)
+    return _verdict(checks, reply)
 
 
 async def adecide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False) -> Verdict:
@@ -74,7 +78,10 @@ async def adecide(checks: Sequence[Check], *, now: float | None = None, dry_run:
     script_keys, args = _script_call(checks, now, dry_run)
     redis_client = aclient()
     script = scripts.get_async("decide", redis_client)
-    return _verdict(checks, await breaker.acall(lambda: script(script_keys, args, redis_client)))
+    started = perf_counter()
+    reply = await breaker.acall(lambda: script(script_keys, args, redis_client))
+    metrics.record_call(perf_counter() - started)
+    return _verdict(checks, reply)
 
 
 def _script_call(checks: Sequence[Check], now: float | None, dry_run: bool) -> tuple[list[str], list[str | int]]:

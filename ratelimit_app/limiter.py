@@ -8,9 +8,11 @@ from __future__ import annotations
 import logging
 from typing import Iterable, NamedTuple
 
-from . import engine, policies
+from . import engine, events, metrics, policies
 from .conf import get_setting
 from .connection import outage
+from .deny_cache import deny_cache
+from .deny_cache import enabled as deny_cache_enabled
 from .engine import Check, Decision, Verdict
 from .overrides import CompiledOverride, matching_override
 from .policies import CompiledPolicy
@@ -93,34 +95,61 @@ def checks_for(planned: Iterable[Planned]) -> list[Check]:
 
 def pending_checks(request, state: RequestState, index: policies.PolicyIndex | None = None) -> list[Check]:
     """The checks of every policy this request meets (by path and gathered names) not decided yet."""
-    return checks_for(plan(request, state.names, skip=state.decided, index=index))
+    planned = plan(request, state.names, skip=state.decided, index=index)
+    checks = checks_for(planned)
+    if len(checks) < len(planned):
+        for exempt in planned:
+            if exempt.limit is None:
+                metrics.record_exempt(exempt.policy)
+    return checks
 
 
 def settle(request, state: RequestState, checks: list[Check], verdict: Verdict) -> None:
     """Keep what the engine said on the request; shadow policies that would deny are logged."""
     policies.observe_version(verdict.version)
     _report_shadow(verdict, request)
+    metrics.record_verdict(verdict)
     state.decided.update(check.policy.id for check in checks)
     state.decisions.extend(verdict.decisions)
     state.denied.extend(verdict.denied_by)
+    if state.denied and deny_cache_enabled():
+        deny_cache.remember(checks, verdict.decisions)
+
+
+def denied_from_memory(state: RequestState, checks: list[Check]) -> bool:
+    """Refuse the request from the deny cache when a subject of it is still over an enforcing limit."""
+    cached = deny_cache.denied(checks) if deny_cache_enabled() else ()
+    if not cached:
+        return False
+    for decision in cached:
+        metrics.deny_cache_hit(decision.policy)
+    state.decided.update(check.policy.id for check in checks)  # all-or-nothing: nothing counted anywhere
+    state.decisions.extend(cached)
+    state.denied.extend(cached)
+    return True
 
 
 def unavailable(request, state: RequestState, error: engine.RedisUnavailable) -> None:
     outage.record(error, request)
-    if not get_setting("RATELIMIT_FAIL_OPEN"):
+    fail_open = get_setting("RATELIMIT_FAIL_OPEN")
+    metrics.record_outage(fail_open)
+    if not fail_open:
         state.unavailable = True
 
 
 def decide(request, state: RequestState) -> RequestState:
     """Decide every pending policy of the request in one Redis call (none when nothing applies)."""
+    denied_before = len(state.denied)
     checks = pending_checks(request, state)
-    if checks:
+    if checks and not denied_from_memory(state, checks):
         try:
             verdict = engine.decide(checks)
         except engine.RedisUnavailable as error:
             unavailable(request, state, error)
-        else:
-            settle(request, state, checks, verdict)
+            return state
+        settle(request, state, checks, verdict)
+    if len(state.denied) > denied_before:
+        events.denied(request, state.denied[denied_before:])
     return state
 
 
@@ -129,14 +158,17 @@ async def adecide(request, state: RequestState) -> RequestState:
     index = await policies.aget_index()
     if index.needs_user:
         await resolve_user(request)
+    denied_before = len(state.denied)
     checks = pending_checks(request, state, index)
-    if checks:
+    if checks and not denied_from_memory(state, checks):
         try:
             verdict = await engine.adecide(checks)
         except engine.RedisUnavailable as error:
             unavailable(request, state, error)
-        else:
-            settle(request, state, checks, verdict)
+            return state
+        settle(request, state, checks, verdict)
+    if len(state.denied) > denied_before:
+        await events.adenied(request, state.denied[denied_before:])
     return state
 
 

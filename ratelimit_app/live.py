@@ -98,3 +98,58 @@ def policy_activity(policies: Sequence) -> dict[int, PolicyActivity]:
         policy.id: PolicyActivity(replies[2 * i], int(replies[2 * i + 1][0] or 0), int(replies[2 * i + 1][1] or 0))
         for i, policy in enumerate(policies)
     }
+
+
+# --- trends: allowed and denied per window, from the per-window totals the decide script keeps ----
+
+TREND_SECONDS = 3600  # the totals of a window must be kept at least this long for the trend to exist
+TREND_MAX_WINDOWS = 60
+
+
+class TrendPoint(NamedTuple):
+    start: int  # when the window began, seconds since the epoch
+    allowed: int
+    denied: int  # for a shadow policy: what it would have denied
+
+
+def trend_windows(window: int) -> int:
+    """How many windows a trend shows: the last 60, or the last hour if that is fewer (at least 2)."""
+    return max(2, min(TREND_MAX_WINDOWS, TREND_SECONDS // window))
+
+
+def policy_trend(policy: CompiledPolicy, windows: int | None = None, *, now: float | None = None) -> list[TrendPoint]:
+    """Allowed and denied in each of the policy's last `windows` windows (the current one last)."""
+    return policy_trends([policy], windows, now=now)[policy.id]
+
+
+def policy_trends(policies: Sequence, windows: int | None = None, *, now: float | None = None) -> dict[int, list[TrendPoint]]:
+    """The trends of many policies (rows or compiled), in one pipelined round trip of HMGETs."""
+    if not policies:
+        return {}
+    now_ms = int((time.time() if now is None else now) * 1000)
+    spans = []
+    for policy in policies:
+        if not policy.window or policy.window < 1:
+            continue  # a bad row that reached the database: it counts nothing, so it has no trend
+        window_ms = policy.window * 1000
+        current = now_ms // window_ms
+        count = windows or trend_windows(policy.window)
+        spans.append((policy, window_ms, range(current - count + 1, current + 1)))
+    redis_client = client()
+
+    def read() -> list:
+        with redis_client.pipeline(transaction=False) as pipe:
+            for policy, _, numbers in spans:
+                totals = keys.totals_key(policy)
+                for number in numbers:
+                    pipe.hmget(f"{totals}:{number}", "a", "d")
+            return pipe.execute()
+
+    replies = iter(breaker.call(read))
+    trends: dict[int, list[TrendPoint]] = {policy.id: [] for policy in policies}
+    for policy, window_ms, numbers in spans:
+        trends[policy.id] = [
+            TrendPoint(number * window_ms // 1000, int(allowed or 0), int(denied or 0))
+            for number, (allowed, denied) in zip(numbers, replies)
+        ]
+    return trends

@@ -23,6 +23,7 @@ from django.db import transaction
 from . import version as policy_version
 from .connection import RedisUnavailable
 from .conf import get_setting
+from .deny_cache import deny_cache
 from .models import Mode, Override, Policy, Strategy
 from .overrides import PolicyOverrides, compile_overrides
 from .subjects import KeySpec, parse_key_spec
@@ -209,6 +210,7 @@ def _reload() -> None:
         except RedisUnavailable:
             version = None
         state.index = load_index()
+        deny_cache.clear()  # a reset or a new limit must not wait for the cached retry times
         state.version = version
         state.checked_at = time.monotonic()
 

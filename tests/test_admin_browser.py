@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 
 from ratelimit_app import engine
@@ -52,7 +53,10 @@ def browser():
 def wait_for(condition, timeout=10.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        value = condition()
+        try:
+            value = condition()
+        except StaleElementReferenceException:
+            value = None  # the page redrew what was being read (it refreshes every second): read again
         if value:
             return value
         time.sleep(0.1)

@@ -1,0 +1,75 @@
+"""The local deny cache: a subject over an enforcing limit is refused from memory until its retry time.
+
+A flood from one subject then costs no Redis call per refused request. It only ever refuses (never
+admits), and only while the engine itself would refuse: until the retry time the engine gave, for the
+same policy generation, subject and limit. A policy change or a reset clears it (the index reloads).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Sequence
+
+from .conf import get_setting
+from .engine import Check, Decision
+
+MAX_ENTRIES = 10_000  # subjects over a limit at once in one process; beyond that, the oldest are forgotten
+
+
+class DenyCache:
+    def __init__(self) -> None:
+        self._until: dict[tuple, tuple[float, Decision]] = {}
+        self.pending_denials: Counter = Counter()  # (policy id, generation) -> denials not yet in Redis's totals
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(check: Check) -> tuple:
+        return check.policy.id, check.policy.generation, check.subject.key, check.limit
+
+    def denied(self, checks: Sequence[Check]) -> list[Decision]:
+        """The cached denials among these checks, their times brought up to date; [] when none applies."""
+        if not self._until:
+            return []
+        now = time.monotonic()
+        found = []
+        for check in checks:
+            entry = self._until.get(self._key(check))
+            if entry is None:
+                continue
+            until, decision = entry
+            left = until - now
+            if left <= 0:
+                self._until.pop(self._key(check), None)
+                continue
+            found.append(decision._replace(retry_after=left, reset_in=max(decision.reset_in - (decision.retry_after - left), left)))
+        if found:
+            with self._lock:
+                for decision in found:
+                    self.pending_denials[(decision.policy.id, decision.policy.generation)] += 1
+        return found
+
+    def remember(self, checks: Sequence[Check], decisions: Sequence[Decision]) -> None:
+        """Keep every enforcing decision over its limit until its retry time."""
+        now = time.monotonic()
+        for check, decision in zip(checks, decisions):
+            if not decision.allowed and decision.retry_after:
+                if len(self._until) >= MAX_ENTRIES:
+                    self._until.pop(next(iter(self._until)), None)
+                self._until[self._key(check)] = (now + decision.retry_after, decision)
+
+    def take_pending(self) -> Counter:
+        with self._lock:
+            pending, self.pending_denials = self.pending_denials, Counter()
+        return pending
+
+    def clear(self) -> None:
+        self._until.clear()
+
+
+deny_cache = DenyCache()
+
+
+def enabled() -> bool:
+    return get_setting("RATELIMIT_DENY_CACHE")

@@ -1,0 +1,115 @@
+"""Signals for a project's own alerting: a request was denied; Redis became unavailable, or available again.
+
+Receivers run in the request that caused the event; one that raises is logged, never breaks the request.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Sequence
+
+from django.dispatch import Signal
+
+from . import metrics
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest
+
+    from .engine import Decision
+
+logger = logging.getLogger("ratelimit_app")
+
+#: Sent once per denied request (sender: the Policy model) with `request`, `policy` (its name),
+#: `subject` (as the admin shows it, secrets masked), `limit` and `retry_after` (seconds), from the
+#: policy that makes the client wait longest; `decisions` holds every denying decision.
+request_denied = Signal()
+
+#: Sent (sender None) when this process finds Redis unavailable, with `error` (the exception).
+redis_unavailable = Signal()
+
+#: Sent (sender None) when this process reaches Redis again, with `unavailable_for` (seconds).
+redis_available = Signal()
+
+
+def _policy_model() -> type:
+    from .models import Policy  # at call time: this module is imported on the request path, before models may be
+
+    return Policy
+
+
+def _denied_kwargs(request: HttpRequest, decisions: Sequence[Decision]) -> dict:
+    longest = max(decisions, key=lambda decision: decision.retry_after or 0)
+    return {
+        "request": request,
+        "policy": longest.policy.name,
+        "subject": longest.subject.display,
+        "limit": longest.limit,
+        "retry_after": longest.retry_after,
+        "decisions": tuple(decisions),
+    }
+
+
+def _log_failures(signal_name: str, responses: list) -> None:
+    for _receiver, response in responses:
+        if isinstance(response, Exception):
+            logger.error("ratelimit: a receiver of %s failed: %r", signal_name, response, exc_info=response)
+
+
+def denied(request: HttpRequest, decisions: Sequence[Decision]) -> None:
+    """Send request_denied for a request refused by `decisions` (the enforcing ones over their limit).
+
+    Costs one attribute check when nothing listens.
+    """
+    if not request_denied.receivers or not decisions:
+        return
+    responses = request_denied.send_robust(sender=_policy_model(), **_denied_kwargs(request, decisions))
+    _log_failures("request_denied", responses)
+
+
+async def adenied(request: HttpRequest, decisions: Sequence[Decision]) -> None:
+    """denied() for the async path: async receivers are awaited, sync ones run in a thread."""
+    if not request_denied.receivers or not decisions:
+        return
+    responses = await request_denied.asend_robust(sender=_policy_model(), **_denied_kwargs(request, decisions))
+    _log_failures("request_denied", responses)
+
+
+class Availability:
+    """Whether this process last found Redis available; each change is sent once, not per request."""
+
+    def __init__(self) -> None:
+        self.lost_at: float | None = None  # monotonic time of the first failure, while unavailable
+        self._lock = threading.Lock()
+
+    def lost(self, error: BaseException) -> None:
+        with self._lock:
+            if self.lost_at is not None:
+                return
+            self.lost_at = time.monotonic()
+        metrics.breaker_opened()
+        logger.warning("ratelimit: Redis became unavailable: %s", error)
+        _log_failures("redis_unavailable", redis_unavailable.send_robust(sender=None, error=error))
+
+    def found(self) -> None:
+        with self._lock:
+            if self.lost_at is None:
+                return
+            unavailable_for, self.lost_at = time.monotonic() - self.lost_at, None
+        metrics.breaker_closed()
+        logger.warning("ratelimit: Redis is available again after %.1f s", unavailable_for)
+        _log_failures("redis_available", redis_available.send_robust(sender=None, unavailable_for=unavailable_for))
+
+
+availability = Availability()
+
+
+def breaker_opened(error: BaseException) -> None:
+    """Call when the circuit breaker opens after a Redis error (repeated calls send nothing more)."""
+    availability.lost(error)
+
+
+def breaker_closed() -> None:
+    """Call when a Redis call succeeds after the breaker was open (repeated calls send nothing more)."""
+    availability.found()

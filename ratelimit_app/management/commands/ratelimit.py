@@ -1,0 +1,210 @@
+"""manage.py ratelimit status | top POLICY | reset POLICY SUBJECT | test METHOD PATH: the live page and the
+policy tester on a terminal."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+
+from ratelimit_app import live
+from ratelimit_app.admin import human_window, live_data, reset_all, subject_key_of
+from ratelimit_app.connection import RedisUnavailable
+from ratelimit_app.models import Mode, Policy
+from ratelimit_app.policies import compile_policy
+from ratelimit_app.tester import TesterForm
+
+logger = logging.getLogger("ratelimit_app")
+
+
+class Command(BaseCommand):
+    help = "Watch and operate rate limits: status, top POLICY, reset POLICY SUBJECT, test METHOD PATH."
+
+    def add_arguments(self, parser) -> None:
+        actions = parser.add_subparsers(dest="action", required=True, metavar="{status,top,reset,test}")
+        status = actions.add_parser("status", help="Every policy with its active subjects and denials this window.")
+        status.add_argument("--json", action="store_true", dest="as_json", help="Print JSON instead of a table.")
+        top = actions.add_parser("top", help="The busiest subjects of a policy in the current window.")
+        top.add_argument("policy", help="The policy's name (or id).")
+        top.add_argument("--limit", type=int, default=20, help="How many subjects to show (default 20, at most 1000).")
+        top.add_argument("--json", action="store_true", dest="as_json", help="Print the live page's JSON instead of a table.")
+        reset = actions.add_parser("reset", help="Forget the counts of one subject of a policy, or of all (--all).")
+        reset.add_argument("policy", help="The policy's name (or id).")
+        reset.add_argument(
+            "subject", nargs="?",
+            help="As a person writes it: ip:203.0.113.7, user:42, user:alice, header:X-Api-Key=..., "
+            "or the 16-hex-digit key the live page shows.",
+        )
+        reset.add_argument("--all", action="store_true", help="Reset every subject of the policy.")
+        test = actions.add_parser("test", help="What the policies would decide for a request, counting nothing.")
+        test.add_argument("method", help="GET, POST, ...")
+        test.add_argument("path", help="The request's path, e.g. /api/items/.")
+        test.add_argument("--user", default="", help="Username of the requesting user (anonymous without).")
+        test.add_argument("--ip", default="203.0.113.7", help="The client's address (default 203.0.113.7).")
+        test.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'", help="A request header; repeat for more.")
+
+    def handle(self, *args, action: str, **options) -> None:
+        getattr(self, f"handle_{action}")(**options)
+
+    # --- status -----------------------------------------------------------------------------
+
+    def handle_status(self, *, as_json: bool, **options) -> None:
+        rows = list(Policy.objects.order_by("name"))
+        try:
+            activity = live.policy_activity([row for row in rows if row.window and row.window > 0])
+            error = None
+        except RedisUnavailable as unavailable:
+            activity, error = {}, f"Redis is unreachable, activity is not shown: {unavailable}"
+        if as_json:
+            self._print_json([_status_entry(row, activity.get(row.pk)) for row in rows])
+        else:
+            table = [("policy", "action", "limit", "strategy", "key", "mode", "enabled", "active", "denied")]
+            for row in rows:
+                now = activity.get(row.pk)
+                table.append((
+                    row.name, row.action, f"{row.limit} / {human_window(row.window)}", row.strategy, row.key, row.mode,
+                    "yes" if row.enabled else "no",
+                    "?" if now is None else str(now.active),
+                    "?" if now is None else f"{now.denied}{' (would)' if row.mode == Mode.SHADOW and now.denied else ''}",
+                ))
+            self._print_table(table, numeric=(7, 8))
+            if not rows:
+                self.stdout.write("No policy yet: add one in the admin.")
+        if error:
+            raise CommandError(error)
+
+    # --- top --------------------------------------------------------------------------------
+
+    def handle_top(self, *, policy: str, limit: int, as_json: bool, **options) -> None:
+        if not 1 <= limit <= 1000:
+            raise CommandError("--limit must be between 1 and 1000.")
+        row = _policy(policy)
+        data, _ = live_data(row, rows=limit)
+        if "error" in data:
+            raise CommandError(data["error"])
+        if as_json:
+            self._print_json(data)
+            return
+        verb = "would have denied" if row.mode == Mode.SHADOW else "denied"
+        self.stdout.write(
+            f"{row.name}: {row.limit} / {human_window(row.window)}, {row.strategy} per {row.key}, {row.mode}. "
+            f"{data['active']} active, {data['blocked']} at the limit; this window {data['totals']['allowed']} allowed, "
+            f"{data['totals']['denied']} {verb}."
+        )
+        if not data["subjects"]:
+            self.stdout.write("No subject has used this policy in the current window.")
+            return
+        table = [("subject", "count", "limit", "remaining", "reset in", "")]
+        for s in data["subjects"]:
+            blocked = ("would be denied" if row.mode == Mode.SHADOW else "blocked") if s["blocked"] else ""
+            limit_shown = f"{s['limit']}*" if s["overridden"] else str(s["limit"])
+            table.append((s["subject"], str(s["count"]), limit_shown, str(s["remaining"]), f"{s['reset_in']:.1f} s", blocked))
+        self._print_table(table, numeric=(1, 2, 3, 4))
+        if data["active"] > len(data["subjects"]):
+            self.stdout.write(f"(top {len(data['subjects'])} of {data['active']}; * = an override's limit)")
+
+    # --- reset ------------------------------------------------------------------------------
+
+    def handle_reset(self, *, policy: str, subject: str | None, all: bool, **options) -> None:
+        row = _policy(policy)
+        if all == bool(subject):
+            raise CommandError("Give either a SUBJECT (e.g. ip:203.0.113.7) or --all, not both.")
+        if all:
+            reset_all(row)
+            self._done(f"Counts of every subject reset for {row.name}.")
+            return
+        try:
+            compiled = compile_policy(row)
+            subject_key, shown = subject_key_of(compiled, subject.strip())
+            existed = live.reset_subjects(compiled, [subject_key])
+        except ValidationError as error:
+            raise CommandError(f"Nothing was reset: {' '.join(error.messages)}") from None
+        except RedisUnavailable as error:
+            raise CommandError(f"Nothing was reset: Redis is unreachable ({error}).") from None
+        if existed:
+            self._done(f"Counts of subject {shown} reset for {row.name}.")
+        else:
+            self.stdout.write(f"Subject {shown} had no count under {row.name}: nothing to reset.")
+
+    # --- test -------------------------------------------------------------------------------
+
+    def handle_test(self, *, method: str, path: str, user: str, ip: str, header: list[str], **options) -> None:
+        form = TesterForm({"method": method.upper(), "path": path, "username": user, "ip": ip, "headers": "\n".join(header)})
+        if not form.is_valid():
+            problems = " ".join(f"{name}: {' '.join(messages)}" for name, messages in form.errors.items())
+            raise CommandError(f"Cannot test this request: {problems}")
+        results = form.explain()
+        names = ", ".join(name for name in results.names if name) or "none (only '*' and path prefixes match)"
+        self.stdout.write(f"{method.upper()} {path} is known by the names: {names}")
+        if not results.explanations:
+            self.stdout.write("No enabled policy matches this request: it is not limited.")
+        table = [("policy", "mode", "action", "subject", "override", "limit in effect", "count", "would")]
+        for item in results.explanations:
+            table.append(_explanation_row(item))
+        if results.explanations:
+            self._print_table(table)
+            denied = any(item.decision and not item.decision.allowed for item in results.explanations)
+            self.stdout.write("The request would be denied (429)." if denied else "The request would be allowed.")
+        if results.error:
+            raise CommandError(results.error)
+
+    # --- output -----------------------------------------------------------------------------
+
+    def _done(self, message: str) -> None:
+        """A change made from the command line: said, and logged (the admin's log needs a user)."""
+        logger.info("ratelimit: %s (manage.py ratelimit)", message)
+        self.stdout.write(message)
+
+    def _print_table(self, rows: list[tuple[str, ...]], numeric: tuple[int, ...] = ()) -> None:
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            cells = [cell.rjust(width) if i in numeric else cell.ljust(width) for i, (cell, width) in enumerate(zip(row, widths))]
+            self.stdout.write("  ".join(cells).rstrip())
+
+    def _print_json(self, data: object) -> None:
+        self.stdout.write(json.dumps(data, indent=2))
+
+
+def _policy(name: str) -> Policy:
+    """The policy of that name (or id); CommandError naming the existing ones otherwise."""
+    row = Policy.objects.filter(name=name).first()
+    if row is None and name.isdigit():
+        row = Policy.objects.filter(pk=int(name)).first()
+    if row is None:
+        known = ", ".join(Policy.objects.order_by("name").values_list("name", flat=True)[:30]) or "none yet"
+        raise CommandError(f"No policy named {name!r}. Policies: {known}.")
+    return row
+
+
+def _status_entry(row: Policy, activity: live.PolicyActivity | None) -> dict:
+    entry = {
+        "name": row.name, "action": row.action, "limit": row.limit, "window": row.window, "strategy": row.strategy,
+        "key": row.key, "mode": row.mode, "enabled": row.enabled,
+    }
+    if activity is not None:
+        entry.update(active=activity.active, allowed=activity.allowed, denied=activity.denied)
+    return entry
+
+
+def _explanation_row(item) -> tuple[str, ...]:
+    """One line of the tester's answer, worded as the admin's tester page words it."""
+    policy, planned, decision = item.policy, item.planned, item.decision
+    if planned is None:
+        return (policy.name, policy.mode, policy.action, "-", "-", "-", "-", f"does not apply: no subject ({policy.key} cannot be computed)")
+    override = planned.override.description if planned.override else "none"
+    if planned.limit is None:
+        return (policy.name, policy.mode, policy.action, planned.subject.display, override, "exempt", "-", "allow (exempt)")
+    limit = f"{planned.limit} / {human_window(policy.window)}"
+    if decision is None:
+        would = "unknown (Redis unreachable)"
+    elif not decision.exceeded:
+        would = f"allow, {decision.remaining} left"
+    elif decision.allowed:
+        would = "allow, but over the limit (shadow)"
+    else:
+        would = f"deny, retry in {math.ceil(decision.retry_after)} s"
+    count = "-" if decision is None else str(decision.count)
+    return (policy.name, policy.mode, policy.action, planned.subject.display, override, limit, count, would)
