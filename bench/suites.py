@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Callable
 
+import redis
 from django.core.cache import caches
 
 from bench import e2e, paths, scale
@@ -33,9 +34,9 @@ class Contender:
 def probe_strategies(results: Results) -> None:
     """Strategies the model offers but the engine cannot decide yet show as n/a, with the reason."""
     for strategy in STRATEGIES:
-        try:
-            compiled = policy(strategy, limit=100, window=60)
-            decide([compiled], subject("192.0.2.1"))
+        try:  # both shapes the rows use: a limit never reached, and a small one
+            for limit, window in ((HUGE, 3600), (100, 60)):
+                decide([policy(strategy, limit=limit, window=window)], subject("192.0.2.1"))
         except Exception as error:  # noqa: BLE001 - any failure means "not decidable yet"; the reason is printed
             results.unsupported[strategy] = f"{type(error).__name__}: {str(error).splitlines()[0][:120] if str(error) else ''}"
         finally:
@@ -45,7 +46,10 @@ def probe_strategies(results: Results) -> None:
 # --- contenders --------------------------------------------------------------------------------
 
 
-def floors() -> list[Contender]:
+TRIVIAL_FUNCTION = "#!lua name=bench\nredis.register_function('bench_one', function() return 1 end)"
+
+
+def floors(results: Results) -> list[Contender]:
     def ping():
         return client().ping
 
@@ -54,7 +58,14 @@ def floors() -> list[Contender]:
         script = redis_client.register_script("return 1")
         return lambda: script([], [], redis_client)
 
-    return [Contender("floor: PING", "floor", ping), Contender("floor: EVALSHA `return 1`", "floor", trivial_script)]
+    contenders = [Contender("floor: PING", "floor", ping), Contender("floor: EVALSHA `return 1`", "floor", trivial_script)]
+    try:  # Redis Functions (Redis >= 7, Valkey): is FCALL any cheaper than EVALSHA here?
+        client().function_load(TRIVIAL_FUNCTION, replace=True)
+    except redis.ResponseError as error:
+        results.notes.append(f"no FCALL floor: this server has no Redis Functions ({error})")
+    else:
+        contenders.append(Contender("floor: FCALL `return 1`", "floor", lambda: lambda: client().fcall("bench_one", 0)))
+    return contenders
 
 
 def ours(results: Results) -> list[Contender]:
@@ -155,7 +166,7 @@ def peers(results: Results) -> list[Contender]:
 def decisions(results: Results) -> None:
     """Every contender measured in the same run: latencies interleaved, throughput in alternating
     rounds, so that the machine's load weighs on all of them alike."""
-    contenders = floors() + ours(results) + peers(results)
+    contenders = floors(results) + ours(results) + peers(results)
     operations = {c.name: c.make() for c in contenders}
     samples = interleaved_latencies(operations, results.samples)
     redis_client = client()
