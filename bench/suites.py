@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Callable
+from functools import partial
+from typing import Callable, NamedTuple
 
 import redis
 from django.core.cache import caches
@@ -19,13 +20,15 @@ from ratelimit_app import connection
 MIXES = (3, 10)  # policies per request in the mixed rows
 
 
-class Contender:
+class Contender(NamedTuple):
     """One line of the decisions table: how to make its operation (again in each forked process),
     and how to make an attempt against a fresh limit of 100 for the exactness column."""
 
-    def __init__(self, name: str, kind: str, make: Callable[[], Callable[[], object]],
-                 attempt: Callable[[], Callable[[], bool]] | None = None, strategies: tuple[str, ...] = ()) -> None:
-        self.name, self.kind, self.make, self.attempt, self.strategies = name, kind, make, attempt, strategies
+    name: str
+    kind: str  # "floor", "ours" or "peer"
+    make: Callable[[], Callable[[], object]]
+    attempt: Callable[[], Callable[[], bool]] | None = None
+    strategies: tuple[str, ...] = ()
 
 
 # --- which strategies the engine decides ------------------------------------------------------
@@ -70,23 +73,24 @@ def floors(results: Results) -> list[Contender]:
 
 def ours(results: Results) -> list[Contender]:
     decidable = results.decidable()
-    cases = [(f"ratelimit_app {s}, 1 policy", (s,)) for s in decidable]
-    cases += [(f"ratelimit_app mixed, {n} policies", tuple(decidable[i % len(decidable)] for i in range(n))) for n in MIXES]
-    contenders = []
-    for name, strategies in cases:
-        def make(strategies=strategies):
-            return decider([policy(s) for s in strategies], subject())
-
-        attempt = None
-        if len(strategies) == 1:
-            limited = policy(strategies[0], limit=100)  # made here: the forked processes share it
-
-            def attempt(limited=limited):
-                who = subject()
-                return lambda: decide([limited], who).allowed
-
-        contenders.append(Contender(name, "ours", make, attempt, strategies))
+    contenders = [
+        Contender(f"ratelimit_app {s}, 1 policy", "ours", partial(_deciding, (s,)), partial(_attempting, policy(s, limit=100)), (s,))
+        for s in decidable
+    ]
+    for n in MIXES:
+        mix = tuple(decidable[i % len(decidable)] for i in range(n))
+        contenders.append(Contender(f"ratelimit_app mixed, {n} policies", "ours", partial(_deciding, mix), None, mix))
     return contenders
+
+
+def _deciding(strategies: tuple[str, ...]) -> Callable[[], object]:
+    return decider([policy(s) for s in strategies], subject())
+
+
+def _attempting(limited) -> Callable[[], bool]:
+    # `limited` was made before forking: every process counts against the same policy
+    who = subject()
+    return lambda: decide([limited], who).allowed
 
 
 def _limits(strategy: str, rate: str, namespace: str):
@@ -172,7 +176,7 @@ def decisions(results: Results) -> None:
     redis_client = client()
     wire = {c.name: per_call(redis_client, operations[c.name], 200) for c in contenders}
     rates = {c.name: 0.0 for c in contenders if c.kind != "floor"}
-    rounds = 2
+    rounds = 1 if results.quick else 2
     for number in range(rounds):
         order = [c for c in contenders if c.kind != "floor"]
         for contender in order if number % 2 == 0 else reversed(order):
