@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import NamedTuple
 
-from bench.common import Results, Served, client, policy
+from bench.common import Results, Served, policy, server
 from bench.measure import server_work
 from ratelimit_app.models import Policy
 
@@ -168,7 +168,7 @@ def end_to_end(results: Results) -> None:
     sites = {middleware: Site(middleware) for middleware in (False, True)}
     totals = {c.name: [0, 0.0, 0, 0, 0] for c in configurations}  # requests, seconds, failed, commands, usec
     seconds = int(results.e2e_seconds)
-    redis_client = client()
+    redis_client = server()
     try:
         for site in sites.values():
             site.wait("/p0/" if site.middleware else "/plain/")

@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
-from bench.common import Results, client, decide, policy, subject
+from bench.common import Results, decide, policy, server, subject
 from bench.measure import recording_commands
 from ratelimit_app.models import Policy
 from ratelimit_app.subjects import Subject
@@ -36,25 +36,24 @@ def _seeded(number: int) -> Subject:
     return Subject(f"{number:016x}", f"ip:10.{number >> 16 & 255}.{number >> 8 & 255}.{number & 255}")
 
 
-def _substitute(value, template: Subject, made: Subject):
-    if isinstance(value, str):
-        return value.replace(template.key, made.key).replace(template.display, made.display)
-    return value
-
-
 def seed(compiled, subjects: int) -> float:
     """Decide one request for each of `subjects` subjects (and more for the busy ones) with the engine's
     own command, pipelined: what the engine would have written, at a fraction of the time. Seconds taken."""
-    redis_client = client()
     template = subject("10.255.255.254")
     with recording_commands() as sent:
         decide([compiled], template)
     command = next(args for _, args in reversed(sent) if any(template.key in str(a) for a in args))
+    # the arguments naming the subject (its keys, its live index entry) change; the rest is sent as is
+    varying = [(i, value) for i, value in enumerate(command)
+               if isinstance(value, str) and (template.key in value or template.display in value)]
     started = time.perf_counter()
-    pipe = redis_client.pipeline(transaction=False)
+    pipe = server().pipeline(transaction=False)
+    args = list(command)
     for position, number in enumerate(_arrivals(subjects), 1):
         made = _seeded(number)
-        pipe.execute_command(*(_substitute(value, template, made) for value in command))
+        for i, value in varying:
+            args[i] = value.replace(template.key, made.key).replace(template.display, made.display)
+        pipe.execute_command(*args)
         if position % BATCH == 0:
             pipe.execute()
     pipe.execute()
@@ -93,7 +92,7 @@ def live_page(results: Results, subjects: int) -> None:
         started = time.perf_counter()
         answer = browser.get(url)
         timings.append(time.perf_counter() - started)
-    longest, longest_name = _longest_command(client(), lambda: browser.get(url))
+    longest, longest_name = _longest_command(server(), lambda: browser.get(url))
     shown = answer.json()["subjects"] if answer.status_code == 200 else []
     busiest = {_seeded(number).display for number in range(BUSY - 100, BUSY)}
     results.live = {

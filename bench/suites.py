@@ -13,7 +13,8 @@ import redis
 from django.core.cache import caches
 
 from bench import e2e, paths, scale
-from bench.common import HUGE, STRATEGIES, Results, Row, client, decide, decider, policy, request, subject, unique
+from bench.common import (HUGE, STRATEGIES, Results, Row, client, decide, decider, policy, request, server, subject,
+                          unique)
 from bench.measure import admitted, interleaved_latencies, p50, p99, per_call, throughput
 from ratelimit_app import connection
 
@@ -194,7 +195,7 @@ def decisions(results: Results) -> None:
 
 def memory(results: Results) -> None:
     """MEMORY USAGE of the keys carrying one subject's hash, after filling its window."""
-    redis_client = client()
+    redis_client = server()
     cases = [(s, 100, 300) for s in results.decidable()]
     if "sliding_log" in results.decidable():
         cases.append(("sliding_log", 1000, 3000))
@@ -219,7 +220,7 @@ def versions(results: Results) -> None:
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
-    info = client().info("server")
+    info = server().info("server")
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     results.versions = {
         "machine": f"{os.cpu_count()} cores, {cpu}, load average {os.getloadavg()[0]:.1f} at the start",
@@ -238,7 +239,7 @@ def run_all(quick: bool = False) -> Results:
     if quick:
         results.e2e_seconds, results.e2e_rounds = 1.0, 1
     versions(results)
-    client().flushdb()
+    server().flushdb()
     parts = [
         ("strategies", probe_strategies), ("decisions", decisions), ("memory", memory), ("overhead", paths.overhead),
         ("async", paths.asynchronous), ("deny cache", paths.deny_cache),
@@ -249,6 +250,6 @@ def run_all(quick: bool = False) -> Results:
         started = time.monotonic()
         print(f"bench: {name}...", end=" ", file=sys.stderr, flush=True)
         part(results)
-        client().flushdb()  # each part starts from an empty server (the live page leaves a million keys)
+        server().flushdb()  # each part starts from an empty server (the live page leaves a million keys)
         print(f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     return results
