@@ -122,36 +122,39 @@ def timing_redis() -> Iterator[list[float]]:
 
 
 def outside_redis(operation: Callable[[], object], count: int, warmup: int = 200) -> float:
-    """Mean microseconds per call spent outside redis-py's command calls: the Python a path adds
-    around its one round trip, free of the network's noise."""
+    """Median microseconds per call spent outside redis-py's command calls: the Python a path adds
+    around its one round trip, free of the network's noise (the median, as a call preempted by
+    another process on a busy machine would move a mean)."""
     for _ in range(warmup):
         operation()
+    outside = []
+    clock = time.perf_counter
     with timing_redis() as inside, no_gc():
-        started = time.perf_counter()
         for _ in range(count):
+            before, started = inside[0], clock()
             operation()
-        total = time.perf_counter() - started
-    return (total - inside[0]) / count * 1e6
+            outside.append(clock() - started - (inside[0] - before))
+    return p50(outside)
 
 
 def async_outside_redis(operations: dict[str, Callable[[], Awaitable[object]]], count: int,
-                       warmup: int = 200) -> dict[str, tuple[float, float]]:
+                        warmup: int = 200) -> dict[str, tuple[float, float]]:
     """As outside_redis for coroutines, each awaited `count` times, all in one event loop (an asyncio
-    client belongs to the loop it was made in): {name: (microseconds outside Redis, p50 us)}."""
+    client belongs to the loop it was made in): {name: (median us outside Redis, p50 us)}."""
 
     async def measure(operation) -> tuple[float, float]:
         for _ in range(warmup):
             await operation()
-        samples = []
+        outside, samples = [], []
         clock = time.perf_counter
         with timing_redis() as inside, no_gc():
-            started = clock()
             for _ in range(count):
-                before = clock()
+                before, started = inside[0], clock()
                 await operation()
-                samples.append(clock() - before)
-            total = clock() - started
-        return (total - inside[0]) / count * 1e6, p50(samples)
+                taken = clock() - started
+                samples.append(taken)
+                outside.append(taken - (inside[0] - before))
+        return p50(outside), p50(samples)
 
     async def run() -> dict[str, tuple[float, float]]:
         return {name: await measure(operation) for name, operation in operations.items()}

@@ -86,10 +86,10 @@ def _overhead(results: Results) -> list[str]:
     o = results.overhead
     lines = [
         "", "## Python overhead (microseconds per request)", "",
-        "Measured three ways over the same fresh requests. *Outside Redis*: wall time of the path minus the time "
-        "spent inside redis-py's command calls (packing, network, Redis, parsing), i.e. the Python the path adds "
-        "around its one round trip; this is the budget's figure. *User CPU*: os.times per call (10 ms ticks, "
-        "noisier). *p50*: wall clock including the round trip, for reference.",
+        "Measured three ways over the same fresh requests. *Outside Redis*: per call, wall time of the path minus "
+        "the time spent inside redis-py's command calls (packing, network, Redis, parsing), i.e. the Python the path "
+        "adds around its one round trip; the median of the calls; this is the budget's figure. *User CPU*: os.times "
+        "per call (10 ms ticks, noisier). *p50*: wall clock including the round trip, for reference.",
         "",
         "| path | outside Redis us | user CPU us | p50 us |",
         "|---|---:|---:|---:|",
