@@ -55,8 +55,8 @@ class Results:
     quick: bool
     samples: int
     seconds: float = 2.0  # per throughput measurement
-    e2e_seconds: float = 3.0  # per configuration and round of the end-to-end run
-    e2e_rounds: int = 3
+    e2e_seconds: float = 2.0  # per configuration and round of the end-to-end run
+    e2e_rounds: int = 6  # short interleaved rounds: a burst of load elsewhere hits every configuration
     floors: dict = field(default_factory=dict)
     rows: list[Row] = field(default_factory=list)
     unsupported: dict[str, str] = field(default_factory=dict)  # strategy -> why the engine cannot decide it
