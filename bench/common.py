@@ -70,6 +70,7 @@ class Results:
     cluster: str = "not measured"
     notes: list[str] = field(default_factory=list)
     versions: dict = field(default_factory=dict)
+    load_start: float = 0.0  # load average when the run started
 
     def decidable(self) -> list[str]:
         return [s for s in STRATEGIES if s not in self.unsupported]

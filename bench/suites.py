@@ -222,8 +222,9 @@ def versions(results: Results) -> None:
 
     info = server().info("server")
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    results.load_start = os.getloadavg()[0]
     results.versions = {
-        "machine": f"{os.cpu_count()} cores, {cpu}, load average {os.getloadavg()[0]:.1f} at the start",
+        "machine": f"{os.cpu_count()} cores, {cpu}, load average {results.load_start:.1f} at the start",
         "python": platform.python_version(),
         "redis server": f"{info['redis_version']} ({info.get('executable') or 'external'})",
     }
@@ -252,4 +253,10 @@ def run_all(quick: bool = False) -> Results:
         part(results)
         server().flushdb()  # each part starts from an empty server (the live page leaves a million keys)
         print(f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    busiest = max(results.load_start, os.getloadavg()[0])
+    if busiest > (os.cpu_count() or 1):
+        results.notes.append(
+            f"measured on a busy machine (load average up to {busiest:.1f} on {os.cpu_count()} cores): absolute figures, "
+            "throughput and the end-to-end ratios are noisy; re-run on a quiet machine before drawing conclusions."
+        )
     return results
