@@ -10,6 +10,7 @@ from django.test.utils import override_settings
 
 from bench.common import Results, client, policy, request
 from bench.measure import Wire, async_outside_redis, cpu_per_call, latencies, outside_redis, p50, recording_commands
+import ratelimit_app
 from ratelimit_app import conf, limiter, policies
 from ratelimit_app.models import Policy
 
@@ -88,7 +89,7 @@ def asynchronous(results: Results) -> None:
     policies.get_index()  # loaded here, outside the event loop: reading the database is not what is measured
     count = results.samples
     operations = {}
-    ahit = getattr(limiter, "ahit", None)
+    ahit = getattr(limiter, "ahit", None) or getattr(ratelimit_app, "ahit", None)
     if ahit is None:
         results.asynchronous["ahit"] = "n/a (ratelimit_app.limiter.ahit does not exist yet)"
     else:
