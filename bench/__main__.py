@@ -14,9 +14,9 @@ from pathlib import Path
 WORK = Path(__file__).resolve().parent / ".work"
 
 
-def configure() -> None:
-    WORK.mkdir(exist_ok=True)
-    database = WORK / "bench.sqlite3"
+def configure(work: Path) -> None:
+    work.mkdir(parents=True, exist_ok=True)
+    database = work / "bench.sqlite3"
     database.unlink(missing_ok=True)
     os.environ["DATABASE_URL"] = f"sqlite:///{database}"
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
@@ -32,17 +32,19 @@ def configure() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="fewer samples and no end-to-end run (a smoke test)")
-    parser.add_argument("--output", default=str(Path(__file__).resolve().parent / "RESULTS.md"))
+    parser.add_argument("--quick", action="store_true", help="few samples and short runs: a smoke test (under a minute)")
+    parser.add_argument("--output", help="default: bench/RESULTS.md, or bench/.work/RESULTS-quick.md with --quick")
+    parser.add_argument("--workdir", default=str(WORK), help="where the bench's own SQLite database goes")
     options = parser.parse_args()
-    configure()
+    configure(Path(options.workdir))
     from bench import report, suites
 
     results = suites.run_all(quick=options.quick)
     text = report.render(results)
     print(text)
-    Path(options.output).write_text(text, encoding="utf-8")
-    print(f"written to {options.output}")
+    output = Path(options.output or (WORK / "RESULTS-quick.md" if options.quick else WORK.parent / "RESULTS.md"))
+    output.write_text(text, encoding="utf-8")
+    print(f"written to {output}")
 
 
 if __name__ == "__main__":

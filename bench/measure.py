@@ -1,16 +1,20 @@
-"""Measuring helpers: latency percentiles, round trips and bytes on the wire, server-side commands,
-decisions per second in several processes, and exactness under concurrency."""
+"""Measuring helpers: latency percentiles (interleaved so that load drifts hit every path alike),
+round trips and bytes on the wire, server-side commands, time spent inside redis-py, decisions per
+second in several processes, and exactness under concurrency."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import multiprocessing
 import os
 import statistics
 import time
-from typing import Callable, Iterator
+from typing import Awaitable, Callable, Iterator
 
+import redis
+import redis.asyncio
 from redis.connection import Connection
 
 
@@ -63,33 +67,116 @@ def latencies(operation: Callable[[], object], count: int, warmup: int = 200) ->
     return samples
 
 
-def outside_redis(operation: Callable[[], object], count: int, warmup: int = 200) -> float:
-    """Mean microseconds per call spent outside redis-py's script call (the round trip, packing and
-    parsing included): the Python a path adds around its one round trip, free of the network's noise."""
-    from redis.commands.core import Script
+def interleaved_latencies(operations: dict[str, Callable[[], object]], count: int, rounds: int = 10) -> dict[str, list[float]]:
+    """Latencies of several operations measured in alternating slices, so that a change in the
+    machine's load during the run weighs on every operation alike (their ratios are what we report)."""
+    samples: dict[str, list[float]] = {name: [] for name in operations}
+    for operation in operations.values():
+        for _ in range(200):
+            operation()
+    per_round = max(1, count // rounds)
+    clock = time.perf_counter
+    for round_number in range(rounds):
+        order = list(operations.items())
+        if round_number % 2:
+            order.reverse()
+        with no_gc():
+            for name, operation in order:
+                taken = samples[name]
+                for _ in range(per_round):
+                    started = clock()
+                    operation()
+                    taken.append(clock() - started)
+    return samples
 
-    for _ in range(warmup):
-        operation()
+
+@contextlib.contextmanager
+def timing_redis() -> Iterator[list[float]]:
+    """Seconds spent inside redis-py's command calls (sync and asyncio clients): packing, the network,
+    Redis and parsing. Whatever a path spends outside them is the Python it adds around Redis."""
     inside = [0.0]
-    original = Script.__call__
+    sync_original = redis.Redis.execute_command
+    async_original = redis.asyncio.Redis.execute_command
 
-    def timed(self, *args, **kwargs):
+    def timed(self, *args, **options):
         started = time.perf_counter()
         try:
-            return original(self, *args, **kwargs)
+            return sync_original(self, *args, **options)
         finally:
             inside[0] += time.perf_counter() - started
 
-    Script.__call__ = timed
+    async def timed_async(self, *args, **options):
+        started = time.perf_counter()
+        try:
+            return await async_original(self, *args, **options)
+        finally:
+            inside[0] += time.perf_counter() - started
+
+    redis.Redis.execute_command = timed
+    redis.asyncio.Redis.execute_command = timed_async
     try:
-        with no_gc():
-            started = time.perf_counter()
-            for _ in range(count):
-                operation()
-            total = time.perf_counter() - started
+        yield inside
     finally:
-        Script.__call__ = original
-    return (total - inside[0]) / count * 1e6
+        redis.Redis.execute_command = sync_original
+        redis.asyncio.Redis.execute_command = async_original
+
+
+def outside_redis(operation: Callable[[], object], count: int, warmup: int = 200) -> tuple[float, float]:
+    """Microseconds per call spent outside redis-py's command calls, median and mean: the Python a
+    path adds around its one round trip, free of the network's noise (the median is the budget's
+    figure: a few calls preempted by other processes on a busy machine move the mean)."""
+    for _ in range(warmup):
+        operation()
+    outside = []
+    clock = time.perf_counter
+    with timing_redis() as inside, no_gc():
+        for _ in range(count):
+            before, started = inside[0], clock()
+            operation()
+            outside.append(clock() - started - (inside[0] - before))
+    return p50(outside), statistics.mean(outside) * 1e6
+
+
+def async_outside_redis(operations: dict[str, Callable[[], Awaitable[object]]], count: int,
+                        warmup: int = 200) -> dict[str, tuple[float, float, float]]:
+    """As outside_redis for coroutines, each awaited `count` times, all in one event loop (an asyncio
+    client belongs to the loop it was made in): {name: (median and mean us outside Redis, p50 us)}."""
+
+    async def measure(operation) -> tuple[float, float, float]:
+        for _ in range(warmup):
+            await operation()
+        outside, samples = [], []
+        clock = time.perf_counter
+        with timing_redis() as inside, no_gc():
+            for _ in range(count):
+                before, started = inside[0], clock()
+                await operation()
+                taken = clock() - started
+                samples.append(taken)
+                outside.append(taken - (inside[0] - before))
+        return p50(outside), statistics.mean(outside) * 1e6, p50(samples)
+
+    async def run() -> dict[str, tuple[float, float, float]]:
+        return {name: await measure(operation) for name, operation in operations.items()}
+
+    return asyncio.run(run())
+
+
+@contextlib.contextmanager
+def recording_commands() -> Iterator[list[tuple]]:
+    """The commands sent through redis-py's sync client meanwhile, as (client, args) pairs."""
+    sent: list[tuple] = []
+    original = redis.Redis.execute_command
+
+    def recording(self, *args, **options):
+        sent.append((self, args))
+        return original(self, *args, **options)
+
+    redis.Redis.execute_command = recording
+    try:
+        yield sent
+    finally:
+        redis.Redis.execute_command = original
 
 
 def cpu_per_call(operation: Callable[[], object], count: int, warmup: int = 200) -> float:
@@ -112,13 +199,29 @@ def p99(samples: list[float]) -> float:
     return sorted(samples)[int(len(samples) * 0.99) - 1] * 1e6
 
 
-def server_commands(client) -> int:
+def command_stats(client) -> dict[str, tuple[int, int]]:
+    """INFO commandstats as {command: (calls, microseconds)}, without the bench's own INFO / CONFIG."""
     stats = client.info("commandstats")
-    return sum(v["calls"] for k, v in stats.items() if k not in ("cmdstat_info", "cmdstat_config|resetstat"))
+    return {
+        name: (value["calls"], value["usec"])
+        for name, value in stats.items()
+        if name not in ("cmdstat_info", "cmdstat_config|resetstat", "cmdstat_config")
+    }
+
+
+def server_commands(client) -> int:
+    return sum(calls for calls, _ in command_stats(client).values())
+
+
+def server_work(client) -> tuple[int, int]:
+    """Commands run and microseconds spent by the server so far (since the last CONFIG RESETSTAT)."""
+    stats = command_stats(client).values()
+    return sum(calls for calls, _ in stats), sum(usec for _, usec in stats)
 
 
 def per_call(client, operation: Callable[[], object], count: int) -> tuple[float, float, float]:
-    """Round trips, bytes sent and server-side commands per call of `operation`."""
+    """Round trips, bytes sent and server-side commands per call of `operation` (after a first call:
+    what a repeat call costs in steady state)."""
     operation()
     client.config_resetstat()
     before = server_commands(client)
@@ -132,6 +235,9 @@ def per_call(client, operation: Callable[[], object], count: int) -> tuple[float
 
 def _forked(target, args_of, processes: int) -> list:
     """Run `target(*args_of(), start, results)` in forked processes that start together; their results."""
+    from django import db
+
+    db.connections.close_all()  # each child opens its own database connection if it needs one
     context = multiprocessing.get_context("fork")
     start, results = context.Barrier(processes), context.Queue()
     workers = [context.Process(target=target, args=(*args_of(), start, results)) for _ in range(processes)]

@@ -1,10 +1,16 @@
-"""The Markdown table of `make bench`, with each budget of DESIGN.md marked PASS or MISS."""
+"""The Markdown report of `make bench`, with each budget of DESIGN.md and issue 15 marked PASS, MISS or n/a."""
 
 from __future__ import annotations
 
 import datetime
+import os
+from typing import Iterator
 
-from bench.suites import Results
+from bench.common import STRATEGIES, Results, Row
+
+COMMAND_BUDGETS = {"fixed_window": 3, "sliding_window": 4, "sliding_log": 5, "token_bucket": 3}
+MEMORY_BUDGETS = {"fixed_window": (100, "<"), "token_bucket": (80, "<=")}
+OVERHEAD_BUDGET_US = 30
 
 
 def _num(value, digits: int = 1) -> str:
@@ -19,83 +25,264 @@ def _verdict(ok: bool) -> str:
     return "PASS" if ok else "**MISS**"
 
 
+NA = "n/a"
+
+
 def render(results: Results) -> str:
-    ping = results.floors["ping_p50"]
     lines = [
         "# Benchmark results",
         "",
-        f"Run {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z} with `make bench`, everything against one Redis "
-        "server in this run.",
+        f"Run {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z} with `make bench`"
+        f"{' --quick (a smoke run: few samples, short runs)' if results.quick else ''}, everything against one "
+        "Redis server in this run. Absolute figures depend on the machine and its load; the ratios measured in the "
+        "same run are what the budgets compare.",
         "",
         *[f"- {name}: {value}" for name, value in results.versions.items()],
-        "",
-        "## Decisions",
-        "",
-        "p50/p99 in microseconds per decision through redis-py (the engine's whole `decide()` for ours); "
-        "round trips and bytes counted on redis-py's connection; server commands from INFO commandstats "
-        "(a Lua script counts itself and every command it runs); decisions/s with 2 processes; admitted = "
-        "8 processes x 100 attempts against a fresh limit of 100 (exact: 100).",
-        "",
-        "| what | p50 us | p99 us | p50 / PING | round trips | bytes sent | server cmds | decisions/s (2 procs) | admitted of 800 (limit 100) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"- load average at the end: {os.getloadavg()[0]:.1f}",
     ]
-    for name, p50, p99, trips, sent, commands, rate, exact in results.rows:
-        lines.append(
-            f"| {name} | {_num(p50)} | {_num(p99)} | {p50 / ping:.2f} | {_num(trips, 2)} | {_num(sent, 0)} | "
-            f"{_num(commands, 1)} | {_num(rate, 0)} | {_num(exact)} |"
-        )
-    lines += ["", "## Memory per subject (MEMORY USAGE after filling the window)", "",
-              "| strategy | limit | bytes | entries |", "|---|---:|---:|---:|"]
-    lines += [f"| {s} | {limit} | {size} | {entries} |" for s, limit, size, entries in results.memory]
-    o = results.overhead
-    lines += [
-        "",
-        "## Python overhead (microseconds per request)",
-        "",
-        "Measured three ways over the same fresh requests. *Outside the round trip*: wall time of the path minus "
-        "the time spent inside redis-py's script call (packing, network, Redis, parsing), i.e. exactly the "
-        "Python the path adds around its one round trip; this is the budget's figure. *User CPU*: os.times "
-        "per call (10 ms ticks, noisier). *p50*: wall clock including the round trip, for reference.",
-        "",
-        "| path | outside the round trip us | user CPU us | p50 us |",
-        "|---|---:|---:|---:|",
-        f"| middleware around a trivial view, one matching policy | {o['middleware_outside']:.1f} | {o['middleware_cpu']:.1f} | {o['middleware_p50']:.1f} |",
-        f"| the trivial view alone | {o['view_outside']:.1f} | {o['view_cpu']:.1f} | {o['view_p50']:.1f} |",
-        f"| DRF PolicyThrottle.allow_request | {o['throttle_outside']:.1f} | {o['throttle_cpu']:.1f} | {o['throttle_p50']:.1f} |",
-        f"| raw EVALSHA of the same script, keys and arguments through redis-py | {o['raw_outside']:.1f} | {o['raw_cpu']:.1f} | {o['raw_p50']:.1f} |",
-        "",
-        f"Overhead outside the round trip: middleware **{o['middleware_overhead']:.1f} us** (minus the view's own), "
-        f"DRF throttle **{o['throttle_overhead']:.1f} us**. By user CPU (path - view - raw): middleware "
-        f"{o['middleware_cpu_overhead']:.1f} us, throttle {o['throttle_cpu_overhead']:.1f} us.",
-    ]
-    if results.e2e:
-        base = results.e2e.get("middleware off")
-        lines += ["", "## End to end (gunicorn, 2 workers; wrk -t2 -c4, 5 s; /demo/search/)", "",
-                  "| configuration | requests/s | ratio to middleware off |", "|---|---:|---:|"]
-        lines += [f"| {name} | {rate:,.0f} | {rate / base:.2f} |" for name, rate in results.e2e.items()]
-    lines += ["", "## Budgets (DESIGN.md)", "", "| budget | measured | verdict |", "|---|---|---|"]
+    lines += _decisions(results) + _memory(results) + _overhead(results) + _deny_cache(results)
+    lines += _live(results) + _end_to_end(results)
+    lines += ["", "## Cluster", "", f"Decisions/s against 1 master and against 3 masters: {results.cluster}."]
+    lines += ["", "## Budgets", "", "| budget | measured | verdict |", "|---|---|---|"]
     lines += [f"| {b} | {m} | {v} |" for b, m, v in budgets(results)]
     if results.notes:
         lines += ["", "Notes:", *[f"- {note}" for note in results.notes]]
     return "\n".join(lines) + "\n"
 
 
-def budgets(results: Results):
+def _decisions(results: Results) -> list[str]:
     ping = results.floors["ping_p50"]
-    ours = [row for row in results.rows if row[0].startswith("ratelimit_app")]
-    trips = max(row[3] for row in ours)
-    yield "round trips per limited request: 1.00, any number of policies", f"{trips:.2f} (max over rows)", _verdict(trips == 1)
-    worst = max(row[1] / ping for row in ours if "1 policy" in row[0])
-    yield "decision p50 within 1.15 x PING (1 policy)", f"{worst:.2f} x PING (worst strategy)", _verdict(worst <= 1.15)
-    for name, key in (("middleware", "middleware_overhead"), ("DRF throttle", "throttle_overhead")):
-        value = results.overhead[key]
-        yield f"Python overhead per request < 30 us ({name})", f"{value:.1f} us", _verdict(value < 30)
-    exact = [row[7] for row in ours if row[7] is not None]
-    yield "exactness: 8 x 100 against 100 admit exactly 100, every strategy", ", ".join(map(str, exact)), _verdict(all(e == 100 for e in exact))
-    fixed = next(size for s, _, size, _ in results.memory if s == "fixed_window")
-    yield "fixed_window memory per subject < 100 bytes", f"{fixed} bytes", _verdict(fixed < 100)
-    ours_rate = min(row[6] for row in ours if "1 policy" in row[0])
+    lines = [
+        "", "## Decisions", "",
+        "p50/p99 in microseconds per decision through redis-py (ours: the engine's whole `decide()`; limits: "
+        "`RateLimiter.hit`; DRF: `allow_request`; django-ratelimit: `is_ratelimited`), every row measured in "
+        "interleaved slices; round trips and bytes counted on redis-py's connection; server cmds from INFO "
+        "commandstats for a repeat decision of the same subject in steady state (a Lua script counts itself and "
+        "every command it runs); decisions/s with 2 processes (rows in alternating rounds); admitted = 8 "
+        "processes x 100 attempts against a fresh limit of 100 (exact: 100).",
+        "",
+        "| what | p50 us | p99 us | p50 / PING | round trips | bytes sent | server cmds | decisions/s (2 procs) | admitted of 800 (limit 100) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in results.rows:
-        if row[0].startswith(("DRF", "django-ratelimit")):
-            ratio = ours_rate / row[6]
-            yield f"decisions/s >= 2 x {row[0]}", f"{ratio:.2f} x (slowest strategy of ours)", _verdict(ratio >= 2)
+        lines.append(
+            f"| {row.name} | {_num(row.p50)} | {_num(row.p99)} | {row.p50 / ping:.2f} | {_num(row.trips, 2)} | "
+            f"{_num(row.sent, 0)} | {_num(row.commands, 1)} | {_num(row.rate, 0)} | {_num(row.admitted)} |"
+        )
+    for strategy, reason in results.unsupported.items():
+        lines.append(f"| ratelimit_app {strategy}, 1 policy | {NA}: the engine cannot decide it yet ({reason}) | | | | | | | |")
+    return lines
+
+
+def _memory(results: Results) -> list[str]:
+    lines = ["", "## Memory per subject (MEMORY USAGE of the keys carrying the subject, after filling the window)", "",
+             "| strategy | limit | bytes | entries |", "|---|---:|---:|---:|"]
+    lines += [f"| {s} | {limit} | {size} | {entries} |" for s, limit, size, entries in results.memory]
+    lines += [f"| {s} | - | {NA} | {NA} |" for s in results.unsupported]
+    return lines
+
+
+def _overhead(results: Results) -> list[str]:
+    o = results.overhead
+    lines = [
+        "", "## Python overhead (microseconds per request)", "",
+        "Measured three ways over the same fresh requests. *Outside Redis*: per call, wall time of the path minus "
+        "the time spent inside redis-py's command calls (packing, network, Redis, parsing), i.e. the Python the path "
+        "adds around its one round trip; the median over the calls is the budget's figure (the mean, beside it, "
+        "also carries the calls preempted by other processes). *User CPU*: os.times per call (10 ms ticks, "
+        "noisier). *p50*: wall clock including the round trip, for reference.",
+        "",
+        "| path | outside Redis us (median) | outside Redis us (mean) | user CPU us | p50 us |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, label in (("middleware", "middleware around a trivial view, one matching policy"),
+                        ("view", "the trivial view alone"), ("throttle", "DRF PolicyThrottle.allow_request"),
+                        ("raw", "the same decision command replayed through redis-py, no door")):
+        lines.append(f"| {label} | {o[name + '_outside']:.1f} | {o[name + '_mean']:.1f} | {o[name + '_cpu']:.1f} | "
+                     f"{o[name + '_p50']:.1f} |")
+    for name, label in (("middleware", "async: middleware around a trivial async view (as under ASGI)"),
+                        ("ahit", "async: `ratelimit_app.limiter.ahit`")):
+        figures = results.asynchronous.get(name, f"{NA}")
+        if isinstance(figures, dict):
+            lines.append(f"| {label} | {figures['outside']:.1f} | {figures['mean']:.1f} | - | {figures['p50']:.1f} |")
+        else:
+            lines.append(f"| {label} | {figures} | | | |")
+    lines += [
+        "",
+        f"Overhead outside Redis: middleware **{o['middleware_overhead']:.1f} us** (minus the view's own), "
+        f"DRF throttle **{o['throttle_overhead']:.1f} us**. By user CPU (path - view - replayed command): middleware "
+        f"{o['middleware_cpu_overhead']:.1f} us, throttle {o['throttle_cpu_overhead']:.1f} us.",
+    ]
+    return lines
+
+
+def _deny_cache(results: Results) -> list[str]:
+    lines = ["", "## Local deny cache: a flood of one subject at 10x its limit", ""]
+    flood = results.deny_cache
+    if not isinstance(flood, dict):
+        return lines + [f"{flood}."]
+    lines += [
+        f"{flood['requests']:,} requests of one subject through the middleware against an enforcing fixed window of "
+        f"{flood['limit']}: Redis round trips for the requests within the limit and for those over it.",
+        "",
+        "| deny cache | admitted | refused (429) | Redis calls within the limit | Redis calls over the limit | per request over the limit |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    over_limit = flood["requests"] - flood["limit"]
+    for label in ("off", "on"):
+        run = flood[label]
+        lines.append(f"| {label} | {run['admitted']} | {run['refused']} | {run['within']} | {run['over']} | "
+                     f"{run['over'] / over_limit:.3f} |")
+    return lines
+
+
+def _live(results: Results) -> list[str]:
+    lines = ["", "## Live page", ""]
+    live = results.live
+    if not isinstance(live, dict):
+        return lines + [f"{live}."]
+    return lines + [
+        f"One fixed-window policy with {live['subjects']:,} active subjects (seeded in {live['seed_seconds']:.1f} s "
+        f"by pipelining the engine's own decision command); {BUSY_NOTE}",
+        "",
+        "| JSON view (`?format=json&limit=100`), p50 of 5 | HTTP status | subjects shown | of the 100 busiest | longest Redis command |",
+        "|---:|---:|---:|---:|---:|",
+        f"| {live['ms']:.1f} ms | {live['status']} | {live['shown']} | {live['busiest_found']} | {live['longest_us']:,} us "
+        f"(`{live['longest_command']}`) |",
+    ]
+
+
+BUSY_NOTE = "150 of the subjects got 2 to 151 requests, spread over the seeding: the 100 busiest must lead the list."
+
+
+def _end_to_end(results: Results) -> list[str]:
+    if not results.e2e:
+        return []
+    base = results.e2e[0].rate
+    lines = [
+        "", "## End to end", "",
+        f"gunicorn, 2 sync workers, DEBUG off, on loopback; load: {results.e2e_generator}, interleaved. The same "
+        "trivial view (bench/site.py) in every configuration; Redis figures from INFO commandstats over each run.",
+        "",
+        "| configuration | requests/s | ratio to no limiter | Redis cmds / request | Redis server us / request | non-2xx |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    lines += [f"| {s.name} | {s.rate:,.0f} | {s.rate / base:.2f} | {s.commands:.1f} | {s.redis_us:.1f} | {s.failed:,} |"
+              for s in results.e2e]
+    return lines
+
+
+# --- budgets -----------------------------------------------------------------------------------
+
+
+def _row(results: Results, name: str) -> Row | None:
+    return next((row for row in results.rows if row.name == name), None)
+
+
+def budgets(results: Results) -> Iterator[tuple[str, str, str]]:
+    yield from _decision_budgets(results)
+    yield from _command_budgets(results)
+    yield from _door_budgets(results)
+    yield from _memory_budgets(results)
+    yield from _end_to_end_budgets(results)
+    live = results.live
+    if isinstance(live, dict):
+        yield (f"live page: top 100 of {live['subjects']:,} subjects < 100 ms", f"{live['ms']:.1f} ms (HTTP {live['status']})",
+               _verdict(live["ms"] < 100 and live["status"] == 200))
+        yield ("live page: the 100 busiest subjects lead its top 100", f"{live['busiest_found']} of 100",
+               _verdict(live["busiest_found"] == 100))
+        yield "live page: no Redis command longer than 2 ms", f"{live['longest_us']:,} us", _verdict(live["longest_us"] <= 2000)
+    else:
+        yield "live page: top 100 of 1,000,000 subjects < 100 ms", live, NA
+    yield "cluster: decisions/s, 3 masters against 1", results.cluster, NA
+
+
+def _decision_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
+    ping = results.floors["ping_p50"]
+    ours = [row for row in results.rows if row.kind == "ours"]
+    trips = max(row.trips for row in ours)
+    yield "round trips per limited request: 1.00, any number of policies", f"{trips:.2f} (max over our rows)", _verdict(trips == 1)
+    fixed, peer = _row(results, "ratelimit_app fixed_window, 1 policy"), _row(results, "limits fixed window (RedisStorage)")
+    if fixed and peer:
+        yield ("1 policy: p50 / PING no higher than limits' fixed window", f"ours {fixed.p50 / ping:.2f}, limits {peer.p50 / ping:.2f}",
+               _verdict(fixed.p50 <= peer.p50))
+        yield ("1 policy: decisions/s (2 procs) at least limits' fixed window", f"ours {fixed.rate:,.0f}, limits {peer.rate:,.0f}",
+               _verdict(fixed.rate >= peer.rate))
+    else:
+        yield "1 policy against limits' fixed window", "limits not installed", NA
+    singles = {row.strategies[0]: row for row in ours if len(row.strategies) == 1}
+    for row in ours:
+        if len(row.strategies) == 10:
+            reference = sum(singles[s].p50 for s in row.strategies) / len(row.strategies)
+            yield ("10 policies: p50 at most 2x one policy (the mean 1-policy p50 of the same strategies)",
+                   f"{row.p50:.1f} us = {row.p50 / reference:.2f}x {reference:.1f} us", _verdict(row.p50 <= 2 * reference))
+    exact = [(row.strategies[0], row.admitted) for row in ours if row.admitted is not None]
+    yield ("exactness: 8 x 100 against 100 admit exactly 100, every strategy", ", ".join(f"{s} {n}" for s, n in exact),
+           _verdict(all(n == 100 for _, n in exact)))
+    for row in results.rows:
+        if row.name.startswith(("DRF", "django-ratelimit")):
+            slowest = min(r.rate for r in ours if len(r.strategies) == 1)
+            yield (f"decisions/s >= 2 x {row.name}", f"{slowest / row.rate:.2f} x (slowest strategy of ours, 1 policy)",
+                   _verdict(slowest >= 2 * row.rate))
+
+
+def _command_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
+    for strategy in STRATEGIES:
+        budget = COMMAND_BUDGETS.get(strategy)
+        label = f"server-side commands per repeat decision, {strategy} <= {budget}"
+        row = _row(results, f"ratelimit_app {strategy}, 1 policy")
+        if row is None:
+            yield label, f"engine cannot decide {strategy} yet", NA
+        elif budget is not None:
+            yield label, f"{row.commands:.1f}", _verdict(row.commands <= budget)
+
+
+def _door_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
+    flood = results.deny_cache
+    label = "deny cache: Redis calls of a 10x flood's requests over the limit < 5% of the cache off"
+    if isinstance(flood, dict):
+        on, off = flood["on"], flood["off"]
+        share = on["over"] / off["over"] if off["over"] else 0.0
+        whole = (on["within"] + on["over"]) / max(off["within"] + off["over"], 1)
+        yield label, f"{share:.1%} ({on['over']} of {off['over']}; whole flood {whole:.1%})", _verdict(share < 0.05)
+        yield ("deny cache: nothing admitted over the limit", f"admitted {off['admitted']} off, {on['admitted']} on, limit "
+               f"{flood['limit']}", _verdict(on["admitted"] == off["admitted"] == flood["limit"]))
+    else:
+        yield label, flood, NA
+    o = results.overhead
+    for label, value in (("middleware", o["middleware_overhead"]), ("DRF throttle", o["throttle_overhead"])):
+        yield f"Python overhead per request <= {OVERHEAD_BUDGET_US} us ({label})", f"{value:.1f} us", _verdict(value <= OVERHEAD_BUDGET_US)
+    for name, label in (("middleware", "async middleware"), ("ahit", "ahit")):
+        figures = results.asynchronous.get(name, NA)
+        if isinstance(figures, dict):
+            yield (f"Python overhead per request <= {OVERHEAD_BUDGET_US} us ({label})", f"{figures['overhead']:.1f} us",
+                   _verdict(figures["overhead"] <= OVERHEAD_BUDGET_US))
+        else:
+            yield f"Python overhead per request <= {OVERHEAD_BUDGET_US} us ({label})", figures, NA
+
+
+def _memory_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
+    for strategy, (budget, sign) in MEMORY_BUDGETS.items():
+        label = f"{strategy} memory per subject {sign} {budget} bytes"
+        size = next((size for s, _, size, _ in results.memory if s == strategy), None)
+        if size is None:
+            yield label, f"engine cannot decide {strategy} yet", NA
+        else:
+            yield label, f"{size} bytes", _verdict(size < budget if sign == "<" else size <= budget)
+
+
+def _end_to_end_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
+    served = {s.name: s for s in results.e2e}
+    if not served:
+        yield "end to end", "not run", NA
+        return
+    base = results.e2e[0].rate
+    idle = served.get("ratelimit_app middleware, no policy matching")
+    if idle:
+        yield ("end to end: no policy matching >= 0.98x no middleware", f"{idle.rate / base:.2f}x",
+               _verdict(idle.rate >= 0.98 * base))
+    ours = served.get("ratelimit_app middleware, 1 policy")
+    for peer in ("django-ratelimit decorator", "DRF UserRateThrottle"):
+        if ours and peer in served:
+            yield (f"end to end: ours (middleware, 1 policy) ahead of {peer}",
+                   f"{ours.rate:,.0f} against {served[peer].rate:,.0f} req/s", _verdict(ours.rate > served[peer].rate))

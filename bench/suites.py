@@ -1,135 +1,111 @@
-"""The measurements of `make bench`, each a function returning rows of figures."""
+"""The decision measurements of `make bench` (ours beside the peers: limits, DRF, django-ratelimit),
+memory per subject, and run_all, which runs every part in order."""
 
 from __future__ import annotations
 
-import secrets
 import os
-import shutil
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from functools import partial
+from typing import Callable, NamedTuple
 
-from django.contrib.auth.models import AnonymousUser
+import redis
 from django.core.cache import caches
-from django.http import HttpResponse
-from django.test import RequestFactory
-from django_redis import get_redis_connection
 
-from bench.measure import admitted, cpu_per_call, latencies, outside_redis, p50, p99, per_call, throughput
-from ratelimit_app import engine, keys, scripts
-from ratelimit_app.engine import Check
-from ratelimit_app.models import Policy
-from ratelimit_app.policies import compile_policy
-from ratelimit_app.subjects import parse_key_spec, subject_for
+from bench import e2e, paths, scale
+from bench.common import (HUGE, STRATEGIES, Results, Row, client, decide, decider, policy, request, server, subject,
+                          unique)
+from bench.measure import admitted, interleaved_latencies, p50, p99, per_call, throughput
+from ratelimit_app import connection
 
-STRATEGIES = ("fixed_window", "sliding_window", "sliding_log")
-HUGE = 10**9
-ROOT = Path(__file__).resolve().parent.parent
-def _unique() -> int:
-    # forked workers create policies too: ids must not repeat across processes
-    return secrets.randbelow(10**9) + 10**6
-factory = RequestFactory()
+MIXES = (3, 10)  # policies per request in the mixed rows
 
 
-@dataclass
-class Results:
-    samples: int
-    seconds: float = 2.0  # per throughput measurement
-    e2e_seconds: int = 5  # per load-generator run
-    floors: dict = field(default_factory=dict)
-    rows: list = field(default_factory=list)  # (name, p50, p99, trips, bytes, commands, per second, admitted)
-    memory: list = field(default_factory=list)  # (strategy, limit, bytes, entries)
-    overhead: dict = field(default_factory=dict)
-    e2e: dict = field(default_factory=dict)
-    notes: list = field(default_factory=list)
-    versions: dict = field(default_factory=dict)
+class Contender(NamedTuple):
+    """One line of the decisions table: how to make its operation (again in each forked process),
+    and how to make an attempt against a fresh limit of 100 for the exactness column."""
+
+    name: str
+    kind: str  # "floor", "ours" or "peer"
+    make: Callable[[], Callable[[], object]]
+    attempt: Callable[[], Callable[[], bool]] | None = None
+    strategies: tuple[str, ...] = ()
 
 
-def policy(strategy: str, limit: int = HUGE, window: int = 3600, key: str = "ip", action: str = "*", save=False):
-    row = Policy(name=f"bench-{_unique()}", action=action, limit=limit, window=window, strategy=strategy, key=key)
-    row.full_clean()
-    if save:
-        row.save()
+# --- which strategies the engine decides ------------------------------------------------------
+
+
+def probe_strategies(results: Results) -> None:
+    """Strategies the model offers but the engine cannot decide yet show as n/a, with the reason."""
+    for strategy in STRATEGIES:
+        try:  # both shapes the rows use: a limit never reached, and a small one
+            for limit, window in ((HUGE, 3600), (100, 60)):
+                decide([policy(strategy, limit=limit, window=window)], subject("192.0.2.1"))
+        except Exception as error:  # noqa: BLE001 - any failure means "not decidable yet"; the reason is printed
+            results.unsupported[strategy] = f"{type(error).__name__}: {str(error).splitlines()[0][:120] if str(error) else ''}"
+        finally:
+            connection.breaker.reset()  # a script error opened the circuit: later rows must not see it
+
+
+# --- contenders --------------------------------------------------------------------------------
+
+
+TRIVIAL_FUNCTION = "#!lua name=bench\nredis.register_function('bench_one', function() return 1 end)"
+
+
+def floors(results: Results) -> list[Contender]:
+    def ping():
+        return client().ping
+
+    def trivial_script():
+        redis_client = client()
+        script = redis_client.register_script("return 1")
+        return lambda: script([], [], redis_client)
+
+    contenders = [Contender("floor: PING", "floor", ping), Contender("floor: EVALSHA `return 1`", "floor", trivial_script)]
+    try:  # Redis Functions (Redis >= 7, Valkey): is FCALL any cheaper than EVALSHA here?
+        client().function_load(TRIVIAL_FUNCTION, replace=True)
+    except redis.ResponseError as error:
+        results.notes.append(f"no FCALL floor: this server has no Redis Functions ({error})")
     else:
-        row.pk = _unique()
-    return compile_policy(row)
+        contenders.append(Contender("floor: FCALL `return 1`", "floor", lambda: lambda: client().fcall("bench_one", 0)))
+    return contenders
 
 
-def request(ip: str = "203.0.113.7", path: str = "/demo/search/"):
-    made = factory.get(path, REMOTE_ADDR=ip)
-    made.user = AnonymousUser()
-    return made
+def ours(results: Results) -> list[Contender]:
+    decidable = results.decidable()
+    contenders = [
+        Contender(f"ratelimit_app {s}, 1 policy", "ours", partial(_deciding, (s,)), partial(_attempting, policy(s, limit=100)), (s,))
+        for s in decidable
+    ]
+    for n in MIXES:
+        mix = tuple(decidable[i % len(decidable)] for i in range(n))
+        contenders.append(Contender(f"ratelimit_app mixed, {n} policies", "ours", partial(_deciding, mix), None, mix))
+    return contenders
 
 
-def subject(ip: str = "203.0.113.7"):
-    return subject_for(parse_key_spec("ip"), request(ip))
+def _deciding(strategies: tuple[str, ...]) -> Callable[[], object]:
+    return decider([policy(s) for s in strategies], subject())
 
 
-def client():
-    return get_redis_connection("default")
+def _attempting(limited) -> Callable[[], bool]:
+    # `limited` was made before forking: every process counts against the same policy
+    who = subject()
+    return lambda: decide([limited], who).allowed
 
 
-# --- floors ------------------------------------------------------------------------------------
+def _limits(strategy: str, rate: str, namespace: str):
+    from limits import parse, storage, strategies
+
+    limiter = {"fixed": strategies.FixedWindowRateLimiter, "moving": strategies.MovingWindowRateLimiter}[strategy]
+    item = parse(rate)
+    store = storage.RedisStorage(os.environ["REDIS_URL"])
+    hit = limiter(store).hit
+    return lambda: hit(item, namespace, "203.0.113.7")
 
 
-def floors(results: Results) -> None:
-    redis_client = client()
-    trivial = redis_client.register_script("return 1")
-    ping = latencies(redis_client.ping, results.samples)
-    evalsha = latencies(lambda: trivial([], []), results.samples)
-    results.floors = {"ping_p50": p50(ping), "ping_p99": p99(ping), "evalsha_p50": p50(evalsha), "evalsha_p99": p99(evalsha)}
-    results.rows.append(("floor: PING", p50(ping), p99(ping), 1, None, 1, None, None))
-    results.rows.append(("floor: EVALSHA `return 1`", p50(evalsha), p99(evalsha), 1, None, 1, None, None))
-
-
-# --- this engine -------------------------------------------------------------------------------
-
-
-def engine_rows(results: Results) -> None:
-    cases = [(f"ratelimit_app {s}, 1 policy", [s]) for s in STRATEGIES]
-    cases += [(f"ratelimit_app mixed, {n} policies", [STRATEGIES[i % 3] for i in range(n)]) for n in (3, 10)]
-    for name, strategies in cases:
-        checks = [Check(policy(s), subject(), HUGE) for s in strategies]
-        decide = lambda checks=checks: engine.decide(checks)  # noqa: E731
-        samples = latencies(decide, results.samples)
-        trips, sent, commands = per_call(client(), decide, 200)
-
-        def make(strategies=strategies):
-            own = [Check(policy(s), subject(), HUGE) for s in strategies]
-            return lambda: engine.decide(own)
-
-        rate = throughput(make, seconds=results.seconds)
-        exact = None
-        if len(strategies) == 1:
-            limited = policy(strategies[0], limit=100)
-
-            def attempt(limited=limited):
-                return lambda: engine.decide([Check(limited, subject(), 100)]).allowed
-
-            exact = admitted(attempt)
-        results.rows.append((name, p50(samples), p99(samples), trips, sent, commands, rate, exact))
-
-
-def memory(results: Results) -> None:
-    redis_client = client()
-    for strategy, limit, attempts in (("fixed_window", 100, 300), ("sliding_window", 100, 300), ("sliding_log", 100, 300),
-                                      ("sliding_log", 1000, 3000)):
-        compiled = policy(strategy, limit=limit, window=60)
-        who = subject(f"198.51.100.{_unique() % 250}")
-        for i in range(attempts):  # spread over the window so the sliding window fills its buckets
-            engine.decide([Check(compiled, who, limit)], now=1_800_000_000 + i * 59 / attempts)
-        name = keys.counter_key(compiled, who.key)
-        kind = redis_client.type(name).decode()
-        entries = {"hash": redis_client.hlen, "zset": redis_client.zcard}.get(kind, lambda _: 1)(name)
-        results.memory.append((strategy, limit, redis_client.memory_usage(name, samples=0), entries))
-
-
-# --- peers -------------------------------------------------------------------------------------
-
-
-def _drf_throttle(kind: str, rate: str):
+def _drf_throttle(kind: str, rate: str, ip: str = "203.0.113.7"):
+    from django.contrib.auth.models import AnonymousUser
     from rest_framework.request import Request
     from rest_framework.throttling import ScopedRateThrottle, UserRateThrottle
 
@@ -142,7 +118,7 @@ def _drf_throttle(kind: str, rate: str):
         cache = caches["default"]
         THROTTLE_RATES = {"bench": rate, "user": rate}
 
-    drf_request = Request(request())
+    drf_request = Request(request(ip))
     drf_request.user = AnonymousUser()
     view = View()
     return lambda: Throttle().allow_request(drf_request, view)
@@ -155,176 +131,132 @@ def _django_ratelimit(rate: str, group: str):
     return lambda: not is_ratelimited(plain, group=group, key="ip", rate=rate, increment=True)
 
 
-def peer_rows(results: Results) -> None:
+def peers(results: Results) -> list[Contender]:
+    contenders = []
+    try:
+        import limits  # noqa: F401
+    except ImportError:
+        results.notes.append("limits is not installed (bench/requirements.txt): its rows are missing.")
+    else:
+        for strategy, label in (("fixed", "fixed window"), ("moving", "moving window")):
+            spaces = (f"bench-{unique()}", f"bench-{unique()}")  # made here, so forked processes share one limit
+            contenders.append(Contender(
+                f"limits {label} (RedisStorage)", "peer",
+                lambda strategy=strategy, space=spaces[0]: _limits(strategy, f"{HUGE}/hour", space),
+                lambda strategy=strategy, space=spaces[1]: _limits(strategy, "100/hour", space),
+            ))
+    contenders += [
+        # DRF keys its history by scope and address only: the exactness attempts come from other addresses
+        Contender("DRF ScopedRateThrottle", "peer", lambda: _drf_throttle("scoped", f"{HUGE}/hour"),
+                  lambda: _drf_throttle("scoped", "100/hour", "203.0.113.8")),
+        Contender("DRF UserRateThrottle (anonymous: by IP)", "peer", lambda: _drf_throttle("user", f"{HUGE}/hour"),
+                  lambda: _drf_throttle("user", "100/hour", "203.0.113.9")),
+    ]
     try:
         import django_ratelimit  # noqa: F401
     except ImportError:
         results.notes.append("django-ratelimit is not installed (bench/requirements.txt): its rows are missing.")
-        peers = []
     else:
-        group = f"bench-{_unique()}"  # made here, so forked processes share one limit
-        peers = [("django-ratelimit is_ratelimited", lambda rate: _django_ratelimit(rate, group))]
-    peers = [
-        ("DRF ScopedRateThrottle", lambda rate: _drf_throttle("scoped", rate)),
-        ("DRF UserRateThrottle (anonymous: by IP)", lambda rate: _drf_throttle("user", rate)),
-    ] + peers
-    for name, build in peers:
-        caches["default"].clear()
-        operation = build("1000000000/hour")
-        samples = latencies(operation, results.samples)
-        trips, sent, commands = per_call(client(), operation, 200)
-        rate = throughput(lambda build=build: build("1000000000/hour"), seconds=results.seconds)
-        caches["default"].clear()
-        exact = admitted(lambda build=build: build("100/hour"))
-        results.rows.append((name, p50(samples), p99(samples), trips, sent, commands, rate, exact))
+        groups = (f"bench-{unique()}", f"bench-{unique()}")
+        contenders.append(Contender(
+            "django-ratelimit is_ratelimited", "peer",
+            lambda: _django_ratelimit(f"{HUGE}/h", groups[0]), lambda: _django_ratelimit("100/h", groups[1]),
+        ))
+    return contenders
 
 
-# --- Python overhead ---------------------------------------------------------------------------
+# --- the decisions table -----------------------------------------------------------------------
 
 
-def overhead(results: Results) -> None:
-    from rest_framework.request import Request
-    from rest_framework.views import APIView
-
-    from ratelimit_app import policies
-    from ratelimit_app.middleware import RateLimitMiddleware
-    from ratelimit_app.throttling import PolicyThrottle
-
-    saved = policy("fixed_window", action="demo:search", save=True)
-    policies._state.stale = True
-    def view(request):
-        return HttpResponse("ok")
-
-    middleware = RateLimitMiddleware(view)
+def decisions(results: Results) -> None:
+    """Every contender measured in the same run: latencies interleaved, throughput in alternating
+    rounds, so that the machine's load weighs on all of them alike."""
+    contenders = floors(results) + ours(results) + peers(results)
+    operations = {c.name: c.make() for c in contenders}
+    samples = interleaved_latencies(operations, results.samples)
     redis_client = client()
-    script = scripts.scripts.get("decide", redis_client)
-    who = subject()
-    raw_keys = [keys.counter_key(saved, who.key), keys.live_key(saved), keys.totals_key(saved), keys.version_key()]
-    raw_args = ["", "0", 2000, 1, saved.strategy, HUGE, saved.window_ms, saved.bucket_ms, "1", engine.live_member(who, HUGE, saved)]
-
-    class ItemsView(APIView):
-        throttle_scope = "demo:search"
-
-    def drf_request():
-        made = Request(request())
-        made.user = AnonymousUser()
-        return made
-
-    throttle_view = ItemsView()
-    paths = {
-        "middleware": lambda pending: middleware(next(pending)),
-        "view": lambda pending: view(next(pending)),
-        "throttle": lambda pending: PolicyThrottle().allow_request(next(pending), throttle_view),
-        "raw": lambda pending: script(raw_keys, raw_args, redis_client),
-    }
-    count = results.samples
-    for name, call in paths.items():
-        # fresh requests, made beforehand: a request is decided once, and making it is not ours to count
-        pending = iter([drf_request() if name == "throttle" else request() for _ in range(3 * count + 600)])
-        results.overhead[f"{name}_p50"] = p50(latencies(lambda: call(pending), count, warmup=300))
-        results.overhead[f"{name}_cpu"] = cpu_per_call(lambda: call(pending), count, warmup=0)
-        results.overhead[f"{name}_outside"] = outside_redis(lambda: call(pending), count, warmup=0)
-    o = results.overhead
-    o["middleware_overhead"] = o["middleware_outside"] - o["view_outside"]
-    o["throttle_overhead"] = o["throttle_outside"]
-    o["middleware_cpu_overhead"] = o["middleware_cpu"] - o["view_cpu"] - o["raw_cpu"]
-    o["throttle_cpu_overhead"] = o["throttle_cpu"] - o["raw_cpu"]
-    Policy.objects.filter(pk=saved.id).delete()
+    wire = {c.name: per_call(redis_client, operations[c.name], 200) for c in contenders}
+    rates = {c.name: 0.0 for c in contenders if c.kind != "floor"}
+    rounds = 1 if results.quick else 4  # short alternating rounds: a burst of load elsewhere hits every row
+    for number in range(rounds):
+        order = [c for c in contenders if c.kind != "floor"]
+        for contender in order if number % 2 == 0 else reversed(order):
+            rates[contender.name] += throughput(contender.make, seconds=results.seconds / rounds) / rounds
+    for contender in contenders:
+        exact = admitted(contender.attempt) if contender.attempt else None
+        trips, sent, commands = wire[contender.name]
+        if contender.kind == "floor":
+            sent = None
+        taken = samples[contender.name]
+        results.rows.append(Row(contender.name, contender.kind, contender.strategies, p50(taken), p99(taken), trips, sent,
+                                commands, rates.get(contender.name), exact))
+    results.floors = {"ping_p50": results.rows[0].p50, "evalsha_p50": results.rows[1].p50}
 
 
-# --- end to end --------------------------------------------------------------------------------
+def memory(results: Results) -> None:
+    """MEMORY USAGE of the keys carrying one subject's hash, after filling its window."""
+    redis_client = server()
+    cases = [(s, 100, 300) for s in results.decidable()]
+    if "sliding_log" in results.decidable():
+        cases.append(("sliding_log", 1000, 3000))
+    for strategy, limit, attempts in cases:
+        compiled = policy(strategy, limit=limit, window=60)
+        who = subject(f"198.51.100.{unique() % 250}")
+        for i in range(attempts):  # spread over the window so that the sliding window fills its buckets
+            decide([compiled], who, now=1_800_000_000 + i * 59 / attempts)
+        pattern = "*" + "".join(f"[{c}]" if c in "*?[]\\" else c for c in who.key) + "*"
+        names = [name for name in redis_client.scan_iter(match=pattern, count=1000)]
+        size = sum(redis_client.memory_usage(name, samples=0) or 0 for name in names)
+        entries = sum(_entries(redis_client, name) for name in names)
+        results.memory.append((strategy, limit, size, entries))
 
 
-def _serve(settings_module: str, env: dict) -> tuple[subprocess.Popen, int]:
-    from project.devredis import free_port
-
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-w", "2", "-b", f"127.0.0.1:{port}", "--log-level", "warning", "project.wsgi"],
-        cwd=ROOT, env={**env, "DJANGO_SETTINGS_MODULE": settings_module}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    import urllib.request
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/demo/search/?q=a", timeout=2).read()
-            return process, port
-        except OSError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("gunicorn did not start")
-
-
-def _load(port: int, seconds: int) -> float:
-    url = f"http://127.0.0.1:{port}/demo/search/?q=a"
-    done = subprocess.run(["wrk", "-t2", "-c4", f"-d{seconds}s", url], capture_output=True, text=True, timeout=seconds + 30)
-    for line in done.stdout.splitlines():
-        if line.startswith("Requests/sec:"):
-            return float(line.split()[1])
-    raise RuntimeError(f"wrk printed no rate:\n{done.stdout}\n{done.stderr}")
-
-
-def ensure_wrk(results: Results) -> bool:
-    if shutil.which("wrk"):
-        return True
-    installed = subprocess.run("apt-get update -qq && apt-get install -y -qq wrk", shell=True, capture_output=True)
-    if installed.returncode or not shutil.which("wrk"):
-        results.notes.append("wrk could not be installed (apt-get install wrk): end-to-end rows are missing.")
-        return False
-    return True
-
-
-def end_to_end(results: Results) -> None:
-    if not ensure_wrk(results):
-        return
-    env = dict(os.environ)
-    configurations = [
-        ("middleware off", "bench.settings_nolimit", []),
-        ("1 policy", "project.settings", [("demo:search", "fixed_window")]),
-        ("3 policies", "project.settings", [("demo:search", "fixed_window"), ("/demo/", "sliding_window"), ("*", "sliding_log")]),
-    ]
-    for name, settings_module, wanted in configurations:
-        Policy.objects.all().delete()
-        for action, strategy in wanted:
-            policy(strategy, action=action, save=True)
-        process, port = _serve(settings_module, env)
-        try:
-            _load(port, 1)  # warm up both workers
-            results.e2e[name] = _load(port, results.e2e_seconds)
-        finally:
-            process.terminate()
-            process.wait(timeout=10)
-    Policy.objects.all().delete()
+def _entries(redis_client, name) -> int:
+    kind = redis_client.type(name).decode()
+    return {"hash": redis_client.hlen, "zset": redis_client.zcard, "list": redis_client.llen}.get(kind, lambda _: 1)(name)
 
 
 def versions(results: Results) -> None:
     import platform
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    info = client().info("server")
+    info = server().info("server")
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    results.load_start = os.getloadavg()[0]
     results.versions = {
-        "machine": f"{os.cpu_count()} cores, {cpu}",
+        "machine": f"{os.cpu_count()} cores, {cpu}, load average {results.load_start:.1f} at the start",
         "python": platform.python_version(),
         "redis server": f"{info['redis_version']} ({info.get('executable') or 'external'})",
-        **{name: version(name) for name in ("django", "djangorestframework", "django-redis", "redis")},
     }
-    try:
-        results.versions["django-ratelimit"] = version("django-ratelimit")
-    except Exception:  # noqa: BLE001 - only informative
-        pass
+    for name in ("django", "djangorestframework", "django-redis", "redis", "hiredis", "limits", "django-ratelimit"):
+        try:
+            results.versions[name] = version(name)
+        except PackageNotFoundError:
+            results.versions[name] = "not installed"
 
 
 def run_all(quick: bool = False) -> Results:
-    results = Results(samples=500 if quick else 5000, seconds=0.5 if quick else 2.0)
+    results = Results(quick=quick, samples=500 if quick else 5000, seconds=0.3 if quick else 2.0)
+    if quick:
+        results.e2e_seconds, results.e2e_rounds = 1.0, 1
     versions(results)
-    client().flushdb()
-    floors(results)
-    engine_rows(results)
-    memory(results)
-    peer_rows(results)
-    overhead(results)
-    if not quick:
-        end_to_end(results)
+    server().flushdb()
+    parts = [
+        ("strategies", probe_strategies), ("decisions", decisions), ("memory", memory), ("overhead", paths.overhead),
+        ("async", paths.asynchronous), ("deny cache", paths.deny_cache),
+        ("live page", lambda results: scale.live_page(results, subjects=20_000 if quick else 1_000_000)),
+        ("cluster", scale.cluster), ("end to end", e2e.end_to_end),
+    ]
+    for name, part in parts:
+        started = time.monotonic()
+        print(f"bench: {name}...", end=" ", file=sys.stderr, flush=True)
+        part(results)
+        server().flushdb()  # each part starts from an empty server (the live page leaves a million keys)
+        print(f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    busiest = max(results.load_start, os.getloadavg()[0])
+    if busiest > (os.cpu_count() or 1):
+        results.notes.append(
+            f"measured on a busy machine (load average up to {busiest:.1f} on {os.cpu_count()} cores): absolute figures, "
+            "throughput and the end-to-end ratios are noisy; re-run on a quiet machine before drawing conclusions."
+        )
     return results

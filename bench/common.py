@@ -1,0 +1,130 @@
+"""What every part of the bench shares: the results it fills, and how it makes policies, requests,
+subjects and engine calls (the one place to adapt when the engine's API moves)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import redis
+from django.contrib.auth.models import AnonymousUser
+from django.test import RequestFactory
+from django_redis import get_redis_connection
+
+from ratelimit_app import engine
+from ratelimit_app.engine import Check
+from ratelimit_app.models import Policy, Strategy
+from ratelimit_app.policies import CompiledPolicy, compile_policy
+from ratelimit_app.subjects import Subject, parse_key_spec, subject_for
+
+HUGE = 10**9  # a limit no measurement reaches: every decision admits and counts
+STRATEGIES: tuple[str, ...] = tuple(Strategy.values)  # what the Policy model offers, decidable or not yet
+factory = RequestFactory()
+
+
+class Row(NamedTuple):
+    """One line of the decisions table (None: not measured for this row)."""
+
+    name: str
+    kind: str  # "floor", "ours" or "peer"
+    strategies: tuple[str, ...]  # ours: the strategy of each policy decided
+    p50: float
+    p99: float
+    trips: float | None
+    sent: float | None
+    commands: float | None
+    rate: float | None
+    admitted: int | None
+
+
+class Served(NamedTuple):
+    """One configuration of the end-to-end table."""
+
+    name: str
+    rate: float
+    requests: int
+    failed: int  # answers other than 2xx (none expected: no limit is reached)
+    commands: float  # Redis commands per request (server side)
+    redis_us: float  # Redis server microseconds per request
+
+
+@dataclass
+class Results:
+    quick: bool
+    samples: int
+    seconds: float = 2.0  # per throughput measurement
+    e2e_seconds: float = 2.0  # per configuration and round of the end-to-end run
+    e2e_rounds: int = 6  # short interleaved rounds: a burst of load elsewhere hits every configuration
+    floors: dict = field(default_factory=dict)
+    rows: list[Row] = field(default_factory=list)
+    unsupported: dict[str, str] = field(default_factory=dict)  # strategy -> why the engine cannot decide it
+    memory: list = field(default_factory=list)  # (strategy, limit, bytes, entries)
+    overhead: dict = field(default_factory=dict)
+    asynchronous: dict[str, dict | str] = field(default_factory=dict)  # path -> figures or why n/a
+    deny_cache: dict | str = "not measured"
+    e2e: list[Served] = field(default_factory=list)
+    e2e_generator: str = ""
+    live: dict | str = "not measured"
+    cluster: str = "not measured"
+    notes: list[str] = field(default_factory=list)
+    versions: dict = field(default_factory=dict)
+    load_start: float = 0.0  # load average when the run started
+
+    def decidable(self) -> list[str]:
+        return [s for s in STRATEGIES if s not in self.unsupported]
+
+
+def unique() -> int:
+    # forked workers create policies too: ids must not repeat across processes
+    return secrets.randbelow(10**9) + 10**6
+
+
+def policy(strategy: str, limit: int = HUGE, window: int = 3600, key: str = "ip", action: str = "*",
+           save: bool = False) -> CompiledPolicy:
+    row = Policy(name=f"bench-{unique()}", action=action, limit=limit, window=window, strategy=strategy, key=key)
+    row.full_clean()
+    if save:
+        row.save()
+    else:
+        row.pk = unique()
+    return compile_policy(row)
+
+
+def request(ip: str = "203.0.113.7", path: str = "/demo/search/"):
+    made = factory.get(path, REMOTE_ADDR=ip)
+    made.user = AnonymousUser()
+    return made
+
+
+def subject(ip: str = "203.0.113.7") -> Subject:
+    return subject_for(parse_key_spec("ip"), request(ip))
+
+
+def decide(policies: list[CompiledPolicy], who: Subject, *, limit: int | None = None, now: float | None = None):
+    """One engine call deciding `policies` for `who` (each at its own limit unless `limit` is given)."""
+    return engine.decide([Check(p, who, p.limit if limit is None else limit) for p in policies], now=now)
+
+
+def decider(policies: list[CompiledPolicy], who: Subject):
+    """A call deciding `policies` for `who` again and again, its checks built once (as a door would)."""
+    checks = [Check(p, who, p.limit) for p in policies]
+    return lambda: engine.decide(checks)
+
+
+def client():
+    """The engine's own client (django-redis, with the site's short timeouts): what measured calls use."""
+    return get_redis_connection("default")
+
+
+_server = None
+
+
+def server():
+    """A client of the same server with long timeouts, for the bench's own chores (seeding a million
+    subjects, FLUSHDB, SLOWLOG, INFO), which the site's 0.25 s timeouts were never meant for."""
+    global _server
+    if _server is None:
+        _server = redis.Redis.from_url(os.environ["REDIS_URL"], socket_timeout=60, socket_connect_timeout=5)
+    return _server

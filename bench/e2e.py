@@ -1,0 +1,195 @@
+"""End to end: the same trivial view served by gunicorn (2 workers) on loopback under a load generator
+(wrk, else a Python one), with no limiter, with ours and with the peers; configurations interleaved
+in rounds so that the machine's load weighs on all of them alike."""
+
+from __future__ import annotations
+
+import http.client
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import NamedTuple
+
+from bench.common import Results, Served, policy, server
+from bench.measure import server_work
+from ratelimit_app.models import Policy
+
+
+class Configuration(NamedTuple):
+    name: str
+    middleware: bool  # served with RateLimitMiddleware installed
+    path: str  # in bench/site.py
+
+
+CONFIGURATIONS = (
+    Configuration("no limiter", False, "/plain/"),
+    Configuration("ratelimit_app middleware, no policy matching", True, "/p0/"),
+    Configuration("ratelimit_app middleware, 1 policy", True, "/p1/"),
+    Configuration("ratelimit_app middleware, 3 policies", True, "/p3/"),
+    Configuration("django-ratelimit decorator", False, "/django-ratelimit/"),
+    Configuration("DRF APIView, no throttle", False, "/drf/"),
+    Configuration("DRF UserRateThrottle", False, "/drf-user-throttle/"),
+    Configuration("ratelimit_app PolicyThrottle on the DRF view, 1 policy", False, "/drf-policy-throttle/"),
+)
+# (action, strategy): p1 matches one policy, p3 three, the DRF view one (by throttle_scope)
+POLICIES = (("p1", "fixed_window"), ("p3", "fixed_window"), ("/p3/", "sliding_window"), ("/p3", "sliding_log"),
+            ("bench-drf", "fixed_window"))
+ROOT = Path(__file__).resolve().parent.parent
+WRK = ["wrk", "-t2", "-c4"]
+PYTHON_PROCESSES = 4
+
+
+class Load(NamedTuple):
+    requests: int
+    seconds: float
+    failed: int
+
+
+# --- servers -----------------------------------------------------------------------------------
+
+
+class Site:
+    """gunicorn with 2 sync workers serving bench/site.py on a free loopback port."""
+
+    def __init__(self, middleware: bool) -> None:
+        from project.devredis import free_port
+
+        self.port = free_port()
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings_e2e", "BENCH_MIDDLEWARE": "1" if middleware else "0"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-w", "2", "-b", f"127.0.0.1:{self.port}", "--log-level", "warning",
+             "project.wsgi"],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        self.middleware = middleware
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def wait(self, path: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gunicorn exited: {self.process.stderr.read().decode(errors='replace')[-2000:]}")
+            try:
+                urllib.request.urlopen(self.url(path), timeout=2).read()
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("gunicorn did not start")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+# --- load generators ---------------------------------------------------------------------------
+
+
+def wrk(url: str, seconds: int) -> Load:
+    done = subprocess.run([*WRK, f"-d{seconds}s", url], capture_output=True, text=True, timeout=seconds + 30)
+    total = re.search(r"(\d+) requests in ([\d.]+)(m?s)", done.stdout)
+    if not total:
+        raise RuntimeError(f"wrk printed no count:\n{done.stdout}\n{done.stderr}")
+    taken = float(total.group(2)) / (1000 if total.group(3) == "ms" else 1)
+    failed = re.search(r"Non-2xx or 3xx responses: (\d+)", done.stdout)
+    return Load(int(total.group(1)), taken, int(failed.group(1)) if failed else 0)
+
+
+def _python_worker(port: int, path: str, seconds: float, limit: int, results) -> None:
+    done = failed = 0
+    deadline = time.perf_counter() + seconds
+    while done < limit and time.perf_counter() < deadline:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            connection.request("GET", path)
+            response = connection.getresponse()
+            response.read()
+            failed += not 200 <= response.status < 300
+        except OSError:
+            failed += 1
+        finally:
+            connection.close()
+        done += 1
+    results.put((done, failed))
+
+
+def python_load(port: int, path: str, seconds: int, limit: int = 200_000) -> Load:
+    """PYTHON_PROCESSES processes, each a loop of one request per connection, bounded in time and count."""
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    workers = [context.Process(target=_python_worker, args=(port, path, seconds, limit, results))
+               for _ in range(PYTHON_PROCESSES)]
+    started = time.perf_counter()
+    for worker in workers:
+        worker.start()
+    counts = [results.get(timeout=seconds + 60) for _ in workers]
+    for worker in workers:
+        worker.join()
+    return Load(sum(c[0] for c in counts), time.perf_counter() - started, sum(c[1] for c in counts))
+
+
+def generator(results: Results):
+    """wrk when it is there (make bench installs it with scripts/ensure-wrk), else the Python one."""
+    if not shutil.which("wrk") and not results.quick:
+        subprocess.run([str(ROOT / "scripts" / "ensure-wrk")], check=False)
+    if shutil.which("wrk"):
+        results.e2e_generator = f"`{' '.join(WRK)}`, {results.e2e_rounds} x {results.e2e_seconds:g} s per configuration"
+        return lambda site, path, seconds: wrk(site.url(path), seconds)
+    results.e2e_generator = (f"a Python load generator ({PYTHON_PROCESSES} processes, one request per connection; wrk "
+                             f"is not installed), {results.e2e_rounds} x {results.e2e_seconds:g} s per configuration")
+    return lambda site, path, seconds: python_load(site.port, path, seconds)
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+def end_to_end(results: Results) -> None:
+    from bench.site import urlpatterns
+
+    served = {f"/{pattern.pattern}" for pattern in urlpatterns}
+    configurations = [c for c in CONFIGURATIONS if c.path in served]
+    results.notes += [f"end to end: {c.name} is left out ({c.path} is not served; a peer is not installed)"
+                      for c in CONFIGURATIONS if c.path not in served]
+    Policy.objects.all().delete()
+    for action, strategy in POLICIES:
+        policy(strategy, action=action, save=True)
+    load = generator(results)
+    sites = {middleware: Site(middleware) for middleware in (False, True)}
+    totals = {c.name: [0, 0.0, 0, 0, 0] for c in configurations}  # requests, seconds, failed, commands, usec
+    seconds = int(results.e2e_seconds)
+    redis_client = server()
+    try:
+        for site in sites.values():
+            site.wait("/p0/" if site.middleware else "/plain/")
+        for configuration in configurations:  # both workers of each site import and load everything
+            if results.quick:
+                urllib.request.urlopen(sites[configuration.middleware].url(configuration.path), timeout=5).read()
+            else:
+                load(sites[configuration.middleware], configuration.path, 1)
+        for number in range(results.e2e_rounds):
+            for configuration in configurations if number % 2 == 0 else reversed(configurations):
+                before = server_work(redis_client)
+                done = load(sites[configuration.middleware], configuration.path, seconds)
+                after = server_work(redis_client)
+                total = totals[configuration.name]
+                for i, value in enumerate((*done, after[0] - before[0], after[1] - before[1])):
+                    total[i] += value
+    finally:
+        for site in sites.values():
+            site.stop()
+        Policy.objects.all().delete()
+    for configuration in configurations:
+        requests, taken, failed, commands, usec = totals[configuration.name]
+        results.e2e.append(Served(configuration.name, requests / taken, requests, failed, commands / max(requests, 1),
+                                  usec / max(requests, 1)))

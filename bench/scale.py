@@ -1,0 +1,113 @@
+"""Rows about scale: the live page over a million subjects, and the cluster (a hook until the
+cluster harness lands)."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from typing import Iterator
+
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.urls import reverse
+
+from bench.common import Results, decide, policy, server, subject
+from bench.measure import recording_commands
+from ratelimit_app.models import Policy
+from ratelimit_app.subjects import Subject
+
+BUSY = 150  # subjects given more requests than the rest: the top 100 of the live page must be theirs
+BATCH = 2000  # commands per pipeline while seeding
+
+
+def _arrivals(subjects: int) -> Iterator[int]:
+    """Every subject once, and busy subject i (i < BUSY) i + 1 more times, spread over the whole run."""
+    extra = [i for i in range(BUSY) for _ in range(i + 1)]
+    random.Random(15).shuffle(extra)
+    due = len(extra) / subjects  # extra arrivals per regular one
+    for number in range(subjects):
+        yield number
+        while extra and len(extra) > (subjects - number - 1) * due:
+            yield extra.pop()
+
+
+def _seeded(number: int) -> Subject:
+    return Subject(f"{number:016x}", f"ip:10.{number >> 16 & 255}.{number >> 8 & 255}.{number & 255}")
+
+
+def seed(compiled, subjects: int) -> float:
+    """Decide one request for each of `subjects` subjects (and more for the busy ones) with the engine's
+    own command, pipelined: what the engine would have written, at a fraction of the time. Seconds taken."""
+    template = subject("10.255.255.254")
+    with recording_commands() as sent:
+        decide([compiled], template)
+    command = next(args for _, args in reversed(sent) if any(template.key in str(a) for a in args))
+    # the arguments naming the subject (its keys, its live index entry) change; the rest is sent as is
+    varying = [(i, value) for i, value in enumerate(command)
+               if isinstance(value, str) and (template.key in value or template.display in value)]
+    started = time.perf_counter()
+    pipe = server().pipeline(transaction=False)
+    args = list(command)
+    for position, number in enumerate(_arrivals(subjects), 1):
+        made = _seeded(number)
+        for i, value in varying:
+            args[i] = value.replace(template.key, made.key).replace(template.display, made.display)
+        pipe.execute_command(*args)
+        if position % BATCH == 0:
+            pipe.execute()
+    pipe.execute()
+    return time.perf_counter() - started
+
+
+def _longest_command(redis_client, operation) -> tuple[int, str]:
+    """The longest single Redis command (microseconds, SLOWLOG) while `operation` runs, and its name."""
+    saved = {name: redis_client.config_get(name)[name] for name in ("slowlog-log-slower-than", "slowlog-max-len")}
+    redis_client.config_set("slowlog-log-slower-than", 0)
+    redis_client.config_set("slowlog-max-len", 1000)
+    redis_client.slowlog_reset()
+    try:
+        operation()
+        entries = redis_client.slowlog_get(1000)
+    finally:
+        for name, value in saved.items():
+            redis_client.config_set(name, value)
+    ignored = (b"SLOWLOG", b"CONFIG")
+    timed = [(e["duration"], e["command"][:40].decode(errors="replace")) for e in entries
+             if not e["command"].upper().startswith(ignored)]
+    return max(timed, default=(0, "none"))
+
+
+def live_page(results: Results, subjects: int) -> None:
+    """The live page's JSON (top 100, busiest first) for one policy with `subjects` active subjects."""
+    compiled = policy("fixed_window", limit=1000, window=3600, action="bench:live", save=True)
+    seconds = seed(compiled, subjects)
+    operator = get_user_model().objects.create_superuser("bench-operator", "bench@example.com", "bench-password-1")
+    browser = Client()
+    browser.force_login(operator)
+    url = reverse("admin:ratelimit_app_policy_live", args=[compiled.id]) + "?format=json&limit=100"
+    browser.get(url)  # the first read pays for imports and the session
+    timings, answer = [], None
+    for _ in range(5):
+        started = time.perf_counter()
+        answer = browser.get(url)
+        timings.append(time.perf_counter() - started)
+    longest, longest_name = _longest_command(server(), lambda: browser.get(url))
+    shown = answer.json()["subjects"] if answer.status_code == 200 else []
+    busiest = {_seeded(number).display for number in range(BUSY - 100, BUSY)}
+    results.live = {
+        "subjects": subjects, "seed_seconds": seconds, "status": answer.status_code, "ms": statistics.median(timings) * 1000,
+        "shown": len(shown), "busiest_found": len(busiest & {entry["subject"] for entry in shown[:100]}),
+        "longest_us": longest, "longest_command": longest_name,
+    }
+    Policy.objects.filter(pk=compiled.id).delete()
+    operator.delete()
+
+
+def cluster(results: Results) -> None:
+    """Decisions/s against 1 master and against 3 masters, round trips per request on the cluster.
+
+    Hook for the cluster harness (issue 16): once a 3-master cluster can be started locally, start it
+    here, point RATELIMIT's client at it, and measure `throughput` of the engine with enough processes
+    to load three masters. Until then the row says n/a."""
+    results.cluster = "n/a (no cluster harness in this tree yet)"

@@ -1,0 +1,56 @@
+"""`python -m bench --quick` runs from start to end and prints its report, so the bench cannot rot
+unnoticed while the engine changes. No timing is asserted: only that every part ran and printed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from project.devredis import PrivateRedis
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
+SECTIONS = ("## Decisions", "## Memory per subject", "## Python overhead", "## Local deny cache", "## Live page",
+            "## End to end", "## Cluster", "## Budgets")
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    work = tmp_path_factory.mktemp("bench")
+    output = work / "RESULTS.md"
+    # a server of its own: the bench empties the one it measures
+    with PrivateRedis() as server:
+        done = subprocess.run(
+            [sys.executable, "-m", "bench", "--quick", "--output", str(output), "--workdir", str(work)],
+            cwd=ROOT, env={**os.environ, "REDIS_URL": server.url}, capture_output=True, text=True, timeout=600,
+        )
+    return done, output
+
+
+def test_quick_bench_runs_and_prints_every_section(quick_run):
+    done, output = quick_run
+    assert done.returncode == 0, done.stderr[-4000:]
+    for section in SECTIONS:
+        assert section in done.stdout, section
+    assert output.read_text(encoding="utf-8") in done.stdout
+
+
+def test_quick_bench_measures_every_strategy_the_engine_decides(quick_run):
+    done, _ = quick_run
+    for strategy in ("fixed_window", "sliding_window", "sliding_log"):
+        row = re.search(rf"^\| ratelimit_app {strategy}, 1 policy \| ([\d,.]+) \|", done.stdout, re.MULTILINE)
+        assert row, f"no measured row for {strategy}"
+
+
+def test_every_budget_is_marked_pass_miss_or_na(quick_run):
+    done, _ = quick_run
+    budgets = done.stdout.split("## Budgets", 1)[1].split("\n\n", 2)[1]
+    rows = [line for line in budgets.splitlines() if line.startswith("| ") and not line.startswith("| budget")]
+    assert len(rows) >= 15
+    for line in rows:
+        assert line.rstrip().endswith(("| PASS |", "| **MISS** |", "| n/a |")), line
