@@ -18,7 +18,6 @@ from tests.helpers import check, make_policy, policy
 from tests.servers import ROOT, Server, fetch, manage, site_env
 
 
-
 def decisions(policy_name: str, outcome: str) -> float:
     return REGISTRY.get_sample_value("ratelimit_decisions_total", {"policy": policy_name, "outcome": outcome}) or 0
 
