@@ -32,6 +32,9 @@ DEFAULTS: dict[str, Any] = {
     "RATELIMIT_LIVE_INDEX_SIZE": 2000,
     # Dotted path of a view answering denied requests instead of the built-in 429 response.
     "RATELIMIT_DENIED_VIEW": None,
+    # Policies declared in settings, e.g. [{"name": "api", "action": "/api/", "rate": "100/m", "key": "user_or_ip"}]:
+    # written to the database as policies from code (see registry.py).
+    "RATELIMIT_POLICIES": (),
 }
 
 
