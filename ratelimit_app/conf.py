@@ -38,6 +38,9 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+# A setting read under another library's name when ours is not set: django-ratelimit's cache alias.
+FALLBACKS = {"RATELIMIT_CACHE": "RATELIMIT_USE_CACHE"}
+
 _cache: dict[str, Any] = {}
 
 
@@ -46,7 +49,8 @@ def get_setting(name: str) -> Any:
     try:
         return _cache[name]
     except KeyError:
-        value = _cache[name] = getattr(settings, name, DEFAULTS[name])
+        default = getattr(settings, FALLBACKS[name], DEFAULTS[name]) if name in FALLBACKS else DEFAULTS[name]
+        value = _cache[name] = getattr(settings, name, default)
         return value
 
 

@@ -10,17 +10,20 @@ import logging
 import re
 import threading
 from hashlib import blake2b
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from django.core.checks import Error, register
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DatabaseError, transaction
 from django.db.models.signals import post_migrate
 from django.dispatch import receiver
+from django.utils import timezone
 
 from .conf import get_setting
+from .connection import RedisUnavailable
 from .models import Mode, Policy, Source, Strategy
 from .rates import format_rate, parse_rate
+from .version import bump_version
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -36,13 +39,16 @@ NAME_LENGTH = 64
 class CodePolicy:
     """One policy as the code declares it: its name, the values of CODE_FIELDS, and where it was declared."""
 
-    __slots__ = ("name", "values", "origin", "description")
+    __slots__ = ("name", "values", "origin", "description", "create_only")
 
-    def __init__(self, name: str, values: dict[str, Any], origin: str, description: str = "") -> None:
+    def __init__(self, name: str, values: dict[str, Any], origin: str, description: str = "", create_only: bool = False) -> None:
         self.name = name
         self.values = values
         self.origin = origin
         self.description = description
+        # the row is created from these values but never updated from them: for a limit the code computes
+        # per request (a callable rate), where each process may first see a different one
+        self.create_only = create_only
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, CodePolicy) and (self.name, self.values) == (other.name, other.values)
@@ -77,6 +83,7 @@ def code_policy(
     burst: int | None = None,
     bucket_size: int | None = None,
     description: str = "",
+    create_only: bool = False,
 ) -> CodePolicy:
     """A validated declaration, not registered (no database access); ImproperlyConfigured when a value is wrong."""
     limit, window = _limit_and_window(origin, rate, limit, window)
@@ -88,7 +95,7 @@ def code_policy(
         row.full_clean(exclude=["source"], validate_unique=False, validate_constraints=False)
     except ValidationError as error:
         raise ImproperlyConfigured(f"{origin}: {_messages(error)}") from error
-    return CodePolicy(name, {field: getattr(row, field) for field in CODE_FIELDS}, origin, description or f"Declared by {origin}.")
+    return CodePolicy(name, {field: getattr(row, field) for field in CODE_FIELDS}, origin, description or f"Declared by {origin}.", create_only)
 
 
 def _limit_and_window(origin: str, rate, limit, window) -> tuple[int, int]:
@@ -132,6 +139,8 @@ def slug_name(text: str, prefix: str = "") -> str:
 class _Registry:
     def __init__(self) -> None:
         self.declared: dict[str, CodePolicy] = {}
+        # functions returning declarations read from settings at each sync (so override_settings works)
+        self.providers: list[Callable[[], list[CodePolicy]]] = []
         self.synced: set[str] = set()  # names written to the database with their current values
         self.lock = threading.Lock()
 
@@ -150,11 +159,18 @@ def register_policy(policy: CodePolicy) -> CodePolicy:
     return policy
 
 
+def add_provider(provider: Callable[[], list[CodePolicy]]) -> None:
+    """Declarations that depend on settings (RATELIMIT_POLICIES, DRF's DEFAULT_THROTTLE_RATES), read at each sync."""
+    if provider not in _registry.providers:
+        _registry.providers.append(provider)
+
+
 def declared_policies() -> list[CodePolicy]:
-    """Everything declared in code: decorators and compat classes imported so far, and RATELIMIT_POLICIES."""
+    """Everything declared in code: decorators and compat classes imported so far, and the providers'."""
     found = dict(_registry.declared)
-    for policy in settings_policies(errors=None):
-        found.setdefault(policy.name, policy)
+    for provider in _registry.providers:
+        for policy in provider():
+            found.setdefault(policy.name, policy)
     return list(found.values())
 
 
@@ -197,6 +213,8 @@ def _from_setting(entry: Any, origin: str) -> CodePolicy:
 def sync(policies: Sequence[CodePolicy] | None = None, *, using: str = "default") -> int:
     """Create or update the rows of declared policies; returns how many rows were written.
 
+    Rows are written without the save signals, so that the policy index, which calls this before
+    reading the rows, is not marked stale by its own load; other workers hear of it once committed.
     A database error is logged, not raised: requests go on with the policies already loaded.
     """
     policies = declared_policies() if policies is None else list(policies)
@@ -206,6 +224,8 @@ def sync(policies: Sequence[CodePolicy] | None = None, *, using: str = "default"
         with transaction.atomic(using=using):
             rows = {row.name: row for row in Policy.objects.using(using).filter(name__in=[p.name for p in policies])}
             written = sum(_sync_row(policy, rows.get(policy.name), using) for policy in policies)
+            if written:
+                transaction.on_commit(_announce, using=using)
     except DatabaseError as error:
         logger.error("ratelimit: could not write the policies declared in code to the database: %s", error)
         return 0
@@ -216,15 +236,19 @@ def sync(policies: Sequence[CodePolicy] | None = None, *, using: str = "default"
 
 def ensure_synced(policy: CodePolicy) -> None:
     """Write a declaration made after the policy index loaded (a view module imported late); cheap after."""
-    if policy.name not in _registry.synced:
-        sync([policy])
+    if policy.name not in _registry.synced and sync([policy]):
+        from .policies import policies_changed  # policies imports this module
+
+        policies_changed()  # this process reloads its index now
 
 
 def _sync_row(policy: CodePolicy, row: Policy | None, using: str) -> bool:
     if row is None:
         row = Policy(name=policy.name, source=Source.CODE, code_values=policy.values, description=policy.description, **policy.values)
-        row.save(using=using)
+        Policy.objects.using(using).bulk_create([row])
         return True
+    if policy.create_only and row.source == Source.CODE:
+        return False
     if row.source != Source.CODE:
         logger.warning(
             "ratelimit: %s declares the policy %r, but a policy of that name was written in the admin; "
@@ -242,8 +266,15 @@ def _sync_row(policy: CodePolicy, row: Policy | None, using: str) -> bool:
     except ValidationError as error:
         logger.error("ratelimit: the code's values for policy %r do not fit the admin's changes (%s); kept as it was.", policy.name, _messages(error))
         return False
-    row.save(using=using)
+    Policy.objects.using(using).filter(pk=row.pk).update(code_values=policy.values, updated=timezone.now(), **merged)
     return True
+
+
+def _announce() -> None:
+    try:
+        bump_version()
+    except RedisUnavailable as error:
+        logger.warning("ratelimit: could not announce the policies declared in code to other workers: %s", error)
 
 
 def _merge(row: Policy, declared: dict[str, Any]) -> dict[str, Any]:
@@ -302,3 +333,6 @@ def check_declared_policies(app_configs: object = None, **kwargs: object) -> lis
         Error(message, hint="Fix the entry in your settings; it is not enforced meanwhile.", id="ratelimit_app.E010")
         for message in errors
     ]
+
+
+add_provider(settings_policies)

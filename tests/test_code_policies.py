@@ -16,12 +16,21 @@ from ratelimit_app.decorators import ratelimit
 from ratelimit_app.models import Policy
 from ratelimit_app.policies import get_index
 from ratelimit_app.rates import format_rate, parse_rate
-from tests.code_urls import login
 
 pytestmark = pytest.mark.django_db
 
 CHANGELIST = "/admin/ratelimit_app/policy/"
 LOGIN_POLICY = "tests-code-urls-login"
+
+
+@pytest.fixture(autouse=True)
+def forget_declarations():
+    """Declarations a test makes do not outlive it (the URLconf's stay: its module is imported once)."""
+    before = set(registry._registry.declared)
+    yield
+    for name in set(registry._registry.declared) - before:
+        if "tests.code_urls" not in registry._registry.declared[name].origin:
+            del registry._registry.declared[name]
 
 
 def change_form(policy: Policy, **changes) -> dict:
@@ -36,6 +45,8 @@ def change_form(policy: Policy, **changes) -> dict:
 
 
 def login_policy() -> Policy:
+    import tests.code_urls  # noqa: F401  (declares its policies; imported late so other tests' databases hold none)
+
     registry.sync()
     return Policy.objects.get(name=LOGIN_POLICY)
 
@@ -306,4 +317,3 @@ def test_the_live_page_lists_the_subjects_of_a_declared_policy(admin_client, cli
     policy = Policy.objects.get(name=LOGIN_POLICY)
     data = admin_client.get(f"/admin/ratelimit_app/policy/{policy.pk}/live/?format=json").json()
     assert [(s["subject"], s["count"]) for s in data["subjects"]] == [("ip:198.51.100.4", 1)]
-    assert login is not None  # the URLconf's module declared it
