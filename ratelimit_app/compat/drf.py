@@ -86,23 +86,23 @@ class SimpleRateThrottle(drf.SimpleRateThrottle):
         return door.Want(self.code_policy(), door.subject(self.key))
 
     def _decision(self, request, view) -> Decision | None:
-        decided = getattr(request, DECISIONS_ATTRIBUTE, None)
-        if decided is None or decided[0] is not view:
-            decided = (view, self._decide_view(request, view))
-            setattr(request, DECISIONS_ATTRIBUTE, decided)
         want = self._want(request, view)
-        found = decided[1].get((want.policy.name, want.subject.key), _MISSING)
-        if found is _MISSING:  # not among the view's throttle_classes (called on its own): decide it alone
-            found = self._decide(request, [want]).get((want.policy.name, want.subject.key))
-        return found
+        key = (want.policy.name, want.subject.key)
+        decided = getattr(request, DECISIONS_ATTRIBUTE, None) if view is not None else None
+        if view is not None and (decided is None or decided[0] is not view):
+            decided = (view, self._decide_view(request, view, want))
+            setattr(request, DECISIONS_ATTRIBUTE, decided)
+        if decided is not None and key in decided[1]:
+            return decided[1][key]
+        return self._decide(request, [want]).get(key)  # called on its own, outside its view's throttle_classes
 
-    def _decide_view(self, request, view) -> dict[tuple[str, str], Decision | None]:
+    def _decide_view(self, request, view, want: door.Want) -> dict[tuple[str, str], Decision | None]:
         """Every compat throttle of the view in one call, so that DRF's loop over them costs one round trip."""
-        wants = [self._want(request, view)]
+        wants = [want]
         for sibling in _siblings(view, self):
-            want = sibling._prepared_want(request, view)
-            if want is not None:
-                wants.append(want)
+            sibling_want = sibling._prepared_want(request, view)
+            if sibling_want is not None:
+                wants.append(sibling_want)
         return self._decide(request, wants)
 
     def _prepared_want(self, request, view) -> door.Want | None:
@@ -115,8 +115,7 @@ class SimpleRateThrottle(drf.SimpleRateThrottle):
     def _decide(self, request, wants: list[door.Want]) -> dict[tuple[str, str], Decision | None]:
         if not get_setting("RATELIMIT_ENABLED"):
             return {}
-        timer = getattr(self, "timer")
-        now = None if timer is time.time else timer()  # DRF's tests move time by replacing the timer
+        now = None if self.timer is time.time else self.now  # DRF's tests move time by replacing the timer
         try:
             decisions = door.decide(request, wants, now=now)
         except RedisUnavailable:
