@@ -20,7 +20,7 @@ def test_the_upstream_test_files_pass_against_the_compat_modules(tmp_path):
     files = fetch()
     report = tmp_path / "report.xml"
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-c", str(ROOT / "tests" / "upstream" / "pytest.ini"), "--rootdir", str(ROOT), "--ds=tests.upstream.settings",
+        [sys.executable, "-m", "pytest", "-c", str(ROOT / "tests" / "upstream" / "upstream.ini"), "--rootdir", str(ROOT), "--ds=tests.upstream.settings",
          "-q", "-rfE", f"--junitxml={report}", *map(str, files)],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
     )
