@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth.models import AnonymousUser
 from django.test import RequestFactory, override_settings
 
-from ratelimit_app import connection
+from ratelimit_app import connection, limiter
 from ratelimit_app.compat.django_ratelimit import Ratelimited, get_usage, is_ratelimited, ratelimit
 from ratelimit_app.models import Policy
 from tests.helpers import count_round_trips
@@ -91,8 +91,8 @@ def test_header_and_parameter_values_are_shown_masked(admin_client):
 
 
 @pytest.mark.urls("tests.compat_urls")
-@override_settings(RATELIMIT_VIEW="tests.compat_urls.denied")
 def test_ratelimit_view_answers_through_the_middleware(client, settings):
+    settings.RATELIMIT_VIEW = "tests.compat_urls.denied"
     settings.MIDDLEWARE = [*settings.MIDDLEWARE, "ratelimit_app.compat.django_ratelimit.RatelimitMiddleware"]
     assert [client.get("/contact/").status_code for _ in range(3)] == [200, 200, 429]
     assert client.get("/contact/").content == b"slow down"
@@ -115,6 +115,15 @@ def test_blocking_raises_ratelimited():
         view(rf.get("/"))
 
 
+@pytest.fixture
+def outage_forgotten():
+    """The outage this test causes is not the one the next test's log should be quiet about."""
+    yield
+    limiter.outage._logged_at = 0.0
+    connection.breaker.reset()
+
+
+@pytest.mark.usefixtures("outage_forgotten")
 @override_settings(RATELIMIT_USE_CACHE="unreachable", CACHES={
     "default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:1/0"},
     "unreachable": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:1/0"},
