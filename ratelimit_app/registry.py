@@ -150,6 +150,8 @@ _registry = _Registry()
 
 def register_policy(policy: CodePolicy) -> CodePolicy:
     """Add or replace a declaration (a module imported again, a compat class with a new rate)."""
+    if _registry.declared.get(policy.name) is policy:
+        return policy  # the compat doors declare on every request: no lock for the usual case
     with _registry.lock:
         known = _registry.declared.get(policy.name)
         if known == policy:

@@ -77,10 +77,9 @@ class SimpleRateThrottle(drf.SimpleRateThrottle):
     def code_policy(self) -> CodePolicy:
         """The policy this throttle's rate stands for: `drf-<scope>`, or per class for a class's own rate."""
         cls = type(self)
-        own_rate = getattr(cls, "rate", None) is not None
-        name = registry.slug_name(f"{self.scope or ''}-{cls.__name__}" if own_rate else str(self.scope), prefix="drf-")
-        origin = f"DRF throttle {cls.__module__}.{cls.__qualname__}" + (f" (scope {self.scope!r})" if self.scope else "")
-        return _declare(name, self.num_requests, self.duration, self.policy_key, origin)
+        name, origin = _naming(cls, self.scope, getattr(cls, "rate", None) is not None)
+        # registering an equal declaration again is a dictionary lookup; a changed rate replaces it
+        return registry.register_policy(_code_policy(name, self.num_requests, self.duration, self.policy_key, origin))
 
     def _want(self, request, view) -> door.Want:
         return door.Want(self.code_policy(), door.subject(self.key))
@@ -135,9 +134,10 @@ def _siblings(view, throttle: SimpleRateThrottle) -> list[SimpleRateThrottle]:
     return [t for t in get_throttles() if isinstance(t, SimpleRateThrottle) and type(t) is not type(throttle)]
 
 
-def _declare(name: str, limit: int, window: int, key: str, origin: str) -> CodePolicy:
-    # registering an equal declaration again is a dictionary lookup; a changed rate replaces it
-    return registry.register_policy(_code_policy(name, limit, window, key, origin))
+@lru_cache(maxsize=1024)
+def _naming(cls: type, scope: str | None, own_rate: bool) -> tuple[str, str]:
+    name = registry.slug_name(f"{scope or ''}-{cls.__name__}" if own_rate else str(scope), prefix="drf-")
+    return name, f"DRF throttle {cls.__module__}.{cls.__qualname__}" + (f" (scope {scope!r})" if scope else "")
 
 
 @lru_cache(maxsize=1024)
