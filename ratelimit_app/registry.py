@@ -34,6 +34,7 @@ OPERATOR_FIELDS = RATE_FIELDS + ("mode", "enabled")
 CODE_FIELDS = ("action", "key", "methods") + OPERATOR_FIELDS
 SETTING_KEYS = {"name", "action", "rate", "limit", "window", "key", "strategy", "methods", "mode", "enabled", "burst", "bucket_size", "description"}
 NAME_LENGTH = 64
+COMPUTED = "computed"  # in code_values: the code computes the limit per request (a callable rate)
 
 
 class CodePolicy:
@@ -246,7 +247,9 @@ def ensure_synced(policy: CodePolicy) -> None:
 
 def _sync_row(policy: CodePolicy, row: Policy | None, using: str) -> bool:
     if row is None:
-        row = Policy(name=policy.name, source=Source.CODE, code_values=policy.values, description=policy.description, **policy.values)
+        # a computed limit is marked: this process may declare it only at the first request it limits
+        code_values = {**policy.values, COMPUTED: True} if policy.create_only else policy.values
+        row = Policy(name=policy.name, source=Source.CODE, code_values=code_values, description=policy.description, **policy.values)
         Policy.objects.using(using).bulk_create([row])
         return True
     if policy.create_only and row.source == Source.CODE:
@@ -306,8 +309,13 @@ def declared_names() -> set[str]:
 
 
 def no_longer_in_code(row: Policy, names: set[str] | None = None) -> bool:
-    """A code policy that nothing loaded in this process declares any more (kept and enforced as it is)."""
-    return row.source == Source.CODE and row.name not in (declared_names() if names is None else names)
+    """A code policy that nothing loaded in this process declares any more (kept and enforced as it is).
+
+    Unknown (False) for a limit computed per request, declared only when a request first meets it.
+    """
+    if row.source != Source.CODE or (row.code_values or {}).get(COMPUTED):
+        return False
+    return row.name not in (declared_names() if names is None else names)
 
 
 def revert(row: Policy) -> list[str]:

@@ -16,6 +16,7 @@ from ratelimit_app.decorators import ratelimit
 from ratelimit_app.models import Policy
 from ratelimit_app.policies import get_index
 from ratelimit_app.rates import format_rate, parse_rate
+from tests.helpers import declarations_forgotten
 
 pytestmark = pytest.mark.django_db
 
@@ -26,11 +27,8 @@ LOGIN_POLICY = "tests-code-urls-login"
 @pytest.fixture(autouse=True)
 def forget_declarations():
     """Declarations a test makes do not outlive it (the URLconf's stay: its module is imported once)."""
-    before = set(registry._registry.declared)
-    yield
-    for name in set(registry._registry.declared) - before:
-        if "tests.code_urls" not in registry._registry.declared[name].origin:
-            del registry._registry.declared[name]
+    with declarations_forgotten(keep="tests.code_urls"):
+        yield
 
 
 def change_form(policy: Policy, **changes) -> dict:

@@ -9,10 +9,10 @@ import pytest
 from django.contrib.auth.models import AnonymousUser
 from django.test import RequestFactory, override_settings
 
-from ratelimit_app import connection, limiter
+from ratelimit_app import connection, limiter, registry
 from ratelimit_app.compat.django_ratelimit import Ratelimited, get_usage, is_ratelimited, ratelimit
 from ratelimit_app.models import Policy
-from tests.helpers import count_round_trips
+from tests.helpers import count_round_trips, declarations_forgotten
 
 pytestmark = pytest.mark.django_db
 
@@ -22,6 +22,13 @@ rf = RequestFactory()
 def usage(increment=True, ip="203.0.113.7", rate="2/m", **options):
     return get_usage(rf.get("/", REMOTE_ADDR=ip), group="search", key="ip", rate=rate, increment=increment, **options)
 
+
+
+@pytest.fixture(autouse=True)
+def forget_declarations():
+    """The rates a test uses are not synced into later tests' databases."""
+    with declarations_forgotten():
+        yield
 
 def test_each_group_and_rate_shows_in_the_admin_as_a_policy_from_code(admin_client):
     usage()
@@ -41,6 +48,25 @@ def test_a_decorated_views_policy_is_named_after_the_view():
     post_comment(request)
     row = Policy.objects.get(source="code", action__endswith=".post_comment")
     assert (row.limit, row.window, row.methods, row.key) == (5, 3600, "DELETE,PATCH,POST,PUT", "user_or_ip")
+
+
+def test_a_fixed_rate_shows_in_the_admin_before_the_views_first_request(admin_client):
+    @ratelimit(group="signup", key="ip", rate="3/h")
+    def signup(request):
+        return "ok"
+
+    page = admin_client.get("/admin/ratelimit_app/policy/").content.decode()
+    assert "rl-signup-3-h-ip" in page and '<td class="field-origin">code</td>' in page
+
+
+def test_a_computed_rate_is_never_marked_no_longer_in_code(admin_client):
+    def rate(group, request):
+        return "2/m"
+
+    is_ratelimited(rf.get("/"), group="computed", key="ip", rate=rate, increment=True)
+    registry._registry.declared.pop(Policy.objects.get(action="django-ratelimit:computed").name)  # a fresh worker
+    page = admin_client.get("/admin/ratelimit_app/policy/").content.decode()
+    assert "no longer in code" not in page
 
 
 def test_refused_requests_are_not_counted():

@@ -15,7 +15,7 @@ from ratelimit_app import connection, limiter
 from ratelimit_app.compat.drf import AnonRateThrottle, SimpleRateThrottle, UserRateThrottle
 from ratelimit_app.models import Override, Policy
 from ratelimit_app.policies import get_index
-from tests.helpers import count_round_trips
+from tests.helpers import count_round_trips, declarations_forgotten
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.compat_urls")]
 
@@ -116,6 +116,23 @@ def test_the_live_page_shows_the_throttles_subjects_and_reset_lets_them_in_again
     assert [(s["subject"], s["count"], s["blocked"]) for s in subjects] == [("throttle_anon_198.51.100.2", 3, True)]
     admin_client.post(live + "reset/", {"subject": subjects[0]["key"]})
     assert client.get("/items/", REMOTE_ADDR="198.51.100.2").status_code == 200
+
+
+
+@pytest.fixture(autouse=True)
+def forget_declarations():
+    """The rates a test uses are not synced into later tests' databases."""
+    with declarations_forgotten():
+        yield
+
+def test_a_throttle_class_with_its_own_rate_shows_in_the_admin_before_any_request():
+    class Uploads(UserRateThrottle):
+        scope = "uploads"
+        rate = "20/h"
+
+    get_index()
+    row = Policy.objects.get(name="drf-uploads-uploads")
+    assert (row.source, row.limit, row.window, row.key) == ("code", 20, 3600, "user_or_ip")
 
 
 def test_several_compat_throttles_of_a_view_cost_one_round_trip():

@@ -53,6 +53,8 @@ def ratelimit(group: str | None = None, key=None, rate=None, method=ALL, block: 
     """Count every call of the view; over the rate, set request.limited and (block=True) raise Ratelimited."""
 
     def decorator(fn):
+        _declare_static(group, fn, key, rate, method)
+
         @wraps(fn)
         def _wrapped(request, *args, **kw):
             old_limited = getattr(request, "limited", False)
@@ -85,6 +87,18 @@ class RatelimitMiddleware:
         if not isinstance(exception, Ratelimited):
             return None
         return import_string(settings.RATELIMIT_VIEW)(request, exception)
+
+
+def _declare_static(group, fn, key, rate, method) -> None:
+    """A fixed rate's policy is known at import: the admin lists it before the view's first request."""
+    if not key or rate is None or callable(rate) or (isinstance(rate, str) and "." in rate):
+        return  # computed per request: declared when a request first meets it
+    try:
+        limit, window = parse_rate(rate)
+    except ValueError:
+        return  # refused when the view is called, as django-ratelimit does
+    if limit > 0:
+        _policy(group if group is not None else _group_of(fn), limit, window, _methods(method), _key_label(key))
 
 
 # --- the functions ------------------------------------------------------------------------------

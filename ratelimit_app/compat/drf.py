@@ -51,6 +51,20 @@ class SimpleRateThrottle(drf.SimpleRateThrottle):
     THROTTLE_RATES = _DefaultRates()
     policy_key = "user_or_ip"  # who the policy counts, as the admin shows it (the cache key decides)
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's own rate is a policy from its definition on: the admin lists it before any request."""
+        super().__init_subclass__(**kwargs)
+        rate = vars(cls).get("rate")
+        if isinstance(rate, str):
+            try:
+                limit, window = parse_rate(rate)
+            except ValueError:
+                return  # refused when the throttle is used, as DRF does
+            if limit == 0:
+                return  # refuses everything without asking Redis, and has no policy
+            name, origin = _naming(cls, getattr(cls, "scope", None), True)
+            registry.register_policy(_code_policy(name, limit, window, cls.policy_key, origin))
+
     def parse_rate(self, rate: str | None) -> tuple[int | None, int | None]:
         """DRF's forms ('100/min', '1000/day') and shorter ones ('10/5m'); (None, None) for no rate."""
         return (None, None) if rate is None else parse_rate(rate)
@@ -61,6 +75,8 @@ class SimpleRateThrottle(drf.SimpleRateThrottle):
         self.key = self.get_cache_key(request, view)
         if self.key is None:
             return True
+        if self.num_requests == 0:
+            return False  # '0/m': nothing is ever admitted, no need to ask
         self.now = self.timer()
         self.decision = self._decision(request, view)
         return self.decision is None or self.decision.allowed
