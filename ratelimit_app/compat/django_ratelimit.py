@@ -28,7 +28,7 @@ from django.utils.module_loading import import_string
 
 from .. import connection, registry
 from ..conf import get_setting
-from ..engine import RedisUnavailable
+from ..engine import Decision, RedisUnavailable
 from ..models import Strategy
 from ..rates import format_rate, parse_rate
 from ..registry import CodePolicy
@@ -121,7 +121,7 @@ def get_usage(request, group=None, fn=None, key=None, rate=None, method=ALL, inc
     if not _method_match(request, method):
         return None
     group = group if group is not None else _group_of(fn)
-    computed = callable(rate) or (isinstance(rate, str) and "." in rate)
+    computed = callable(rate) or (isinstance(rate, str) and "." in rate)  # a function of (group, request)
     if computed:
         rate = (rate if callable(rate) else import_string(rate))(group, request)
     if rate is None:
@@ -142,13 +142,17 @@ def get_usage(request, group=None, fn=None, key=None, rate=None, method=ALL, inc
         # a check that counts follows RATELIMIT_FAIL_OPEN (default False, as in django-ratelimit); one that
         # does not count cannot know and says "not limited", as django-ratelimit's cache lookup does
         return None if getattr(settings, "RATELIMIT_FAIL_OPEN", False) or not increment else dict(FAIL_CLOSED)
-    if decision is None:
-        return None  # disabled in the admin, or an exempt subject
+    return None if decision is None else _usage(decision, window)  # None: disabled in the admin, or exempt
+
+
+def _usage(decision: Decision, window: int) -> dict[str, Any]:
+    """django-ratelimit's dict; a refused request is reported in `count` though it is not stored."""
+    left = decision.retry_after if decision.exceeded else decision.reset_in
     return {
-        "count": decision.count + decision.exceeded,  # a refused request is reported, not stored
+        "count": decision.count + decision.exceeded,
         "limit": decision.limit,
-        "should_limit": not decision.allowed,
-        "time_left": math.ceil(decision.retry_after if decision.exceeded else decision.reset_in) or window,
+        "should_limit": not decision.allowed,  # a shadow policy never limits
+        "time_left": math.ceil(left) or window,
     }
 
 
