@@ -340,7 +340,7 @@ def check_declared_policies(app_configs: object = None, **kwargs: object) -> lis
     errors: list[str] = []
     settings_policies(errors)
     return [
-        Error(message, hint="Fix the entry in your settings; it is not enforced meanwhile.", id="ratelimit_app.E010")
+        Error(message, hint="Fix the entry in your settings. Where checks do not run (e.g. under gunicorn) it is skipped, with a logged error.", id="ratelimit_app.E010")
         for message in errors
     ]
 
