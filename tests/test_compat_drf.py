@@ -9,10 +9,9 @@ import pytest
 from django.contrib.auth.models import AnonymousUser
 from django.test import override_settings
 from rest_framework.test import APIRequestFactory
-from rest_framework.views import APIView
 
 from ratelimit_app import connection, limiter
-from ratelimit_app.compat.drf import AnonRateThrottle, SimpleRateThrottle, UserRateThrottle
+from ratelimit_app.compat.drf import AnonRateThrottle, UserRateThrottle
 from ratelimit_app.models import Override, Policy
 from ratelimit_app.policies import get_index
 from tests.helpers import count_round_trips, declarations_forgotten
@@ -28,28 +27,12 @@ def get(view, ip="203.0.113.7", **headers):
     return view(request)
 
 
-class Burst(UserRateThrottle):
-    rate = "2/m"
-    scope = "burst"
+def two_throttles():
+    """A view with two compat throttles (imported here: declared at collection, their policies would be in
+    every test's database)."""
+    from tests.compat_throttles import TwoThrottles
 
-
-class PerApiKey(SimpleRateThrottle):
-    """A subclass with its own cache key: one count per API key header."""
-
-    rate = "1/m"
-
-    def get_cache_key(self, request, view):
-        key = request.META.get("HTTP_X_API_KEY")
-        return None if key is None else self.cache_format % {"scope": "apikey", "ident": key}
-
-
-class TwoThrottles(APIView):
-    throttle_classes = (Burst, PerApiKey)
-
-    def get(self, request):
-        from rest_framework.response import Response
-
-        return Response("ok")
+    return TwoThrottles.as_view()
 
 
 @override_settings(REST_FRAMEWORK=RATES)
@@ -136,7 +119,7 @@ def test_a_throttle_class_with_its_own_rate_shows_in_the_admin_before_any_reques
 
 
 def test_several_compat_throttles_of_a_view_cost_one_round_trip():
-    view = TwoThrottles.as_view()
+    view = two_throttles()
     get(view, HTTP_X_API_KEY="k1")  # loads the policies and writes their rows
     with count_round_trips() as trips:
         assert get(view, HTTP_X_API_KEY="k1").status_code == 429  # PerApiKey: 1/m
@@ -144,7 +127,7 @@ def test_several_compat_throttles_of_a_view_cost_one_round_trip():
 
 
 def test_a_subclass_with_its_own_cache_key_counts_by_it():
-    view = TwoThrottles.as_view()
+    view = two_throttles()
     assert get(view, HTTP_X_API_KEY="k1").status_code == 200
     assert get(view, ip="198.51.100.3", HTTP_X_API_KEY="k1").status_code == 429  # the same key elsewhere
     assert get(view, ip="198.51.100.3", HTTP_X_API_KEY="k2").status_code == 200
@@ -152,7 +135,7 @@ def test_a_subclass_with_its_own_cache_key_counts_by_it():
 
 
 def test_a_refused_request_is_counted_by_no_throttle_of_the_view():
-    view = TwoThrottles.as_view()
+    view = two_throttles()
     assert get(view, HTTP_X_API_KEY="k1").status_code == 200  # Burst (2/m per address): 1
     assert get(view, HTTP_X_API_KEY="k1").status_code == 429  # refused by PerApiKey: Burst still 1 (DRF: 2)
     assert get(view).status_code == 200  # no key, so only Burst: its second request
@@ -170,7 +153,7 @@ def outage_forgotten():
 @pytest.mark.usefixtures("outage_forgotten")
 def test_fail_closed_answers_503_when_redis_is_down(settings):
     settings.RATELIMIT_FAIL_OPEN = False  # the settings fixture only: mixed with override_settings it would leak
-    view = TwoThrottles.as_view()
+    view = two_throttles()
     get(view, HTTP_X_API_KEY="k1")
     settings.CACHES = {**settings.CACHES, "default": {**settings.CACHES["default"], "LOCATION": "redis://127.0.0.1:1/0"}}
     try:
@@ -192,11 +175,9 @@ def test_rate_none_allows_everything_without_asking_redis():
 # --- exactness under concurrency ---------------------------------------------------------------
 
 
-class Hundred(AnonRateThrottle):
-    rate = "100/h"
-
-
 def _attempts(start, results):
+    from tests.compat_throttles import Hundred
+
     start.wait()
     connection._client = None  # a fresh connection in each process, as every worker has
     admitted = 0
@@ -210,6 +191,8 @@ def _attempts(start, results):
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_eight_processes_hitting_one_subject_admit_exactly_the_limit():
+    from tests.compat_throttles import Hundred
+
     request = APIRequestFactory().get("/", REMOTE_ADDR="198.51.100.99")
     request.user = AnonymousUser()
     assert Hundred().allow_request(request, None)  # writes the policy's row and loads it before forking
