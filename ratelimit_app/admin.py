@@ -15,10 +15,11 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from . import live, tester
+from . import live, registry, tester
 from .connection import RedisUnavailable
 from .models import Mode, Override, Policy
 from .policies import CompiledPolicy, compile_policy
+from .rates import EXAMPLES, format_rate, parse_rate
 from .subjects import SubjectTextError, subject_from_text
 
 LIVE_ROWS = 100
@@ -49,19 +50,55 @@ class PolicyListForm(forms.ModelForm):
             self.fields["mode"].choices = [(mode, mode) for mode in Mode.values]
 
 
+class PolicyForm(forms.ModelForm):
+    """The change form, with a `rate` field: '100/m' fills the limit and the window in one go."""
+
+    rate = forms.CharField(
+        label="rate",
+        required=False,
+        help_text=f"Optional shorthand for the limit and the window, {EXAMPLES}. When given, it wins over both.",
+    )
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for field in ("limit", "window"):  # the rate may stand in for them
+            if field in self.fields and "rate" in self.fields:
+                self.fields[field].required = False
+
+    def clean(self) -> dict:
+        data = super().clean()
+        rate = (data.get("rate") or "").strip()
+        if rate:
+            try:
+                data["limit"], data["window"] = parse_rate(rate)
+            except ValueError as error:
+                self.add_error("rate", str(error))
+                return data
+            self.errors.pop("limit", None)
+            self.errors.pop("window", None)
+            if data["limit"] < 1:
+                self.add_error("rate", "The limit must be at least 1 request per window.")
+        else:
+            for field in ("limit", "window"):
+                if field in self.fields and data.get(field) is None and field not in self.errors:
+                    self.add_error(field, "Give a value here, or a rate such as 100/m.")
+        return data
+
+
 @admin.register(Policy)
 class PolicyAdmin(admin.ModelAdmin):
-    list_display = ("name", "action", "rate", "strategy", "key", "mode", "enabled", "active_now", "denied_now", "denials_trend", "live_link")
+    form = PolicyForm
+    list_display = ("name", "origin", "action", "rate", "strategy", "key", "mode", "enabled", "active_now", "denied_now", "denials_trend", "live_link")
     list_editable = ("mode", "enabled")
     list_filter = ("strategy", "mode", "enabled")
     search_fields = ("name", "action", "key", "description")
-    actions = ("enable", "disable", "make_shadow", "make_enforce", "reset_counts")
+    actions = ("enable", "disable", "make_shadow", "make_enforce", "reset_counts", "revert_to_code")
     inlines = (OverrideInline,)
     readonly_fields = ("generation", "created", "updated")
     fieldsets = (
         (None, {"fields": ("name", "description", "enabled", "mode")}),
         ("What it protects", {"fields": ("action", "methods")}),
-        ("How much", {"fields": ("limit", "window", "strategy", "bucket_size", "burst", "key")}),
+        ("How much", {"fields": ("rate", "limit", "window", "strategy", "bucket_size", "burst", "key")}),
         ("Bookkeeping", {"classes": ("collapse",), "fields": ("generation", "created", "updated")}),
     )
 
@@ -160,11 +197,87 @@ class PolicyAdmin(admin.ModelAdmin):
             reset += 1
         self.message_user(request, f"Counts reset for {reset} policies.", messages.SUCCESS)
 
+    # --- policies declared in code: marked, code-owned fields read-only, revert ----------------------
+
+    @admin.display(description="from")
+    def origin(self, policy: Policy) -> str:
+        """'admin', 'code', 'code, changed here' or 'code, no longer in code'."""
+        if policy.source != "code":
+            return "admin"
+        if registry.no_longer_in_code(policy, self._declared_names()):
+            return "code, no longer in code"
+        return "code, changed here" if registry.changed_fields(policy) else "code"
+
+    def _declared_names(self) -> set[str]:
+        names = getattr(self, "_names_this_request", None)
+        return registry.declared_names() if names is None else names
+
+    @admin.display(description="declared in code")
+    def code_status(self, policy: Policy) -> str:
+        values = policy.code_values or {}
+        rate = format_rate(values.get("limit", 0), values.get("window", 1))
+        said = f"The code declares {rate}, {values.get('strategy')}, per {values.get('key')}, {values.get('mode')}" + (
+            "" if values.get("enabled", True) else ", disabled"
+        )
+        changed = registry.changed_fields(policy)
+        if registry.no_longer_in_code(policy):
+            return said + ". No code loaded here declares it any more: it is kept, and enforced, as it is."
+        if not changed:
+            return said + ". This policy has the code's values."
+        shown = ", ".join(f"{field} {getattr(policy, field)} (code: {values.get(field)})" for field in changed)
+        return said + f". Changed here: {shown}. A deploy does not override these until you revert."
+
+    def get_readonly_fields(self, request, obj=None):
+        fields = super().get_readonly_fields(request, obj)
+        if obj is not None and obj.source == "code":
+            return (*fields, "code_status", "name", "action", "key", "methods")  # the code decides these
+        return fields
+
+    def get_fieldsets(self, request, obj=None):
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is not None and obj.source == "code":
+            fieldsets = (("Declared in code", {"fields": ("code_status",)}), *fieldsets)
+        return fieldsets
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        if obj is not None and obj.source == "code" and not registry.no_longer_in_code(obj):
+            return False  # it would come back at the next load: disable it instead
+        return super().has_delete_permission(request, obj)
+
+    def changelist_view(self, request, extra_context=None):
+        self._names_this_request = registry.declared_names()  # once per page, not once per row
+        try:
+            return super().changelist_view(request, extra_context)
+        finally:
+            self._names_this_request = None
+
+    @admin.action(description="Revert selected policies to the code's values", permissions=("change",))
+    def revert_to_code(self, request, queryset):
+        reverted = 0
+        for policy in queryset.filter(source="code"):
+            changed = registry.revert(policy)
+            if changed:
+                self.log_change(request, policy, f"Reverted to the code's values: {', '.join(changed)}.")
+                reverted += 1
+        self.message_user(request, f"{reverted} policies reverted to the code's values.", messages.SUCCESS)
+
+    def revert_view(self, request, pk: int):
+        policy = self._policy_for(request, pk, change=True)
+        if request.method == "POST" and policy.source == "code":
+            changed = registry.revert(policy)
+            if changed:
+                self.log_change(request, policy, f"Reverted to the code's values: {', '.join(changed)}.")
+                self.message_user(request, f"{policy.name} reverted to the code's values ({', '.join(changed)}).", messages.SUCCESS)
+            else:
+                self.message_user(request, f"{policy.name} already has the code's values.", messages.INFO)
+        return HttpResponseRedirect(reverse("admin:ratelimit_app_policy_change", args=[pk]))
+
     # --- the live page, reset, tester, history --------------------------------------------------
 
     def get_urls(self):
         wrap = self.admin_site.admin_view
         return [
+            path("<int:pk>/revert/", wrap(self.revert_view), name="ratelimit_app_policy_revert"),
             path("<int:pk>/live/", wrap(self.live_view), name="ratelimit_app_policy_live"),
             path("<int:pk>/live/reset/", wrap(self.reset_view), name="ratelimit_app_policy_reset"),
             path("tester/", wrap(self.tester_view), name="ratelimit_app_policy_tester"),

@@ -9,4 +9,4 @@ class RateLimitConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, signals  # noqa: F401  (registers system checks and invalidation)
+        from . import checks, registry, signals  # noqa: F401  (system checks, invalidation, code policies after migrate)

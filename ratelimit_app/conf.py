@@ -36,8 +36,14 @@ DEFAULTS: dict[str, Any] = {
     "RATELIMIT_DENY_CACHE": True,
     # Prometheus metrics (ratelimit_app.metrics): None = on when prometheus_client is installed; False = off.
     "RATELIMIT_METRICS": None,
+    # Policies declared in settings, e.g. [{"name": "api", "action": "/api/", "rate": "100/m", "key": "user_or_ip"}]:
+    # written to the database as policies from code (see registry.py).
+    "RATELIMIT_POLICIES": (),
 }
 
+
+# A setting read under another library's name when ours is not set: django-ratelimit's cache alias.
+FALLBACKS = {"RATELIMIT_CACHE": "RATELIMIT_USE_CACHE"}
 
 _cache: dict[str, Any] = {}
 
@@ -47,7 +53,8 @@ def get_setting(name: str) -> Any:
     try:
         return _cache[name]
     except KeyError:
-        value = _cache[name] = getattr(settings, name, DEFAULTS[name])
+        default = getattr(settings, FALLBACKS[name], DEFAULTS[name]) if name in FALLBACKS else DEFAULTS[name]
+        value = _cache[name] = getattr(settings, name, default)
         return value
 
 

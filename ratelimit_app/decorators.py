@@ -1,31 +1,81 @@
-"""@ratelimit("login"): the policies of an action, on a function view, a view method or a View class,
-sync or async."""
+"""@ratelimit: enforce the policies of an action on a function view, a view method or a View class,
+sync or async.
+
+    @ratelimit("login")                      the policies written in the admin for the action 'login'
+    @ratelimit(rate="5/m", key="ip")         declares a policy here (action 'code:<module>.<view>'),
+                                             shown in the admin as from code, and enforces it
+"""
 
 from __future__ import annotations
 
 from functools import partial, wraps
+from typing import Any, Callable, Iterable
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.core.exceptions import ImproperlyConfigured
 from django.utils.decorators import method_decorator
 
-from . import headers
+from . import headers, registry
 from .doors import ainner_door, has_door_inside, inner_door
+from .registry import CodePolicy
 from .responses import refusal
 
+USAGE = (
+    "@ratelimit needs arguments: @ratelimit('login') enforces the policies of the action 'login'; "
+    "@ratelimit(rate='5/m', key='ip') declares a policy next to the view."
+)
+DECLARED_ATTRIBUTE = "_ratelimit_declared"  # names declared on a view, so stacked declarations differ
 
-def ratelimit(action: str):
-    """Enforce the policies whose action is `action` before the view runs (429 when one denies)."""
+
+def ratelimit(
+    action: str | None = None,
+    *,
+    rate: str | tuple[int, int] | None = None,
+    key: str = "ip",
+    method: str | Iterable[str] | None = None,
+    mode: str | None = None,
+    strategy: str | None = None,
+    name: str | None = None,
+    burst: int | None = None,
+    limit: int | None = None,
+    window: int | None = None,
+) -> Callable:
+    """Enforce the policies of `action`, or declare one (`rate=` or `limit=` + `window=`) and enforce it."""
     if callable(action):
-        raise TypeError(
-            "@ratelimit needs an action: write @ratelimit(\"login\") (the policies whose action is 'login'), "
-            "not @ratelimit without parentheses."
-        )
-    return partial(_decorate, action=action)
+        raise TypeError(USAGE)  # bare @ratelimit: fail at import, not at the first request
+    declaring = rate is not None or limit is not None or window is not None
+    if action is not None and declaring:
+        raise TypeError("@ratelimit takes either an action ('login') or a rate (rate='5/m', key='ip'), not both.")
+    if action is None and not declaring:
+        raise TypeError(USAGE)
+    if action is not None:
+        return partial(_decorate, action=action, declared=None)
+    options = {"rate": rate, "limit": limit, "window": window, "key": key, "methods": method, "burst": burst}
+    options.update((field, value) for field, value in (("mode", mode), ("strategy", strategy)) if value is not None)
+
+    def declare(view):
+        policy = _declare(view, name, options)
+        return _decorate(view, action=policy.values["action"], declared=policy)
+
+    return declare
 
 
-def _decorate(view, *, action: str, is_async: bool | None = None):
+def _declare(view, name: str | None, options: dict[str, Any]) -> CodePolicy:
+    path = f"{view.__module__}.{view.__qualname__}"
+    taken = getattr(view, DECLARED_ATTRIBUTE, ())
+    if name is None:
+        name = registry.slug_name(path)
+        if name in taken:  # a second policy stacked on the same view
+            name = registry.slug_name(f"{path}-{options['key']}")
+        if name in taken:
+            raise ImproperlyConfigured(f"@ratelimit on {path}: several policies stacked here need name='...' each.")
+    return registry.declare_policy(name, action=f"code:{path}", origin=f"@ratelimit on {path}", **options)
+
+
+def _decorate(view, *, action: str, declared: CodePolicy | None, is_async: bool | None = None):
     if isinstance(view, type):  # a class-based view: decorate its dispatch (which returns a coroutine when async)
-        return method_decorator(partial(_decorate, action=action, is_async=view.view_is_async), name="dispatch")(view)
+        decorate = partial(_decorate, action=action, declared=declared, is_async=view.view_is_async)
+        return _remember(method_decorator(decorate, name="dispatch")(view), declared)
     last = not has_door_inside(view)
     if is_async is None:
         is_async = iscoroutinefunction(view)
@@ -34,6 +84,8 @@ def _decorate(view, *, action: str, is_async: bool | None = None):
 
         @wraps(view)
         async def limited(request, *args, **kwargs):
+            if declared is not None and not registry.is_synced(declared):
+                await sync_to_async(registry.ensure_synced)(declared)  # a view module imported late
             state = await ainner_door(request, [action], last=last)
             refused = refusal(request, state)
             if refused is not None:
@@ -45,6 +97,8 @@ def _decorate(view, *, action: str, is_async: bool | None = None):
 
         @wraps(view)
         def limited(request, *args, **kwargs):
+            if declared is not None:
+                registry.ensure_synced(declared)  # a view module imported after the policies were loaded
             state = inner_door(request, [action], last=last)
             refused = refusal(request, state)
             if refused is not None:
@@ -52,10 +106,16 @@ def _decorate(view, *, action: str, is_async: bool | None = None):
             return _with_headers(view(request, *args, **kwargs), state)
 
     limited.ratelimit_actions = (*getattr(view, "ratelimit_actions", ()), action)
-    return limited
+    return _remember(limited, declared)
 
 
 def _with_headers(response, state):
     if state is not None and state.decisions:
         headers.apply(response, state.decisions)
     return response
+
+
+def _remember(view, declared: CodePolicy | None):
+    if declared is not None:
+        setattr(view, DECLARED_ATTRIBUTE, (*getattr(view, DECLARED_ATTRIBUTE, ()), declared.name))
+    return view

@@ -20,7 +20,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from . import version as policy_version
+from . import registry, version as policy_version
 from .connection import RedisUnavailable
 from .conf import get_setting
 from .deny_cache import deny_cache
@@ -151,6 +151,7 @@ _state = _IndexState()
 
 def load_index() -> PolicyIndex:
     """Read the enabled policies and their overrides; a bad row is skipped with a logged error."""
+    registry.sync()  # policies declared in code become rows first (database errors are logged there)
     compiled = []
     for row in Policy.objects.filter(enabled=True).order_by("pk"):
         try:

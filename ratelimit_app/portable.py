@@ -15,6 +15,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from .models import Override, Policy
+from .rates import parse_rate
 
 FORMAT = "ratelimit_app/1"
 POLICY_FIELDS = ("name", "action", "limit", "window", "strategy", "key", "methods", "mode", "enabled", "bucket_size", "burst", "description")
@@ -55,6 +56,12 @@ def import_data(data: dict[str, Any]) -> tuple[int, int]:
         for field in POLICY_FIELDS:
             if field in entry:
                 setattr(policy, field, entry[field])
+        if "rate" in entry:  # '100/m' instead of limit and window
+            try:
+                policy.limit, policy.window = parse_rate(entry["rate"])
+            except ValueError as error:
+                problems.append(f"policy {name!r}: rate: {error}")
+                continue
         try:
             policy.full_clean()
         except ValidationError as error:

@@ -54,3 +54,15 @@ def count_round_trips() -> Iterator[list[int]]:
     with wire.watching():
         yield counter
         counter[0] = wire.trips
+
+
+@contextlib.contextmanager
+def declarations_forgotten(keep: str = "") -> Iterator[None]:
+    """Policies a test declares in code do not outlive it (except those whose origin mentions `keep`)."""
+    from ratelimit_app import registry
+
+    before = set(registry._registry.declared)
+    yield
+    for name in set(registry._registry.declared) - before:
+        if not keep or keep not in registry._registry.declared[name].origin:
+            registry._registry.declared.pop(name, None)

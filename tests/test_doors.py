@@ -247,7 +247,7 @@ def test_the_tester_lists_the_policies_of_a_decorated_view(admin_client):
 def test_ratelimit_without_parentheses_fails_at_import_saying_how_to_use_it():
     from ratelimit_app.decorators import ratelimit
 
-    with pytest.raises(TypeError, match=r'@ratelimit\("login"\)'):
+    with pytest.raises(TypeError, match=r"@ratelimit\('login'\)"):
 
         @ratelimit
         def view(request):  # pragma: no cover - never called

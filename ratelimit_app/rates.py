@@ -1,0 +1,54 @@
+"""Rate strings: '5/s', '100/m', '1000/h', '10/5m', and DRF's and django-ratelimit's spellings ('5/min',
+'100/hour', '1000/day', '100/10s', '100/10'), read as (limit, window in seconds) and written back."""
+
+from __future__ import annotations
+
+import re
+
+UNITS = {
+    "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
+    "m": 60, "min": 60, "mins": 60, "minute": 60, "minutes": 60,
+    "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600,
+    "d": 86400, "day": 86400, "days": 86400,
+}
+RATE = re.compile(r"^\s*(?P<limit>\d+)\s*/\s*(?P<count>\d*)\s*(?P<unit>[a-z]*)\s*$", re.IGNORECASE)
+EXAMPLES = "e.g. 5/s, 100/m, 1000/h, 10/5m, 100/day"
+
+
+def parse_rate(rate: str | tuple[int, int]) -> tuple[int, int]:
+    """'10/5m' -> (10, 300). A bare number of seconds after the slash is allowed ('100/10' -> (100, 10)).
+
+    Raises ValueError with a message that says what is wrong. A limit of 0 is returned as is: callers
+    that store a policy refuse it, django-ratelimit's '0/m' means "always limited".
+    """
+    if isinstance(rate, tuple) and len(rate) == 2 and all(isinstance(part, int) for part in rate):
+        return _checked(*rate, shown=repr(rate))
+    if not isinstance(rate, str):
+        raise ValueError(f"A rate is a string such as '5/m', not {type(rate).__name__} {rate!r}.")
+    match = RATE.match(rate)
+    if match is None:
+        raise ValueError(f"{rate!r} is not a rate: write <requests>/<period>, {EXAMPLES}.")
+    unit = match["unit"].lower()
+    if unit and unit not in UNITS:
+        raise ValueError(f"{rate!r}: unknown period {match['unit']!r}; use s, m, h or d (or sec, min, hour, day), {EXAMPLES}.")
+    if not unit and not match["count"]:
+        raise ValueError(f"{rate!r} has no period after the slash: {EXAMPLES}.")
+    window = int(match["count"] or 1) * UNITS.get(unit or "s")
+    return _checked(int(match["limit"]), window, shown=repr(rate))
+
+
+def _checked(limit: int, window: int, shown: str) -> tuple[int, int]:
+    if limit < 0:
+        raise ValueError(f"{shown}: the number of requests cannot be negative.")
+    if window < 1:
+        raise ValueError(f"{shown}: the period must be at least 1 second.")
+    return limit, window
+
+
+def format_rate(limit: int, window: int) -> str:
+    """(5, 60) -> '5/m', (10, 300) -> '10/5m', (7, 90) -> '7/90s': the shortest string parse_rate reads back."""
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "m"), (1, "s")):
+        if window % size == 0:
+            count = window // size
+            return f"{limit}/{'' if count == 1 else count}{unit}"
+    return f"{limit}/{window}s"  # unreachable: every window divides by 1

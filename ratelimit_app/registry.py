@@ -1,0 +1,352 @@
+"""Policies declared in code (@ratelimit(rate=...), RATELIMIT_POLICIES, the compat modules), kept as
+ordinary Policy rows marked source='code' so that every door, the live page and the admin treat them
+alike. Declaring touches no database; rows are written by sync() after migrate and when the policy
+index loads, and an operator's change in the admin wins over the code until it is reverted.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from hashlib import blake2b
+from typing import Any, Callable, Iterable, Sequence
+
+from django.core.checks import Error, register
+from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.db import DatabaseError, transaction
+from django.db.models.signals import post_migrate
+from django.dispatch import receiver
+from django.utils import timezone
+
+from .conf import get_setting
+from .connection import RedisUnavailable
+from .models import Mode, Policy, Source, Strategy
+from .rates import format_rate, parse_rate
+from .version import bump_version
+
+logger = logging.getLogger("ratelimit_app")
+
+# How much a policy allows: taken from the code as one unit unless the operator changed any of it.
+RATE_FIELDS = ("limit", "window", "strategy", "bucket_size", "burst")
+# What an operator may change in the admin; the rest (what is protected, who is counted) is the code's.
+OPERATOR_FIELDS = RATE_FIELDS + ("mode", "enabled")
+CODE_FIELDS = ("action", "key", "methods") + OPERATOR_FIELDS
+SETTING_KEYS = {"name", "action", "rate", "limit", "window", "key", "strategy", "methods", "mode", "enabled", "burst", "bucket_size", "description"}
+NAME_LENGTH = 64
+COMPUTED = "computed"  # in code_values: the code computes the limit per request (a callable rate)
+
+
+class CodePolicy:
+    """One policy as the code declares it: its name, the values of CODE_FIELDS, and where it was declared."""
+
+    __slots__ = ("name", "values", "origin", "description", "create_only")
+
+    def __init__(self, name: str, values: dict[str, Any], origin: str, description: str = "", create_only: bool = False) -> None:
+        self.name = name
+        self.values = values
+        self.origin = origin
+        self.description = description
+        # the row is created from these values but never updated from them: for a limit the code computes
+        # per request (a callable rate), where each process may first see a different one
+        self.create_only = create_only
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CodePolicy) and (self.name, self.values) == (other.name, other.values)
+
+    __hash__ = None  # mutable registry entries are compared, never hashed
+
+    def __repr__(self) -> str:
+        return f"<CodePolicy {self.name} {format_rate(self.values['limit'], self.values['window'])} {self.values['action']}>"
+
+
+def declare_policy(name: str, **fields: Any) -> CodePolicy:
+    """Validate a declaration (no database access) and add it to the registry; returns it.
+
+    Takes the arguments of code_policy(); raises ImproperlyConfigured, naming the origin, when a value is wrong.
+    """
+    return register_policy(code_policy(name, **fields))
+
+
+def code_policy(
+    name: str,
+    *,
+    action: str,
+    origin: str,
+    rate: str | tuple[int, int] | None = None,
+    limit: int | None = None,
+    window: int | None = None,
+    key: str = "ip",
+    strategy: str = Strategy.SLIDING_WINDOW,
+    methods: str | Iterable[str] | None = "",
+    mode: str = Mode.ENFORCE,
+    enabled: bool = True,
+    burst: int | None = None,
+    bucket_size: int | None = None,
+    description: str = "",
+    create_only: bool = False,
+) -> CodePolicy:
+    """A validated declaration, not registered (no database access); ImproperlyConfigured when a value is wrong."""
+    limit, window = _limit_and_window(origin, rate, limit, window)
+    row = Policy(
+        name=name, action=action, limit=limit, window=window, key=key, strategy=strategy,
+        methods=_methods(methods), mode=mode, enabled=enabled, burst=burst, bucket_size=bucket_size,
+    )
+    try:
+        row.full_clean(exclude=["source"], validate_unique=False, validate_constraints=False)
+    except ValidationError as error:
+        raise ImproperlyConfigured(f"{origin}: {_messages(error)}") from error
+    return CodePolicy(name, {field: getattr(row, field) for field in CODE_FIELDS}, origin, description or f"Declared by {origin}.", create_only)
+
+
+def _limit_and_window(origin: str, rate, limit, window) -> tuple[int, int]:
+    if rate is not None:
+        if limit is not None or window is not None:
+            raise ImproperlyConfigured(f"{origin}: give either rate='5/m' or limit= and window=, not both.")
+        try:
+            return parse_rate(rate)
+        except ValueError as error:
+            raise ImproperlyConfigured(f"{origin}: {error}") from error
+    if limit is None or window is None:
+        raise ImproperlyConfigured(f"{origin}: give a rate such as rate='5/m', or both limit= and window= (seconds).")
+    return limit, window
+
+
+def _methods(methods: str | Iterable[str] | None) -> str:
+    if not methods:
+        return ""
+    parts = methods.split(",") if isinstance(methods, str) else list(methods)
+    return ",".join(part.strip().upper() for part in parts if part and part.strip())
+
+
+def _messages(error: ValidationError) -> str:
+    if hasattr(error, "message_dict"):
+        return "; ".join(f"{field}: {' '.join(texts)}" for field, texts in error.message_dict.items())
+    return " ".join(error.messages)
+
+
+def slug_name(text: str, prefix: str = "") -> str:
+    """A policy name (a slug of at most 64 characters) from a dotted path; long ones end in a short hash."""
+    slug = prefix + re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    if len(slug) <= NAME_LENGTH:
+        return slug
+    digest = blake2b(text.encode(), digest_size=4).hexdigest()
+    return slug[: NAME_LENGTH - len(digest) - 1].rstrip("-") + "-" + digest
+
+
+# --- the registry ------------------------------------------------------------------------------
+
+
+class _Registry:
+    def __init__(self) -> None:
+        self.declared: dict[str, CodePolicy] = {}
+        # functions returning declarations read from settings at each sync (so override_settings works)
+        self.providers: list[Callable[[], list[CodePolicy]]] = []
+        self.synced: set[str] = set()  # names written to the database with their current values
+        self.lock = threading.Lock()
+
+
+_registry = _Registry()
+
+
+def register_policy(policy: CodePolicy) -> CodePolicy:
+    """Add or replace a declaration (a module imported again, a compat class with a new rate)."""
+    if _registry.declared.get(policy.name) is policy:
+        return policy  # the compat doors declare on every request: no lock for the usual case
+    with _registry.lock:
+        known = _registry.declared.get(policy.name)
+        if known == policy:
+            return known
+        _registry.declared[policy.name] = policy
+        _registry.synced.discard(policy.name)
+    return policy
+
+
+def add_provider(provider: Callable[[], list[CodePolicy]]) -> None:
+    """Declarations that depend on settings (RATELIMIT_POLICIES, DRF's DEFAULT_THROTTLE_RATES), read at each sync."""
+    if provider not in _registry.providers:
+        _registry.providers.append(provider)
+
+
+def declared_policies() -> list[CodePolicy]:
+    """Everything declared in code: decorators and compat classes imported so far, and the providers'."""
+    found = dict(_registry.declared)
+    for provider in _registry.providers:
+        for policy in provider():
+            found.setdefault(policy.name, policy)
+    return list(found.values())
+
+
+def declared(name: str) -> CodePolicy | None:
+    return next((policy for policy in declared_policies() if policy.name == name), None)
+
+
+def settings_policies(errors: list[str] | None = None) -> list[CodePolicy]:
+    """The policies of RATELIMIT_POLICIES; a bad entry is skipped and reported in `errors` (or logged)."""
+    found = []
+    entries = get_setting("RATELIMIT_POLICIES") or ()
+    for index, entry in enumerate(entries):
+        origin = f"RATELIMIT_POLICIES[{index}]"
+        try:
+            found.append(_from_setting(entry, origin))
+        except ImproperlyConfigured as error:
+            if errors is None:
+                logger.error("ratelimit: %s is skipped", error)
+            else:
+                errors.append(str(error))
+    return found
+
+
+def _from_setting(entry: Any, origin: str) -> CodePolicy:
+    if not isinstance(entry, dict):
+        raise ImproperlyConfigured(f"{origin}: each entry is a dict such as {{'name': 'api', 'action': '/api/', 'rate': '100/m'}}.")
+    unknown = sorted(set(entry) - SETTING_KEYS)
+    if unknown:
+        raise ImproperlyConfigured(f"{origin}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(SETTING_KEYS))}.")
+    if not entry.get("name") or not entry.get("action"):
+        raise ImproperlyConfigured(f"{origin}: 'name' and 'action' are required.")
+    fields = {k: v for k, v in entry.items() if k != "name"}
+    # not kept in the registry: the setting is read again at every sync, so override_settings works
+    return code_policy(entry["name"], origin=f"{origin} ({entry['name']})", **fields)
+
+
+# --- writing declarations to the database ----------------------------------------------------
+
+
+def sync(policies: Sequence[CodePolicy] | None = None, *, using: str = "default") -> int:
+    """Create or update the rows of declared policies; returns how many rows were written.
+
+    Rows are written without the save signals, so that the policy index, which calls this before
+    reading the rows, is not marked stale by its own load; other workers hear of it once committed.
+    A database error is logged, not raised: requests go on with the policies already loaded.
+    """
+    policies = declared_policies() if policies is None else list(policies)
+    if not policies:
+        return 0
+    try:
+        with transaction.atomic(using=using):
+            rows = {row.name: row for row in Policy.objects.using(using).filter(name__in=[p.name for p in policies])}
+            written = sum(_sync_row(policy, rows.get(policy.name), using) for policy in policies)
+            if written:
+                transaction.on_commit(_announce, using=using)
+    except DatabaseError as error:
+        logger.error("ratelimit: could not write the policies declared in code to the database: %s", error)
+        return 0
+    with _registry.lock:
+        _registry.synced.update(p.name for p in policies if _registry.declared.get(p.name) is p)
+    return written
+
+
+def is_synced(policy: CodePolicy) -> bool:
+    return policy.name in _registry.synced
+
+
+def ensure_synced(policy: CodePolicy) -> None:
+    """Write a declaration made after the policy index loaded (a view module imported late); cheap after."""
+    if policy.name not in _registry.synced and sync([policy]):
+        from .policies import policies_changed  # policies imports this module
+
+        policies_changed()  # this process reloads its index now
+
+
+def _sync_row(policy: CodePolicy, row: Policy | None, using: str) -> bool:
+    if row is None:
+        # a computed limit is marked: this process may declare it only at the first request it limits
+        code_values = {**policy.values, COMPUTED: True} if policy.create_only else policy.values
+        row = Policy(name=policy.name, source=Source.CODE, code_values=code_values, description=policy.description, **policy.values)
+        Policy.objects.using(using).bulk_create([row])
+        return True
+    if policy.create_only and row.source == Source.CODE:
+        return False
+    if row.source != Source.CODE:
+        logger.warning(
+            "ratelimit: %s declares the policy %r, but a policy of that name was written in the admin; "
+            "the admin's policy is kept. Rename one of them.", policy.origin, policy.name,
+        )
+        return False
+    merged = _merge(row, policy.values)
+    if merged == {field: getattr(row, field) for field in CODE_FIELDS} and row.code_values == policy.values:
+        return False
+    for field, value in merged.items():
+        setattr(row, field, value)
+    row.code_values = policy.values
+    try:
+        row.full_clean(exclude=["source"], validate_unique=False, validate_constraints=False)
+    except ValidationError as error:
+        logger.error("ratelimit: the code's values for policy %r do not fit the admin's changes (%s); kept as it was.", policy.name, _messages(error))
+        return False
+    Policy.objects.using(using).filter(pk=row.pk).update(code_values=policy.values, updated=timezone.now(), **merged)
+    return True
+
+
+def _announce() -> None:
+    try:
+        bump_version()
+    except RedisUnavailable as error:
+        logger.warning("ratelimit: could not announce the policies declared in code to other workers: %s", error)
+
+
+def _merge(row: Policy, declared: dict[str, Any]) -> dict[str, Any]:
+    """The row's values after a deploy: the code's, except what the operator changed since the last one."""
+    before = row.code_values or {}
+    merged = {field: declared[field] for field in CODE_FIELDS}
+    if any(getattr(row, field) != before.get(field) for field in RATE_FIELDS):
+        merged.update({field: getattr(row, field) for field in RATE_FIELDS})
+    for field in ("mode", "enabled"):
+        if getattr(row, field) != before.get(field):
+            merged[field] = getattr(row, field)
+    return merged
+
+
+# --- what the admin shows ----------------------------------------------------------------------
+
+
+def changed_fields(row: Policy) -> list[str]:
+    """The fields an operator changed away from the code's values (empty for an admin policy)."""
+    if row.source != Source.CODE or not row.code_values:
+        return []
+    return [field for field in OPERATOR_FIELDS if getattr(row, field) != row.code_values.get(field)]
+
+
+def declared_names() -> set[str]:
+    return {policy.name for policy in declared_policies()}
+
+
+def no_longer_in_code(row: Policy, names: set[str] | None = None) -> bool:
+    """A code policy that nothing loaded in this process declares any more (kept and enforced as it is).
+
+    Unknown (False) for a limit computed per request, declared only when a request first meets it.
+    """
+    if row.source != Source.CODE or (row.code_values or {}).get(COMPUTED):
+        return False
+    return row.name not in (declared_names() if names is None else names)
+
+
+def revert(row: Policy) -> list[str]:
+    """Put the code's values back (the row is saved); returns the fields that changed."""
+    changed = changed_fields(row)
+    for field in changed:
+        setattr(row, field, row.code_values[field])
+    if changed:
+        row.save()
+    return changed
+
+
+@receiver(post_migrate, dispatch_uid="ratelimit_registry_sync")
+def _after_migrate(sender, using: str = "default", **kwargs: object) -> None:
+    if getattr(sender, "label", None) == "ratelimit_app":
+        sync(using=using)
+
+
+@register()
+def check_declared_policies(app_configs: object = None, **kwargs: object) -> list:
+    """Bad RATELIMIT_POLICIES entries are reported by `manage.py check` (they are skipped at run time)."""
+    errors: list[str] = []
+    settings_policies(errors)
+    return [
+        Error(message, hint="Fix the entry in your settings. Where checks do not run (e.g. under gunicorn) it is skipped, with a logged error.", id="ratelimit_app.E010")
+        for message in errors
+    ]
+
+
+add_provider(settings_policies)
