@@ -21,6 +21,8 @@ from .models import Mode, Override, Policy
 from .policies import compile_policy
 
 LIVE_ROWS = 100
+UNKNOWN = "?"  # shown in the list when Redis cannot tell
+INVALID = "invalid"  # shown in the list for a row that fails validation (it is not enforced)
 SUBJECT_KEY = re.compile(r"[0-9a-f]{16}")  # what subjects.Subject.key holds
 
 
@@ -72,15 +74,15 @@ class PolicyAdmin(admin.ModelAdmin):
 
     @admin.display(description="active now")
     def active_now(self, policy: Policy):
-        activity = getattr(policy, "activity", None)
-        return "?" if activity is None else activity.active
+        activity = getattr(policy, "activity", UNKNOWN)
+        return activity if isinstance(activity, str) else activity.active
 
     @admin.display(description="denied now")
     def denied_now(self, policy: Policy):
         """Denied in the current window; for a shadow policy, what it would have denied."""
-        activity = getattr(policy, "activity", None)
-        if activity is None:
-            return "?"
+        activity = getattr(policy, "activity", UNKNOWN)
+        if isinstance(activity, str):
+            return activity
         return f"{activity.denied} (would)" if policy.mode == Mode.SHADOW and activity.denied else activity.denied
 
     @admin.display(description="live")
@@ -98,7 +100,8 @@ class PolicyAdmin(admin.ModelAdmin):
             activity = {}
             messages.warning(request, "Redis is unreachable: current activity is not shown.")
         for policy in changelist.result_list:
-            policy.activity = activity.get(policy.pk)
+            found = activity.get(policy.pk, UNKNOWN)
+            policy.activity = INVALID if found is None else found
         return changelist
 
     # --- bulk actions, each through save() so every worker hears of it ----------------------
@@ -169,6 +172,7 @@ class PolicyAdmin(admin.ModelAdmin):
             "title": f"Live usage: {policy.name}",
             "data": data,
             "rate": self.rate(policy),
+            "window": human_window(policy.window),
             "can_reset": self.has_change_permission(request, policy),
             "exempt": [o for o in policy.overrides.filter(exempt=True).select_related("user", "group")],
         }
@@ -183,9 +187,8 @@ class PolicyAdmin(admin.ModelAdmin):
             if subject:
                 if not SUBJECT_KEY.fullmatch(subject):
                     raise ValidationError(f"{subject[:40]!r} is not a subject key (16 hex digits, as the live page sends).")
-                live.reset_subjects(compile_policy(policy), [subject])
-                shown = request.POST.get("display", "")[:200] or subject
-                message = f"Counts of subject {shown} reset for {policy.name}."
+                shown = live.reset_subjects(compile_policy(policy), [subject])
+                message = f"Counts of subject {' / '.join(shown) or subject} reset for {policy.name}."
             else:
                 reset_all(policy)
                 message = f"Counts of every subject reset for {policy.name}."
@@ -269,6 +272,8 @@ def live_data(policy: Policy, rows: int = LIVE_ROWS) -> tuple[dict, int]:
         "subjects": [],
         "totals": {"allowed": 0, "denied": 0},
         "active": 0,
+        "shown": 0,
+        "blocked": 0,
     }
     try:
         usage = live.live_usage(compile_policy(policy))
@@ -276,7 +281,7 @@ def live_data(policy: Policy, rows: int = LIVE_ROWS) -> tuple[dict, int]:
         return {**data, "error": f"This policy is invalid and not enforced: {'; '.join(error.messages)}"}, 200
     except RedisUnavailable as error:
         return {**data, "error": f"Redis is unreachable, live usage cannot be shown: {error}"}, 503
-    busiest = sorted(usage.subjects, key=lambda s: (-s.count, s.display))
+    busiest = usage.subjects
     data["subjects"] = [
         {
             "subject": s.display, "key": s.key, "count": s.count, "limit": s.limit,
@@ -286,6 +291,8 @@ def live_data(policy: Policy, rows: int = LIVE_ROWS) -> tuple[dict, int]:
         for s in busiest[:rows]
     ]
     data["totals"] = {"allowed": usage.allowed, "denied": usage.denied}
-    data["active"] = len(busiest)
+    # the listed subjects are all the active ones unless the index was full: then the totals say how many
+    data["shown"] = len(busiest)
+    data["active"] = usage.active if usage.index_full else len(busiest)
     data["blocked"] = sum(1 for s in busiest if s.count >= s.limit)
     return data, 200

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 from . import keys
 from .conf import get_setting
 from .connection import RedisUnavailable, breaker, client
-from .scripts import now_arg, scripts
+from .scripts import now_arg, scripts, totals_bucket_ms
 
 if TYPE_CHECKING:
     from .policies import CompiledPolicy
@@ -40,7 +40,7 @@ class Decision(NamedTuple):
 class Verdict(NamedTuple):
     allowed: bool
     decisions: tuple[Decision, ...]
-    version: int | None  # the policy version read in the same call (None when Redis was not asked)
+    version: bytes | None  # the policy version token read in the same call (None when Redis was not asked)
 
     @property
     def denied_by(self) -> tuple[Decision, ...]:
@@ -70,7 +70,10 @@ def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool =
             keys.live_key(policy, key_prefix),
             keys.totals_key(policy, key_prefix),
         )
-        args += (policy.strategy, limit, policy.window_ms, policy.bucket_ms, "1" if policy.enforce else "0", live_member(subject, limit, policy))
+        args += (
+            policy.strategy, limit, policy.window_ms, policy.bucket_ms, "1" if policy.enforce else "0",
+            live_member(subject, limit, policy), totals_bucket_ms(policy),
+        )
     script_keys.append(keys.version_key(key_prefix))
     redis_client = client()
     script = scripts.get("decide", redis_client)

@@ -1,19 +1,31 @@
 """The operator's side of Redis: what the live page and the policy list read, and resets.
 
-Kept apart from the request path (engine.py): these reads serve people watching, never requests.
+Kept apart from the request path (engine.py): these reads go through the admin's own client
+(admin_connection.py), in bounded batches, so watching never holds Redis for long.
 """
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Iterator, NamedTuple, Sequence, TypeVar
+
+import redis
+from django.core.exceptions import ValidationError
 
 from . import keys
-from .connection import breaker, client
-from .scripts import now_arg, scripts
+from .admin_connection import admin_call, admin_client
+from .conf import get_setting
+from .policies import compile_policy
+from .scripts import now_arg, scripts, totals_bucket_ms
 
 if TYPE_CHECKING:
     from .policies import CompiledPolicy
+
+T = TypeVar("T")
+
+INDEX_PAGE = 500  # live index entries read per ZREVRANGE
+BATCH = 200  # counters read per call of live.lua
+FIELD_BUDGET = 2400  # sliding_window: bucket fields one call of live.lua may have to read at worst
+BLOCKED = 2**43  # added to the score of a subject a policy refused (lua/activity.lua)
 
 
 class SubjectUsage(NamedTuple):
@@ -26,24 +38,75 @@ class SubjectUsage(NamedTuple):
 
 
 class LiveUsage(NamedTuple):
-    allowed: int
-    denied: int
-    subjects: list[SubjectUsage]  # active in the current window, in no particular order
+    allowed: int  # requests counted in the window the counters use
+    denied: int  # requests refused (shadow: that would have been) in that window
+    active: int  # subjects active in that window, from the totals (exact unless the index was full)
+    index_full: bool  # the live index holds as many subjects as it may: some active ones are not listed
+    subjects: list[SubjectUsage]  # the listed subjects active now, busiest first
+
+
+# --- the live page ------------------------------------------------------------------------------
 
 
 def live_usage(policy: CompiledPolicy, *, now: float | None = None) -> LiveUsage:
-    """Totals of the current window and every subject active in it, read in one call."""
-    head, tail = keys.counter_key_parts(policy)
-    args = [now_arg(now), policy.strategy, policy.limit, policy.window_ms, policy.bucket_ms, head, tail]
-    redis_client = client()
-    script = scripts.get("live", redis_client)
-    reply = breaker.call(lambda: script([keys.live_key(policy), keys.totals_key(policy)], args, redis_client))
+    """Totals of the policy's window and the subjects its live index lists, busiest first.
+
+    Every command sent is bounded (a page of the index, a batch of counters), so watching a policy
+    with a million subjects never holds Redis for long; `now` (seconds) replaces the server's clock.
+    """
+    allowed, denied, active, now_ms = policy_totals(policy, now=now)
+    members, index_full = _listed_members(policy, now_ms)
     subjects: dict[str, SubjectUsage] = {}
-    for i in range(3, len(reply), 3):  # oldest first: a subject seen again under a new limit keeps the newest
-        member, count, reset_ms = reply[i : i + 3]
-        subject_key, limit, overridden, display = parse_live_member(member.decode())
-        subjects[subject_key] = SubjectUsage(subject_key, display, count, reset_ms / 1000, limit or policy.limit, overridden)
-    return LiveUsage(reply[1], reply[2], list(subjects.values()))
+    for batch in _batches(members, _batch_size(policy)):
+        counts = _read_counters(policy, [keys.counter_key(policy, key) for key, *_ in batch], now_ms)
+        for (subject_key, limit, overridden, display), (count, reset_ms) in zip(batch, counts):
+            if count > 0 and subject_key not in subjects:  # the first entry is the newest limit
+                subjects[subject_key] = SubjectUsage(subject_key, display, count, reset_ms / 1000, limit or policy.limit, overridden)
+    busiest = sorted(subjects.values(), key=lambda s: (-s.count, s.display))
+    return LiveUsage(allowed, denied, max(active, len(busiest)), index_full, busiest)
+
+
+def policy_totals(policy: CompiledPolicy, *, now: float | None = None) -> tuple[int, int, int, int]:
+    """(allowed, denied, active subjects, now in ms by the server's clock) of the policy's window."""
+    script = scripts.get("totals", admin_client())
+    args = [now_arg(now), policy.window_ms, totals_bucket_ms(policy)]
+    now_ms, allowed, denied, active = admin_call(lambda client: script([keys.totals_key(policy)], args, client))
+    return allowed, denied, active, now_ms
+
+
+def _listed_members(policy: CompiledPolicy, now_ms: int) -> tuple[list[tuple[str, int, bool, str]], bool]:
+    """The live index entries whose counters may still hold requests, highest score first, page by page."""
+    live_key = keys.live_key(policy)
+    size = get_setting("RATELIMIT_LIVE_INDEX_SIZE")
+    members = []
+    for start in range(0, size + INDEX_PAGE, INDEX_PAGE):  # an index may briefly hold a few more than size
+        page = admin_call(lambda client: client.zrevrange(live_key, start, start + INDEX_PAGE - 1, withscores=True))
+        for member, score in page:
+            ends = score - BLOCKED if score > BLOCKED else score
+            if ends > now_ms:
+                members.append(parse_live_member(member.decode()))
+        if len(page) < INDEX_PAGE or page[-1][1] <= now_ms:
+            return members, start + len(page) >= size  # below this, every entry has ended
+    return members, True
+
+
+def _batch_size(policy: CompiledPolicy) -> int:
+    if policy.strategy == "sliding_window":
+        return max(1, min(BATCH, FIELD_BUDGET * policy.bucket_ms // policy.window_ms))
+    return BATCH
+
+
+def _batches(items: list[T], size: int) -> Iterator[list[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _read_counters(policy: CompiledPolicy, counter_keys: list[str], now_ms: int) -> list[tuple[int, int]]:
+    """(count, ms until empty) of each counter, by the strategy's own Lua, in one short call."""
+    script = scripts.get("live", admin_client())
+    args = [str(now_ms), policy.strategy, policy.window_ms, policy.bucket_ms]
+    reply = admin_call(lambda client: script(counter_keys, args, client))
+    return [(reply[i], reply[i + 1]) for i in range(1, len(reply), 2)]
 
 
 def parse_live_member(member: str) -> tuple[str, int, bool, str]:
@@ -52,48 +115,56 @@ def parse_live_member(member: str) -> tuple[str, int, bool, str]:
     return subject_key, int(limit.rstrip("*") or 0), limit.endswith("*"), display
 
 
-def reset_subjects(policy: CompiledPolicy, subject_keys: Sequence[str]) -> int:
-    """Forget the counts of these subjects under this policy; returns how many counters existed."""
-    if not subject_keys:
-        return 0
-    redis_client = client()
-    live_key = keys.live_key(policy)
+# --- resets -------------------------------------------------------------------------------------
 
-    def reset() -> int:
-        wanted = set(subject_keys)
-        members = [m for m in redis_client.zrange(live_key, 0, -1) if m.decode().partition(" ")[0] in wanted]
-        with redis_client.pipeline() as pipe:
+
+def reset_subjects(policy: CompiledPolicy, subject_keys: Sequence[str]) -> list[str]:
+    """Forget the counts of these subjects under this policy; returns how the index showed them."""
+    if not subject_keys:
+        return []
+    live_key = keys.live_key(policy)
+    members = [member for key in subject_keys for member in _index_entries(live_key, key)]
+
+    def reset(client: redis.Redis) -> None:
+        with client.pipeline() as pipe:
             pipe.delete(*(keys.counter_key(policy, key) for key in subject_keys))
             if members:
                 pipe.zrem(live_key, *members)
-            return pipe.execute()[0]
+            pipe.execute()
 
-    return breaker.call(reset)
+    admin_call(reset)
+    return sorted({parse_live_member(member.decode())[3] for member in members})
+
+
+def _index_entries(live_key: str, subject_key: str) -> list[bytes]:
+    """The index entries of one subject (one per limit it was seen with), scanned a page at a time."""
+    found: list[bytes] = []
+    cursor = 0
+    while True:
+        cursor, page = admin_call(lambda client: client.zscan(live_key, cursor, match=f"{subject_key} *", count=INDEX_PAGE))
+        found += [member for member, _score in page]
+        if cursor == 0:
+            return found
+
+
+# --- the policy list ----------------------------------------------------------------------------
 
 
 class PolicyActivity(NamedTuple):
-    active: int  # subjects seen in the current window
-    allowed: int  # requests counted in the current window
-    denied: int  # requests denied (shadow: that would have been) in the current window
+    active: int  # subjects active in the policy's window
+    allowed: int  # requests counted in that window
+    denied: int  # requests denied (shadow: that would have been) in that window
 
 
-def policy_activity(policies: Sequence) -> dict[int, PolicyActivity]:
-    """Activity of many policies (rows or compiled) in their current window, in one round trip."""
-    if not policies:
-        return {}
-    redis_client = client()
-    now_ms = int(time.time() * 1000)
-
-    def read() -> list:
-        with redis_client.pipeline(transaction=False) as pipe:
-            for policy in policies:
-                window_ms = policy.window * 1000
-                pipe.zcount(keys.live_key(policy), f"({now_ms - window_ms}", "+inf")
-                pipe.hmget(f"{keys.totals_key(policy)}:{now_ms // window_ms}", "a", "d")
-            return pipe.execute()
-
-    replies = breaker.call(read)
-    return {
-        policy.id: PolicyActivity(replies[2 * i], int(replies[2 * i + 1][0] or 0), int(replies[2 * i + 1][1] or 0))
-        for i, policy in enumerate(policies)
-    }
+def policy_activity(policies: Sequence) -> dict[int, PolicyActivity | None]:
+    """Activity of many policy rows in their window, one short read each; None for an invalid row."""
+    activity: dict[int, PolicyActivity | None] = {}
+    for row in policies:
+        try:
+            compiled = compile_policy(row)
+        except (ValidationError, ValueError, KeyError):
+            activity[row.pk] = None
+            continue
+        allowed, denied, active, _now = policy_totals(compiled)
+        activity[row.pk] = PolicyActivity(active, allowed, denied)
+    return activity

@@ -2,6 +2,7 @@
 
 The index is rebuilt when the policy version in Redis changes. Every decision call returns that
 version; when no call carried it for RATELIMIT_POLICY_RECHECK_SECONDS, it is read once on its own.
+Whatever happens to the version, the index is also rebuilt every RATELIMIT_POLICY_RELOAD_SECONDS.
 Saving or deleting a policy or an override (or changing a group's members) marks this process's
 index stale at once and bumps the version on commit.
 """
@@ -117,8 +118,9 @@ class PolicyIndex:
 class _IndexState:
     def __init__(self) -> None:
         self.index: PolicyIndex | None = None
-        self.version: int | None = None
+        self.version: bytes | None = None
         self.checked_at = 0.0
+        self.loaded_at = 0.0
         self.stale = True
         self.lock = threading.Lock()
 
@@ -157,6 +159,8 @@ def _load_overrides(policy_ids: set[int]) -> dict[int, PolicyOverrides]:
 def get_index() -> PolicyIndex:
     """The current index; reloads it when it is stale or the version in Redis moved on."""
     state = _state
+    if time.monotonic() - state.loaded_at > get_setting("RATELIMIT_POLICY_RELOAD_SECONDS"):
+        state.stale = True  # the safety net: whatever happened to the version, reload now and then
     if not state.stale and time.monotonic() - state.checked_at > get_setting("RATELIMIT_POLICY_RECHECK_SECONDS"):
         try:
             observe_version(policy_version.read_version())
@@ -174,15 +178,15 @@ def _reload() -> None:
             return
         state.stale = False  # a change arriving during the load marks it stale again
         try:
-            version: int | None = policy_version.read_version()
+            version: bytes | None = policy_version.read_version()
         except RedisUnavailable:
             version = None
         state.index = load_index()
         state.version = version
-        state.checked_at = time.monotonic()
+        state.checked_at = state.loaded_at = time.monotonic()
 
 
-def observe_version(version: int | None) -> None:
+def observe_version(version: bytes | None) -> None:
     """Called with the version each decision call returned: a new version means reload."""
     state = _state
     state.checked_at = time.monotonic()
@@ -198,7 +202,4 @@ def policies_changed() -> None:
 
 def _publish_change() -> None:
     _state.stale = True
-    try:
-        policy_version.bump_version()
-    except RedisUnavailable as error:
-        logger.warning("ratelimit: could not announce a policy change to other workers: %s", error)
+    policy_version.bump_version()  # retried in the background until Redis takes it

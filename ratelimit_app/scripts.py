@@ -1,16 +1,24 @@
-"""The Lua scripts, read from lua/*.lua and assembled once: one file per strategy plus the entry points.
+"""The Lua scripts, read from lua/*.lua and assembled once: the shared pieces (series.lua,
+activity.lua), one file per strategy, then an entry point (decide.lua, live.lua, totals.lua).
 
 redis-py's Script does EVALSHA and reloads a script by itself after NOSCRIPT.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import redis
 from redis.commands.core import Script
 
+if TYPE_CHECKING:
+    from .policies import CompiledPolicy
+
+LIBRARY_FILES = ("series.lua", "activity.lua")
 STRATEGY_FILES = ("fixed_window.lua", "sliding_window.lua", "sliding_log.lua")
+ENTRY_POINTS = ("decide", "live", "totals")
 
 
 def _lua(name: str) -> str:
@@ -18,7 +26,7 @@ def _lua(name: str) -> str:
 
 
 def _assemble(entry: str) -> str:
-    parts = ["local strategies = {}"] + [_lua(name) for name in STRATEGY_FILES] + [_lua(entry)]
+    parts = ["local strategies = {}"] + [_lua(name) for name in LIBRARY_FILES + STRATEGY_FILES] + [_lua(entry)]
     return "\n".join(parts)
 
 
@@ -26,7 +34,7 @@ class _Scripts:
     """The Script objects, created once with the first client (a Script only needs one for its SHA)."""
 
     def __init__(self) -> None:
-        self._sources = {"decide": _assemble("decide.lua"), "live": _assemble("live.lua")}
+        self._sources = {name: _assemble(f"{name}.lua") for name in ENTRY_POINTS}
         self._scripts: dict[str, Script] = {}
 
     def get(self, name: str, client: redis.Redis) -> Script:
@@ -42,3 +50,21 @@ scripts = _Scripts()
 def now_arg(now: float | None) -> str:
     """A caller's `now` (seconds) as the scripts take it: integer milliseconds, or '' for Redis TIME."""
     return "" if now is None else str(int(now * 1000))
+
+
+def totals_bucket_ms(policy: CompiledPolicy) -> int:
+    return _totals_bucket_ms(policy.strategy, policy.window_ms, policy.bucket_ms)
+
+
+@lru_cache(maxsize=256)  # asked for every policy of every request
+def _totals_bucket_ms(strategy: str, window_ms: int, bucket_ms: int) -> int:
+    """The bucket of a policy's totals: its own buckets or window, so totals cover the counters' window.
+
+    sliding_log and token_bucket have no buckets of their own: their totals slide in at most 60 buckets
+    (a window in ms always has 40 or 50 among its divisors).
+    """
+    if strategy == "sliding_window":
+        return bucket_ms
+    if strategy == "fixed_window":
+        return window_ms
+    return next(window_ms // buckets for buckets in range(60, 0, -1) if window_ms % buckets == 0)
