@@ -197,7 +197,7 @@ def test_fixed_window_uses_under_100_bytes_per_subject(redis_client):
 
 
 def test_sliding_window_memory_grows_with_buckets_not_requests(redis_client):
-    few = memory_of_one_counter(redis_client, "sliding_window", limit=1000, window=60, bucket_size=60)
+    few = memory_of_one_counter(redis_client, "sliding_window", limit=1000, window=60, bucket_size=30)
     redis_client.flushdb()
     many = memory_of_one_counter(redis_client, "sliding_window", limit=1000, window=60, bucket_size=1)
     assert few < 150
