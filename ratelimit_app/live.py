@@ -6,7 +6,7 @@ Kept apart from the request path (engine.py): these reads go through the admin's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, NamedTuple, Sequence, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import redis
 from django.core.exceptions import ValidationError
@@ -20,11 +20,9 @@ from .scripts import now_arg, scripts, totals_bucket_ms
 if TYPE_CHECKING:
     from .policies import CompiledPolicy
 
-T = TypeVar("T")
-
 INDEX_PAGE = 500  # live index entries read per ZREVRANGE
 BATCH = 200  # counters read per call of live.lua
-FIELD_BUDGET = 2400  # sliding_window: bucket fields one call of live.lua may have to read at worst
+FIELD_BUDGET = 500  # fields one call of live.lua may read (well under 1 ms of server time)
 BLOCKED = 2**43  # added to the score of a subject a policy refused (lua/activity.lua)
 
 
@@ -57,11 +55,10 @@ def live_usage(policy: CompiledPolicy, *, now: float | None = None) -> LiveUsage
     allowed, denied, active, now_ms = policy_totals(policy, now=now)
     members, index_full = _listed_members(policy, now_ms)
     subjects: dict[str, SubjectUsage] = {}
-    for batch in _batches(members, _batch_size(policy)):
-        counts = _read_counters(policy, [keys.counter_key(policy, key) for key, *_ in batch], now_ms)
-        for (subject_key, limit, overridden, display), (count, reset_ms) in zip(batch, counts):
-            if count > 0 and subject_key not in subjects:  # the first entry is the newest limit
-                subjects[subject_key] = SubjectUsage(subject_key, display, count, reset_ms / 1000, limit or policy.limit, overridden)
+    counts = _read_counters(policy, [keys.counter_key(policy, key) for key, *_ in members], now_ms)
+    for (subject_key, limit, overridden, display), (count, reset_ms) in zip(members, counts):
+        if count > 0 and subject_key not in subjects:  # the first entry is the newest limit
+            subjects[subject_key] = SubjectUsage(subject_key, display, count, reset_ms / 1000, limit or policy.limit, overridden)
     busiest = sorted(subjects.values(), key=lambda s: (-s.count, s.display))
     return LiveUsage(allowed, denied, max(active, len(busiest)), index_full, busiest)
 
@@ -75,38 +72,65 @@ def policy_totals(policy: CompiledPolicy, *, now: float | None = None) -> tuple[
 
 
 def _listed_members(policy: CompiledPolicy, now_ms: int) -> tuple[list[tuple[str, int, bool, str]], bool]:
-    """The live index entries whose counters may still hold requests, highest score first, page by page."""
+    """The live index entries whose counters may still hold requests, highest score first.
+
+    Read in pages, sent together (a page is a short command; Redis serves other clients between them).
+    """
     live_key = keys.live_key(policy)
     size = get_setting("RATELIMIT_LIVE_INDEX_SIZE")
+
+    def read(client: redis.Redis) -> list:
+        with client.pipeline(transaction=False) as pipe:
+            for start in range(0, size + 1, INDEX_PAGE):  # + 1: an index may briefly hold one more than size
+                pipe.zrevrange(live_key, start, start + INDEX_PAGE - 1, withscores=True)
+            return pipe.execute()
+
+    entries = [entry for page in admin_call(read) for entry in page]
     members = []
-    for start in range(0, size + INDEX_PAGE, INDEX_PAGE):  # an index may briefly hold a few more than size
-        page = admin_call(lambda client: client.zrevrange(live_key, start, start + INDEX_PAGE - 1, withscores=True))
-        for member, score in page:
-            ends = score - BLOCKED if score > BLOCKED else score
-            if ends > now_ms:
-                members.append(parse_live_member(member.decode()))
-        if len(page) < INDEX_PAGE or page[-1][1] <= now_ms:
-            return members, start + len(page) >= size  # below this, every entry has ended
-    return members, True
-
-
-def _batch_size(policy: CompiledPolicy) -> int:
-    if policy.strategy == "sliding_window":
-        return max(1, min(BATCH, FIELD_BUDGET * policy.bucket_ms // policy.window_ms))
-    return BATCH
-
-
-def _batches(items: list[T], size: int) -> Iterator[list[T]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
+    for member, score in entries:
+        ends = score - BLOCKED if score > BLOCKED else score
+        if ends > now_ms:
+            members.append(parse_live_member(member.decode()))
+    return members, len(entries) >= size
 
 
 def _read_counters(policy: CompiledPolicy, counter_keys: list[str], now_ms: int) -> list[tuple[int, int]]:
-    """(count, ms until empty) of each counter, by the strategy's own Lua, in one short call."""
+    """(count, ms until empty) of each counter, by the strategy's own Lua, in calls of bounded cost.
+
+    The batches are sent together; a call that spent its budget early leaves the rest of its batch
+    for the next round.
+    """
     script = scripts.get("live", admin_client())
-    args = [str(now_ms), policy.strategy, policy.window_ms, policy.bucket_ms]
-    reply = admin_call(lambda client: script(counter_keys, args, client))
-    return [(reply[i], reply[i + 1]) for i in range(1, len(reply), 2)]
+    args = [str(now_ms), policy.strategy, policy.window_ms, policy.bucket_ms, FIELD_BUDGET]
+    counts: dict[int, tuple[int, int]] = {}
+    size = _batch_size(policy)
+    pending = [(start, counter_keys[start : start + size]) for start in range(0, len(counter_keys), size)]
+    while pending:
+        replies = admin_call(lambda client: _run_batches(client, script, pending, args))
+        left = []
+        for (start, batch), reply in zip(pending, replies):
+            read = reply[1]
+            for i in range(read):
+                counts[start + i] = (reply[2 + 2 * i], reply[3 + 2 * i])
+            if read < len(batch):
+                left.append((start + read, batch[read:]))
+        pending = left
+    return [counts[i] for i in range(len(counter_keys))]
+
+
+def _batch_size(policy: CompiledPolicy) -> int:
+    """As many counters as fit the budget at worst: a sliding_window counter may read half its buckets."""
+    if policy.strategy != "sliding_window":
+        return BATCH
+    buckets = policy.window_ms // policy.bucket_ms
+    return max(1, min(BATCH, FIELD_BUDGET // (5 + buckets // 2)))
+
+
+def _run_batches(client: redis.Redis, script, batches: list[tuple[int, list[str]]], args: list) -> list:
+    with client.pipeline(transaction=False) as pipe:
+        for _start, batch in batches:
+            script(batch, args, pipe)
+        return pipe.execute()
 
 
 def parse_live_member(member: str) -> tuple[str, int, bool, str]:

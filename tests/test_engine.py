@@ -200,7 +200,7 @@ def test_sliding_window_memory_grows_with_buckets_not_requests(redis_client):
     few = memory_of_one_counter(redis_client, "sliding_window", limit=1000, window=60, bucket_size=30)
     redis_client.flushdb()
     many = memory_of_one_counter(redis_client, "sliding_window", limit=1000, window=60, bucket_size=1)
-    assert few < 150
+    assert few < 200  # the one bucket, its total and two bucket numbers
     assert many < 150 + 60 * 16  # at most a few bytes per bucket field
 
 

@@ -1,10 +1,12 @@
 -- live: what the admin's live page shows for some subjects of one policy, read only. The caller
--- sends a bounded batch of subjects, so one call stays short whatever the policy's size.
+-- sends a batch of subjects and a budget, so one call stays short whatever the policy's size.
 --
 -- KEYS the counters of the subjects (the live index lists them)
 -- ARGV[1] now in milliseconds, or '' to use the server's TIME
 -- ARGV[2] strategy, ARGV[3] window (ms), ARGV[4] bucket (ms)
--- Returns {now, then per key: count, reset (ms)}.
+-- ARGV[5] how many fields the call may read: it stops after the key that spends them (a
+--         sliding_window counter may need up to half its buckets)
+-- Returns {now, how many keys were read, then per key read: count, reset (ms)}.
 
 local now = tonumber(ARGV[1])
 if not now then
@@ -14,11 +16,17 @@ end
 local strategy = strategies[ARGV[2]]
 local window, bucket = tonumber(ARGV[3]), tonumber(ARGV[4])
 
-local result = {now}
-for _, key in ipairs(KEYS) do
+local budget = tonumber(ARGV[5])
+
+local result = {now, 0}
+local spent = 0
+for i, key in ipairs(KEYS) do
   -- an unreachable limit: the live page needs the count, not when the next request fits
   local count, _, state = strategy.peek(key, now, window, bucket, math.huge)
   result[#result + 1] = count
   result[#result + 1] = count > 0 and strategy.reset(key, now, window, bucket, count, state) or 0
+  result[2] = i
+  spent = spent + (type(state) == 'table' and state.fields_read or 1)
+  if spent >= budget then break end
 end
 return result

@@ -3,7 +3,8 @@
 -- is subtracted once, when it leaves the window). Fields, after a prefix p:
 --   p..'t' running total   p..'c' oldest bucket number that may still be present
 --   p..'n' newest bucket written   p..<bucket number> requests counted in that bucket
--- Invariant: n - c < window / bucket, so cleaning up never touches more than window / bucket fields.
+-- Invariant: n - c < window / bucket, so a read never touches more than half that many bucket fields
+-- (the buckets that left the window, or those still in it, whichever are fewer).
 -- Times are integer milliseconds.
 local series = {}
 
@@ -19,7 +20,8 @@ function series.read(key, p, now, window, bucket)
   local oldest = current - window / bucket + 1
   local v = redis.call('HMGET', key, p .. 't', p .. 'c', p .. 'n', p .. current)
   local total, cleaned, newest = tonumber(v[1]) or 0, tonumber(v[2]), tonumber(v[3])
-  local state = {p = p, current = current, oldest = oldest, here = tonumber(v[4]) or 0, stale = {}, newest = newest, cleaned = cleaned}
+  local state = {p = p, current = current, oldest = oldest, here = tonumber(v[4]) or 0, stale = {}, newest = newest,
+    cleaned = cleaned, fields_read = 4}
   if newest == nil then
     total = 0
   elseif newest < oldest then
@@ -27,7 +29,13 @@ function series.read(key, p, now, window, bucket)
     state.stale, state.newest, state.cleaned, total = names(p, cleaned, newest), nil, nil, 0
   elseif cleaned < oldest then
     state.stale = names(p, cleaned, oldest - 1)
-    for _, value in ipairs(redis.call('HMGET', key, unpack(state.stale))) do total = total - (tonumber(value) or 0) end
+    if #state.stale <= newest - oldest + 1 then
+      for _, value in ipairs(redis.call('HMGET', key, unpack(state.stale))) do total = total - (tonumber(value) or 0) end
+    else  -- fewer buckets are left in the window than have left it: add those up instead
+      total = 0
+      for _, value in ipairs(redis.call('HMGET', key, unpack(names(p, oldest, newest)))) do total = total + (tonumber(value) or 0) end
+    end
+    state.fields_read = math.min(#state.stale, newest - oldest + 1)
   end
   state.count = total
   return total, state
