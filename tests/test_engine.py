@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import time
 
 import pytest
 
@@ -141,9 +142,27 @@ def test_dry_run_decides_without_counting():
     assert not hit(check(limited), now=T0, dry_run=True).allowed
 
 
-def test_server_clock_is_used_without_now():
-    limited = policy(limit=2, strategy="sliding_log")
-    assert [engine.decide([check(limited)]).allowed for _ in range(3)] == [True, True, False]
+def test_without_now_every_worker_counts_on_the_servers_clock(redis_client, monkeypatch):
+    limited = policy(limit=2, window=60, strategy="fixed_window")
+    monkeypatch.setattr(time, "time", lambda: 4_000_000_000.0)  # this process's clock is far off
+    server_minute = int(redis_client.time()[0]) // 60
+    decisions = [engine.decide([check(limited)]).decisions[0] for _ in range(3)]
+    assert [d.allowed for d in decisions] == [True, True, False]
+    [counter] = redis_client.keys("rl:{*")
+    assert int(redis_client.get(counter)) % 1_000_000 in (server_minute % 1_000_000, (server_minute + 1) % 1_000_000)
+    assert 0 < decisions[0].reset_in <= 60
+
+
+def test_a_sliding_window_decision_reads_a_few_fields_whatever_the_buckets(redis_client):
+    """The running total: no decision reads every bucket (HGETALL) or sums them."""
+    limited = policy(strategy="sliding_window", limit=100_000, window=600, bucket_size=1)
+    for second in range(500):  # 500 filled buckets
+        hit(check(limited), now=T0 + second)
+    redis_client.config_resetstat()
+    hit(check(limited), now=T0 + 500)
+    calls = {name: stats["calls"] for name, stats in redis_client.info("commandstats").items()}
+    assert "cmdstat_hgetall" not in calls and "cmdstat_hvals" not in calls
+    assert calls.get("cmdstat_hmget", 0) <= 2  # the subject's total, the policy's totals
 
 
 @pytest.mark.parametrize("count", [1, 3, 10])
