@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 from . import keys
 from .conf import get_setting
 from .connection import RedisUnavailable, breaker, client
+from .policies import version_due
 from .scripts import now_arg, scripts, totals_bucket_ms
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ class Decision(NamedTuple):
 class Verdict(NamedTuple):
     allowed: bool
     decisions: tuple[Decision, ...]
-    version: bytes | None  # the policy version token read in the same call (None when Redis was not asked)
+    version: bytes | None  # the policy version token read in the same call (None when not read)
 
     @property
     def denied_by(self) -> tuple[Decision, ...]:
@@ -63,7 +64,8 @@ def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool =
         return NO_POLICIES
     key_prefix = keys.prefix()
     script_keys: list[str] = []
-    args: list[str | int] = [now_arg(now), "1" if dry_run else "0", get_setting("RATELIMIT_LIVE_INDEX_SIZE"), len(checks)]
+    flags = ("1" if dry_run else "0") + ("+" if version_due() else "")
+    args: list[str | int] = [now_arg(now), flags, get_setting("RATELIMIT_LIVE_INDEX_SIZE"), len(checks)]
     for policy, subject, limit in checks:
         script_keys += (
             keys.counter_key(policy, subject.key, key_prefix),
@@ -93,7 +95,7 @@ def _verdict(checks: Sequence[Check], reply: list[int]) -> Verdict:
                 limit - count if count < limit else 0, reset_ms / 1000, retry_ms / 1000 if exceeded else None,
             )
         )
-    return Verdict(not denied, tuple(decisions), version)
+    return Verdict(not denied, tuple(decisions), None if version == 0 else version)
 
 
 def live_member(subject: Subject, limit: int, policy: CompiledPolicy) -> str:

@@ -178,7 +178,7 @@ def _reload() -> None:
             return
         state.stale = False  # a change arriving during the load marks it stale again
         try:
-            version: bytes | None = policy_version.read_version()
+            version: bytes | None = policy_version.current_version()
         except RedisUnavailable:
             version = None
         state.index = load_index()
@@ -186,11 +186,19 @@ def _reload() -> None:
         state.checked_at = state.loaded_at = time.monotonic()
 
 
+def version_due() -> bool:
+    """Whether the next decision call should bring the version back: at most every half recheck
+    interval, so that under traffic the separate read in get_index is never needed."""
+    return time.monotonic() - _state.checked_at > get_setting("RATELIMIT_POLICY_RECHECK_SECONDS") / 2
+
+
 def observe_version(version: bytes | None) -> None:
-    """Called with the version each decision call returned: a new version means reload."""
+    """Called with the version each decision call returned (None: not read): a new version means reload."""
+    if version is None:
+        return
     state = _state
     state.checked_at = time.monotonic()
-    if version is not None and version != state.version:
+    if version != state.version:
         state.stale = True
 
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 LIBRARY_FILES = ("series.lua", "activity.lua")
 STRATEGY_FILES = ("fixed_window.lua", "sliding_window.lua", "sliding_log.lua")
 ENTRY_POINTS = ("decide", "live", "totals")
+TOTALS_BUCKETS = 60  # at most this many buckets in a policy's totals
 
 
 def _lua(name: str) -> str:
@@ -58,13 +59,14 @@ def totals_bucket_ms(policy: CompiledPolicy) -> int:
 
 @lru_cache(maxsize=256)  # asked for every policy of every request
 def _totals_bucket_ms(strategy: str, window_ms: int, bucket_ms: int) -> int:
-    """The bucket of a policy's totals: its own buckets or window, so totals cover the counters' window.
-
-    sliding_log and token_bucket have no buckets of their own: their totals slide in at most 60 buckets
-    (a window in ms always has 40 or 50 among its divisors).
+    """The bucket of a policy's totals, so that they cover the window its counters use: the window
+    of a fixed_window, the buckets of a sliding_window (whole groups of them past 60 buckets, so a
+    read of the totals stays short); sliding_log and token_bucket have no buckets of their own:
+    their totals slide in at most 60 steps (a window in ms always has 40 or 50 among its divisors).
     """
-    if strategy == "sliding_window":
-        return bucket_ms
     if strategy == "fixed_window":
         return window_ms
-    return next(window_ms // buckets for buckets in range(60, 0, -1) if window_ms % buckets == 0)
+    if strategy == "sliding_window":  # the policy's own buckets, grouped when there are over 60
+        buckets = window_ms // bucket_ms
+        return next(window_ms // count for count in range(min(buckets, TOTALS_BUCKETS), 0, -1) if buckets % count == 0)
+    return next(window_ms // count for count in range(TOTALS_BUCKETS, 0, -1) if window_ms % count == 0)

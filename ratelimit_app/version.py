@@ -25,6 +25,19 @@ def read_version() -> bytes:
     return breaker.call(lambda: client().get(keys.version_key())) or b""
 
 
+def current_version() -> bytes:
+    """The current token, for a worker loading its index; a server holding none (new, flushed) is
+    given one, so that losing it later shows as a change."""
+    token = read_version()
+    if not token:
+        try:
+            admin_call(lambda redis_client: redis_client.set(keys.version_key(), uuid.uuid4().hex, nx=True))
+        except RedisUnavailable:
+            return token
+        token = read_version()
+    return token
+
+
 def bump_version() -> None:
     """Tell every worker that policies changed; if Redis cannot be told now, keep trying in the background."""
     try:

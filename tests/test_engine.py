@@ -253,3 +253,32 @@ def test_eight_processes_hitting_one_subject_admit_exactly_the_limit(strategy):
         worker.join(timeout=10)
     assert sum(admitted) == 100
     assert engine.decide([check(limited)]).decisions[0].count == 100
+
+
+# --- server-side work per decision (INFO commandstats, the commands Lua runs included) -----------
+
+
+@pytest.mark.parametrize(
+    "strategy, shape, budget",
+    [
+        ("fixed_window", {}, {"get": 1, "set": 1, "hincrby": 1}),
+        ("sliding_window", {"bucket_size": 60}, {"hmget": 1, "hset": 1, "hincrby": 1}),
+        ("sliding_log", {}, {"zcount": 1, "zrange": 1, "zremrangebyscore": 1, "zadd": 1, "pexpire": 1, "hincrby": 1}),
+    ],
+)
+def test_a_repeat_decision_runs_few_commands_and_leaves_the_live_index_alone(redis_client, strategy, shape, budget):
+    """Besides TIME (not called here: `now` is given) a repeat decision runs these commands only: the
+    live index, the active count and the version are written or read when their meaning changes
+    (a counter that empties in another totals bucket; a version at most every half second)."""
+    from ratelimit_app import policies
+
+    limited = policy(strategy=strategy, limit=1000, window=3600, **shape)
+    moments = iter(T0 + 0.01 * i for i in range(100))
+    for _ in range(3):
+        policies.observe_version(hit(check(limited), now=next(moments)).version)  # as the doors do
+    redis_client.config_resetstat()
+    for _ in range(10):
+        policies.observe_version(hit(check(limited), now=next(moments)).version)
+    stats = redis_client.info("commandstats")
+    calls = {name[len("cmdstat_"):]: s["calls"] for name, s in stats.items() if name not in ("cmdstat_evalsha", "cmdstat_config|resetstat")}
+    assert calls == {name: 10 * count for name, count in budget.items()}

@@ -48,7 +48,8 @@ def test_the_index_reloads_after_flushall_even_without_a_change(redis_client, po
 
 
 @pytest.fixture
-def policy_row():
+def policy_row(settings):
+    settings.RATELIMIT_POLICY_RECHECK_SECONDS = 0  # every decision call brings the version back
     row = make_policy(limit=10)
     policies.get_index()
     return row

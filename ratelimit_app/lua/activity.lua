@@ -6,10 +6,11 @@
 -- subjects first and never a blocked one while others remain. An entry is rewritten only when that
 -- time moves to another bucket, so a busy subject costs the index nothing most of the time.
 --
--- The totals, a hash of three series of the totals bucket (series.lua): 'a' requests counted,
--- 'd' requests refused (by a shadow policy: that would have been), over the same window the
--- counters use; and 'e<bucket>' the number of subjects whose counter empties in that bucket, so
--- the subjects still active are counted even when the index cannot hold them all.
+-- The totals, a hash of counts per totals bucket: 'a<bucket>' requests counted, 'd<bucket>' requests
+-- refused (by a shadow policy: that would have been), summed by the reader over the same window
+-- the counters use; and 'e<bucket>' the number of subjects whose counter empties in that bucket, so
+-- the subjects still active are counted even when the index cannot hold them all. A decision adds
+-- to them with one HINCRBY; the reader sums at most window / bucket fields of each.
 -- Times are integer milliseconds.
 local activity = {}
 local BLOCKED = 2 ^ 43 -- about 278 years of ms: above any time, exact in a double with a time added
@@ -48,22 +49,40 @@ function activity.moved(totals, before, after, now, window, bucket)
   expire(totals, window, bucket)
 end
 
--- count one request, allowed ('a') or refused ('d')
+-- count one request, allowed ('a') or refused ('d'): one HINCRBY; when a bucket starts, the buckets
+-- that left the window are deleted (each once, at most the window's bucket count)
 function activity.count(totals, series_name, now, window, bucket)
-  local _, state = series.read(totals, series_name, now, window, bucket)
-  series.add(totals, state, 1)
-  if state.newest ~= state.current then expire(totals, window, bucket) end
+  local current = math.floor(now / bucket)
+  if redis.call('HINCRBY', totals, series_name .. current, 1) == 1 then
+    local oldest = current - window / bucket + 1
+    local mark = series_name .. 'c'
+    local cleaned = tonumber(redis.call('HGET', totals, mark)) or oldest
+    if cleaned < oldest then
+      local over = {}
+      -- every field present was written while `cleaned` was the oldest, so none lies beyond this
+      for i = cleaned, math.min(oldest - 1, cleaned + window / bucket - 1) do over[#over + 1] = series_name .. i end
+      redis.call('HDEL', totals, unpack(over))
+    end
+    redis.call('HSET', totals, mark, oldest)
+    expire(totals, window, bucket)
+  end
 end
 
--- -> allowed, denied, active subjects (read only)
-function activity.totals(totals, now, window, bucket)
-  local allowed = series.read(totals, 'a', now, window, bucket)
-  local denied = series.read(totals, 'd', now, window, bucket)
-  local first = math.floor(now / bucket) + 1
+local function sum(totals, prefix, first, last)
   local fields = {}
-  for i = first, first + window / bucket + 2 do fields[#fields + 1] = 'e' .. i end
-  local active = 0
-  for _, value in ipairs(redis.call('HMGET', totals, unpack(fields))) do active = active + (tonumber(value) or 0) end
+  for i = first, last do fields[#fields + 1] = prefix .. i end
+  local total = 0
+  for _, value in ipairs(redis.call('HMGET', totals, unpack(fields))) do total = total + (tonumber(value) or 0) end
+  return total
+end
+
+-- -> allowed, denied, active subjects (read only; window / bucket fields per figure)
+function activity.totals(totals, now, window, bucket)
+  local current = math.floor(now / bucket)
+  local oldest = current - window / bucket + 1
+  local allowed = sum(totals, 'a', oldest, current)
+  local denied = sum(totals, 'd', oldest, current)
+  local active = sum(totals, 'e', current + 1, current + window / bucket + 2)
   return allowed, denied, math.max(active, 0)
 end
 

@@ -5,21 +5,22 @@
 --                             KEYS[3i]   totals of the policy (activity.lua)
 --       KEYS[3n+1]            policy version (read only, piggy-backed for the workers' caches)
 -- ARGV[1] now in milliseconds, or '' to use the server's TIME
--- ARGV[2] '1' to decide without counting anything (dry run)
+-- ARGV[2] '1' to decide without counting anything (dry run), then '+' when the version is wanted
 -- ARGV[3] how many subjects a live index keeps
 -- ARGV[4] n, then per policy 7 values: strategy, limit, window (ms), bucket (ms), enforce ('1'/'0'),
 --         live member, totals bucket (ms)
 --
 -- If any enforcing policy is at its limit, nothing is written to any counter; otherwise every policy
 -- below its limit counts the request once. A shadow policy at its limit is reported, never counted.
--- Returns {version, now, denied, then per policy: exceeded, count, reset (ms), retry after (ms)}.
+-- Returns {version or 0, now, denied, then per policy: exceeded, count, reset (ms), retry after (ms)}.
 
 local now = tonumber(ARGV[1])
 if not now then
   local time = redis.call('TIME')
   now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 end
-local dry_run = ARGV[2] == '1'
+local dry_run = string.sub(ARGV[2], 1, 1) == '1'
+local version_wanted = string.sub(ARGV[2], 2, 2) == '+'
 local index_size = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
 
@@ -70,7 +71,8 @@ local function refuse(policy)
   activity.count(policy.totals, 'd', now, policy.window, g)
 end
 
-local version = redis.call('GET', KEYS[3 * n + 1]) or ''
+-- the version token ('' when Redis holds none), or 0 when the caller did not ask for it
+local version = version_wanted and (redis.call('GET', KEYS[3 * n + 1]) or '') or 0
 local result = {version, now, denied and 1 or 0}
 for i, policy in ipairs(policies) do
   local counted = not dry_run and not denied and not policy.exceeded
