@@ -348,3 +348,11 @@ def test_activity_is_read_on_the_servers_clock(policy, monkeypatch):
     engine.decide([check(compiled)])
     monkeypatch.setattr(time, "time", lambda: 4_000_000_000.0)  # this process's clock is far off
     assert live.policy_activity([policy])[policy.pk].allowed == 1
+
+
+def test_the_live_page_reloads_its_scripts_after_script_flush(admin_client, client, policy, redis_client):
+    search(client, times=2)
+    assert admin_client.get(live_url(policy) + "?format=json").json()["subjects"][0]["count"] == 2
+    redis_client.script_flush()
+    data = admin_client.get(live_url(policy) + "?format=json").json()
+    assert data["subjects"][0]["count"] == 2 and data["totals"]["allowed"] == 2
