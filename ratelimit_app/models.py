@@ -66,7 +66,7 @@ def validate_methods(value: str) -> None:
 
 def default_bucket_size(window: int) -> int | None:
     """The smallest bucket that divides the window into 2 to MAX_BUCKETS buckets, else into the fewest
-    buckets up to BUCKET_CEILING (a prime window); None when no bucket size fits (a 1 s window)."""
+    buckets up to BUCKET_CEILING (a prime window); None when no whole second fits (a 1 s window)."""
     sizes = [size for size in range(1, window // 2 + 1) if window % size == 0 and window // size <= BUCKET_CEILING]
     return next((size for size in sizes if window // size <= MAX_BUCKETS), sizes[-1] if sizes else None)
 
@@ -196,26 +196,17 @@ class Policy(models.Model):
                     {"bucket_size": "The bucket size applies to sliding_window only; leave it blank."}
                 )
             return
-        if not self.window or self.window < 1:
-            return  # the window field reports its own error
+        if not self.window or self.window < 1 or (self.bucket_size is not None and self.bucket_size < 1):
+            return  # the window or bucket size field reports its own error
         suggested = default_bucket_size(self.window)
-        if suggested is None:
-            raise ValidationError(
-                {
-                    "window": (
-                        f"A sliding window of {self.window} s cannot be cut into buckets of whole seconds, "
-                        "at most half the window each: use a longer window, sliding_log or fixed_window."
-                    )
-                }
-            )
         if self.bucket_size is None:
-            self.bucket_size = suggested
+            self.bucket_size = suggested  # None for a 1 s window: it gets buckets of 100 ms
         elif self.bucket_size and self.window % self.bucket_size:
             raise ValidationError(
                 {
                     "bucket_size": (
                         f"The bucket size must divide the window: {self.bucket_size} does not divide "
-                        f"{self.window}. Try {suggested}."
+                        f"{self.window}. Try {suggested or 'leaving it blank'}."
                     )
                 }
             )
@@ -225,7 +216,7 @@ class Policy(models.Model):
                     "bucket_size": (
                         f"The bucket size can be at most half the window ({self.window // 2} s here): a bucket "
                         f"of {self.bucket_size} s makes it a fixed window that admits twice the limit at its "
-                        f"edge. Try {suggested}, or choose fixed_window."
+                        f"edge. Try {suggested or 'leaving it blank'}, or choose fixed_window."
                     )
                 }
             )

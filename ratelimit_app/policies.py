@@ -63,9 +63,10 @@ def compile_policy(row: Policy) -> CompiledPolicy:
     row.full_clean(validate_unique=False, validate_constraints=False)
     key_spec = parse_key_spec(row.key)
     bucket = row.bucket_size if row.strategy == Strategy.SLIDING_WINDOW else row.window
+    bucket_ms = bucket * 1000 if bucket else row.window * 100  # a 1 s sliding window: 10 buckets of 100 ms
     shape = f"{SHAPE_LETTER[row.strategy]}{row.window}"
     if row.strategy == Strategy.SLIDING_WINDOW:
-        shape += f"/{bucket}"
+        shape += f"/{bucket}" if bucket else f"/{bucket_ms}ms"
     return CompiledPolicy(
         id=row.pk,
         name=row.name,
@@ -80,7 +81,7 @@ def compile_policy(row: Policy) -> CompiledPolicy:
         bucket_size=row.bucket_size,
         generation=row.generation,
         window_ms=row.window * 1000,
-        bucket_ms=bucket * 1000,
+        bucket_ms=bucket_ms,
         shape=shape,
         enforce=row.mode == Mode.ENFORCE,
         counts_users=any(part.label in ("user", "user_or_ip") for part in key_spec),

@@ -282,3 +282,11 @@ def test_a_repeat_decision_runs_few_commands_and_leaves_the_live_index_alone(red
     stats = redis_client.info("commandstats")
     calls = {name[len("cmdstat_"):]: s["calls"] for name, s in stats.items() if name not in ("cmdstat_evalsha", "cmdstat_config|resetstat")}
     assert calls == {name: 10 * count for name, count in budget.items()}
+
+
+def test_a_one_second_sliding_window_slides_in_tenths(redis_client):
+    limited = policy(strategy="sliding_window", limit=2, window=1)  # no whole-second bucket fits
+    assert limited.bucket_ms == 100
+    assert [hit(check(limited), now=T0 + 0.05 * i).allowed for i in range(3)] == [True, True, False]
+    assert not hit(check(limited), now=T0 + 0.95).allowed  # a fixed window would admit again at T0 + 1.0 ...
+    assert hit(check(limited), now=T0 + 1.05).allowed  # ... this one once the first 100 ms left
