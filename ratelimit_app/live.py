@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import redis
 from django.core.exceptions import ValidationError
+from redis.commands.core import Script
 
 from . import keys
 from .admin_connection import admin_call, admin_client
@@ -57,7 +58,7 @@ def live_usage(policy: CompiledPolicy, *, now: float | None = None) -> LiveUsage
     subjects: dict[str, SubjectUsage] = {}
     counts = _read_counters(policy, [keys.counter_key(policy, key) for key, *_ in members], now_ms)
     for (subject_key, limit, overridden, display), (count, reset_ms) in zip(members, counts):
-        if count > 0 and subject_key not in subjects:  # the first entry is the newest limit
+        if count > 0 and subject_key not in subjects:  # seen under two limits: the latest entry wins
             subjects[subject_key] = SubjectUsage(subject_key, display, count, reset_ms / 1000, limit or policy.limit, overridden)
     busiest = sorted(subjects.values(), key=lambda s: (-s.count, s.display))
     return LiveUsage(allowed, denied, max(active, len(busiest)), index_full, busiest)
@@ -126,7 +127,7 @@ def _batch_size(policy: CompiledPolicy) -> int:
     return max(1, min(BATCH, FIELD_BUDGET // (5 + buckets // 2)))
 
 
-def _run_batches(client: redis.Redis, script, batches: list[tuple[int, list[str]]], args: list) -> list:
+def _run_batches(client: redis.Redis, script: Script, batches: list[tuple[int, list[str]]], args: list) -> list:
     with client.pipeline(transaction=False) as pipe:
         for _start, batch in batches:
             script(batch, args, pipe)
