@@ -276,23 +276,22 @@ def live_data(policy: Policy, rows: int = LIVE_ROWS) -> tuple[dict, int]:
         "blocked": 0,
     }
     try:
-        usage = live.live_usage(compile_policy(policy))
+        usage = live.live_usage(compile_policy(policy), rows=rows)
     except ValidationError as error:
         return {**data, "error": f"This policy is invalid and not enforced: {'; '.join(error.messages)}"}, 200
     except RedisUnavailable as error:
         return {**data, "error": f"Redis is unreachable, live usage cannot be shown: {error}"}, 503
-    busiest = usage.subjects
     data["subjects"] = [
         {
             "subject": s.display, "key": s.key, "count": s.count, "limit": s.limit,
             "remaining": max(s.limit - s.count, 0), "reset_in": round(s.reset_in, 1),
             "blocked": s.count >= s.limit, "overridden": s.overridden,
         }
-        for s in busiest[:rows]
+        for s in usage.subjects
     ]
     data["totals"] = {"allowed": usage.allowed, "denied": usage.denied}
     # the listed subjects are all the active ones unless the index was full: then the totals say how many
-    data["shown"] = len(busiest)
-    data["active"] = usage.active if usage.index_full else len(busiest)
-    data["blocked"] = sum(1 for s in busiest if s.count >= s.limit)
+    data["shown"] = usage.shown
+    data["active"] = usage.active if usage.index_full else usage.shown
+    data["blocked"] = usage.blocked
     return data, 200

@@ -41,14 +41,17 @@ class LiveUsage(NamedTuple):
     denied: int  # requests refused (shadow: that would have been) in that window
     active: int  # subjects active in that window, from the totals (exact unless the index was full)
     index_full: bool  # the live index holds as many subjects as it may: some active ones are not listed
-    subjects: list[SubjectUsage]  # the listed subjects active now, busiest first
+    subjects: list[SubjectUsage]  # the listed subjects active now, busiest first (the top rows asked for)
+    shown: int  # how many listed subjects are active now (before keeping the top rows)
+    blocked: int  # how many of those are at their limit
 
 
 # --- the live page ------------------------------------------------------------------------------
 
 
-def live_usage(policy: CompiledPolicy, *, now: float | None = None) -> LiveUsage:
-    """Totals of the policy's window and the subjects its live index lists, busiest first.
+def live_usage(policy: CompiledPolicy, *, rows: int | None = None, now: float | None = None) -> LiveUsage:
+    """Totals of the policy's window and the subjects its live index lists, busiest first (the top
+    `rows` of them when given): what the live page shows.
 
     Every command sent is bounded (a page of the index, a batch of counters), so watching a policy
     with a million subjects never holds Redis for long; `now` (seconds) replaces the server's clock.
@@ -61,7 +64,8 @@ def live_usage(policy: CompiledPolicy, *, now: float | None = None) -> LiveUsage
         if count > 0 and subject_key not in subjects:  # seen under two limits: the latest entry wins
             subjects[subject_key] = SubjectUsage(subject_key, display, count, reset_ms / 1000, limit or policy.limit, overridden)
     busiest = sorted(subjects.values(), key=lambda s: (-s.count, s.display))
-    return LiveUsage(allowed, denied, max(active, len(busiest)), index_full, busiest)
+    blocked = sum(1 for s in busiest if s.count >= s.limit)
+    return LiveUsage(allowed, denied, max(active, len(busiest)), index_full, busiest[:rows], len(busiest), blocked)
 
 
 def policy_totals(policy: CompiledPolicy, *, now: float | None = None) -> tuple[int, int, int, int]:
