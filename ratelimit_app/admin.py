@@ -23,6 +23,8 @@ from .rates import EXAMPLES, format_rate, parse_rate
 from .subjects import SubjectTextError, subject_from_text
 
 LIVE_ROWS = 100
+UNKNOWN = "?"  # shown in the list when Redis cannot tell
+INVALID = "invalid"  # shown in the list for a row that fails validation (it is not enforced)
 SUBJECT_KEY = re.compile(r"[0-9a-f]{16}")  # what subjects.Subject.key holds
 
 
@@ -111,15 +113,15 @@ class PolicyAdmin(admin.ModelAdmin):
 
     @admin.display(description="active now")
     def active_now(self, policy: Policy):
-        activity = getattr(policy, "activity", None)
-        return "?" if activity is None else activity.active
+        activity = getattr(policy, "activity", UNKNOWN)
+        return activity if isinstance(activity, str) else activity.active
 
     @admin.display(description="denied now")
     def denied_now(self, policy: Policy):
         """Denied in the current window; for a shadow policy, what it would have denied."""
-        activity = getattr(policy, "activity", None)
-        if activity is None:
-            return "?"
+        activity = getattr(policy, "activity", UNKNOWN)
+        if isinstance(activity, str):
+            return activity
         return f"{activity.denied} (would)" if policy.mode == Mode.SHADOW and activity.denied else activity.denied
 
     @admin.display(description="live")
@@ -137,7 +139,8 @@ class PolicyAdmin(admin.ModelAdmin):
             activity = {}
             messages.warning(request, "Redis is unreachable: current activity is not shown.")
         for policy in changelist.result_list:
-            policy.activity = activity.get(policy.pk)
+            found = activity.get(policy.pk, UNKNOWN)
+            policy.activity = INVALID if found is None else found
         self._attach_trends(changelist.result_list)
         return changelist
 
@@ -304,6 +307,7 @@ class PolicyAdmin(admin.ModelAdmin):
             "title": f"Live usage: {policy.name}",
             "data": data,
             "rate": self.rate(policy),
+            "window": human_window(policy.window),
             "can_reset": self.has_change_permission(request, policy),
             "exempt": [o for o in policy.overrides.filter(exempt=True).select_related("user", "group")],
         }
@@ -317,10 +321,9 @@ class PolicyAdmin(admin.ModelAdmin):
         try:
             if subject:
                 compiled = compile_policy(policy)
-                subject_key, shown = subject_key_of(compiled, subject)
-                live.reset_subjects(compiled, [subject_key])
-                shown = request.POST.get("display", "")[:200] or shown
-                message = f"Counts of subject {shown} reset for {policy.name}."
+                subject_key, typed = subject_key_of(compiled, subject)
+                shown = live.reset_subjects(compiled, [subject_key])  # as the server knows it, not as typed
+                message = f"Counts of subject {' / '.join(shown) or typed} reset for {policy.name}."
             else:
                 reset_all(policy)
                 message = f"Counts of every subject reset for {policy.name}."
@@ -404,25 +407,28 @@ def live_data(policy: Policy, rows: int = LIVE_ROWS) -> tuple[dict, int]:
         "subjects": [],
         "totals": {"allowed": 0, "denied": 0},
         "active": 0,
+        "shown": 0,
+        "blocked": 0,
     }
     try:
-        usage = live.live_usage(compile_policy(policy))
+        usage = live.live_usage(compile_policy(policy), rows=rows)
     except ValidationError as error:
         return {**data, "error": f"This policy is invalid and not enforced: {'; '.join(error.messages)}"}, 200
     except RedisUnavailable as error:
         return {**data, "error": f"Redis is unreachable, live usage cannot be shown: {error}"}, 503
-    busiest = sorted(usage.subjects, key=lambda s: (-s.count, s.display))
     data["subjects"] = [
         {
             "subject": s.display, "key": s.key, "count": s.count, "limit": s.limit,
             "remaining": max(s.limit - s.count, 0), "reset_in": round(s.reset_in, 1),
             "blocked": s.count >= s.limit, "overridden": s.overridden,
         }
-        for s in busiest[:rows]
+        for s in usage.subjects
     ]
     data["totals"] = {"allowed": usage.allowed, "denied": usage.denied}
-    data["active"] = len(busiest)
-    data["blocked"] = sum(1 for s in busiest if s.count >= s.limit)
+    # the listed subjects are all the active ones unless the index was full: then the totals say how many
+    data["shown"] = usage.shown
+    data["active"] = usage.active if usage.index_full else usage.shown
+    data["blocked"] = usage.blocked
     return data, 200
 
 

@@ -28,6 +28,12 @@ DEFAULTS: dict[str, Any] = {
     "RATELIMIT_BREAKER_SECONDS": 1.0,
     # Workers compare the policy version with Redis at most this often when no decision call carried it.
     "RATELIMIT_POLICY_RECHECK_SECONDS": 1.0,
+    # A policy change also reaches every worker after at most this many seconds, whatever happened
+    # to Redis (a safety net under the version check).
+    "RATELIMIT_POLICY_RELOAD_SECONDS": 30.0,
+    # Socket timeout of the admin's own Redis client (live page, policy list, resets); its errors
+    # never open the circuit breaker that requests use.
+    "RATELIMIT_ADMIN_TIMEOUT": 1.0,
     # How many recently active subjects the live page index keeps per policy.
     "RATELIMIT_LIVE_INDEX_SIZE": 2000,
     # Dotted path of a view answering denied requests instead of the built-in 429 response.

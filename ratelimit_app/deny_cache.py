@@ -3,26 +3,40 @@
 A flood from one subject then costs no Redis call per refused request. It only ever refuses (never
 admits), and only while the engine itself would refuse: until the retry time the engine gave, for the
 same policy generation, subject and limit. A policy change or a reset clears it (the index reloads).
+The refusals still reach the policies' totals: a background thread adds them at most a second later
+(and a reader in this process adds them first, so what it shows is complete).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
+import redis
+
+from . import keys
 from .conf import get_setting
-from .engine import Check, Decision
+from .connection import client
+from .scripts import scripts, totals_bucket_ms
 
+if TYPE_CHECKING:
+    from .engine import Check, Decision
+    from .policies import CompiledPolicy
+
+logger = logging.getLogger("ratelimit_app")
 MAX_ENTRIES = 10_000  # subjects over a limit at once in one process; beyond that, the oldest are forgotten
+FLUSH_SECONDS = 1.0
 
 
 class DenyCache:
     def __init__(self) -> None:
         self._until: dict[tuple, tuple[float, Decision]] = {}
-        self.pending_denials: Counter = Counter()  # (policy id, generation) -> denials not yet in Redis's totals
+        self._pending: Counter[CompiledPolicy] = Counter()  # refusals not yet in Redis's totals
         self._lock = threading.Lock()
+        self._flusher: threading.Timer | None = None
 
     @staticmethod
     def _key(check: Check) -> tuple:
@@ -43,11 +57,10 @@ class DenyCache:
             if left <= 0:
                 self._until.pop(self._key(check), None)
                 continue
-            found.append(decision._replace(retry_after=left, reset_in=max(decision.reset_in - (decision.retry_after - left), left)))
+            elapsed = decision.retry_after - left
+            found.append(decision._replace(retry_after=left, reset_in=max(decision.reset_in - elapsed, left)))
         if found:
-            with self._lock:
-                for decision in found:
-                    self.pending_denials[(decision.policy.id, decision.policy.generation)] += 1
+            self._count(found)
         return found
 
     def remember(self, checks: Sequence[Check], decisions: Sequence[Decision]) -> None:
@@ -59,10 +72,33 @@ class DenyCache:
                     self._until.pop(next(iter(self._until)), None)
                 self._until[self._key(check)] = (now + decision.retry_after, decision)
 
-    def take_pending(self) -> Counter:
+    def _count(self, refusals: Sequence[Decision]) -> None:
         with self._lock:
-            pending, self.pending_denials = self.pending_denials, Counter()
-        return pending
+            for decision in refusals:
+                self._pending[decision.policy] += 1
+            if self._flusher is None:
+                self._flusher = threading.Timer(FLUSH_SECONDS, self.flush)
+                self._flusher.daemon = True
+                self._flusher.start()
+
+    def flush(self) -> None:
+        """Add the refusals counted here to the policies' totals in Redis (kept for later if it fails)."""
+        with self._lock:
+            pending, self._pending, self._flusher = self._pending, Counter(), None
+        if not pending:
+            return
+        redis_client = client()
+        script = scripts.get("denials", redis_client)
+        totals = [keys.totals_key(policy) for policy in pending]
+        args: list[str | int] = [""]
+        for policy, count in pending.items():
+            args += (count, policy.window_ms, totals_bucket_ms(policy))
+        try:
+            script(totals, args, redis_client)
+        except redis.RedisError as error:
+            logger.warning("ratelimit: refusals from the deny cache could not reach Redis yet: %s", error)
+            with self._lock:
+                self._pending.update(pending)
 
     def clear(self) -> None:
         self._until.clear()

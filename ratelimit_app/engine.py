@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 from . import keys, metrics
 from .conf import get_setting
 from .connection import RedisUnavailable, aclient, breaker, client
-from .scripts import now_arg, scripts
+from .scripts import now_arg, scripts, totals_bucket_ms
 
 if TYPE_CHECKING:
     from .policies import CompiledPolicy
@@ -41,7 +41,7 @@ class Decision(NamedTuple):
 class Verdict(NamedTuple):
     allowed: bool
     decisions: tuple[Decision, ...]
-    version: int | None  # the policy version read in the same call (None when Redis was not asked)
+    version: bytes | None  # the policy version token read in the same call (None when not read)
 
     @property
     def denied_by(self) -> tuple[Decision, ...]:
@@ -54,15 +54,16 @@ NO_POLICIES = Verdict(True, (), None)
 # --- deciding ----------------------------------------------------------------------------------
 
 
-def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False) -> Verdict:
+def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False, version: bool = False) -> Verdict:
     """Decide every check in one Redis round trip; nothing is counted if an enforcing policy denies.
 
     `now` (seconds since the epoch) replaces the server's clock, for tests; `dry_run` decides
-    without counting anything. Raises RedisUnavailable when Redis cannot answer.
+    without counting anything; `version` brings the policy version back in the same call (the
+    doors ask for it when their worker is due to compare). Raises RedisUnavailable when Redis cannot answer.
     """
     if not checks:
         return NO_POLICIES
-    script_keys, args = _script_call(checks, now, dry_run)
+    script_keys, args = _script_call(checks, now, dry_run, version)
     redis_client = client()
     script = scripts.get("decide", redis_client)
     started = perf_counter()
@@ -71,11 +72,13 @@ def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool =
     return _verdict(checks, reply)
 
 
-async def adecide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False) -> Verdict:
+async def adecide(
+    checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False, version: bool = False
+) -> Verdict:
     """decide() for async code: the same script and keys, through redis-py's asyncio client."""
     if not checks:
         return NO_POLICIES
-    script_keys, args = _script_call(checks, now, dry_run)
+    script_keys, args = _script_call(checks, now, dry_run, version)
     redis_client = aclient()
     script = scripts.get_async("decide", redis_client)
     started = perf_counter()
@@ -84,18 +87,22 @@ async def adecide(checks: Sequence[Check], *, now: float | None = None, dry_run:
     return _verdict(checks, reply)
 
 
-def _script_call(checks: Sequence[Check], now: float | None, dry_run: bool) -> tuple[list[str], list[str | int]]:
-    """The KEYS and ARGV of decide.lua for these checks."""
+def _script_call(checks: Sequence[Check], now: float | None, dry_run: bool, version: bool) -> tuple[list[str], list[str | int]]:
+    """The KEYS and ARGV of decide.lua for these checks (`version`: bring the policy version back too)."""
     key_prefix = keys.prefix()
     script_keys: list[str] = []
-    args: list[str | int] = [now_arg(now), "1" if dry_run else "0", get_setting("RATELIMIT_LIVE_INDEX_SIZE"), len(checks)]
+    flags = ("1" if dry_run else "0") + ("+" if version else "")
+    args: list[str | int] = [now_arg(now), flags, get_setting("RATELIMIT_LIVE_INDEX_SIZE"), len(checks)]
     for policy, subject, limit in checks:
         script_keys += (
             keys.counter_key(policy, subject.key, key_prefix),
             keys.live_key(policy, key_prefix),
             keys.totals_key(policy, key_prefix),
         )
-        args += (policy.strategy, limit, policy.window_ms, policy.bucket_ms, "1" if policy.enforce else "0", live_member(subject, limit, policy))
+        args += (
+            policy.strategy, limit, policy.window_ms, policy.bucket_ms, "1" if policy.enforce else "0",
+            live_member(subject, limit, policy), totals_bucket_ms(policy),
+        )
     script_keys.append(keys.version_key(key_prefix))
     return script_keys, args
 
@@ -113,7 +120,7 @@ def _verdict(checks: Sequence[Check], reply: list[int]) -> Verdict:
                 capacity - count if count < capacity else 0, reset_ms / 1000, retry_ms / 1000 if exceeded else None,
             )
         )
-    return Verdict(not denied, tuple(decisions), version)
+    return Verdict(not denied, tuple(decisions), None if version == 0 else version)
 
 
 def live_member(subject: Subject, limit: int, policy: CompiledPolicy) -> str:

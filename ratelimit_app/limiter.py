@@ -121,6 +121,7 @@ def denied_from_memory(state: RequestState, checks: list[Check]) -> bool:
     cached = deny_cache.denied(checks) if deny_cache_enabled() else ()
     if not cached:
         return False
+    metrics.record_verdict(Verdict(False, tuple(cached), None))
     for decision in cached:
         metrics.deny_cache_hit(decision.policy)
     state.decided.update(check.policy.id for check in checks)  # all-or-nothing: nothing counted anywhere
@@ -143,7 +144,7 @@ def decide(request, state: RequestState) -> RequestState:
     checks = pending_checks(request, state)
     if checks and not denied_from_memory(state, checks):
         try:
-            verdict = engine.decide(checks)
+            verdict = engine.decide(checks, version=policies.version_due())
         except engine.RedisUnavailable as error:
             unavailable(request, state, error)
             return state
@@ -162,7 +163,7 @@ async def adecide(request, state: RequestState) -> RequestState:
     checks = pending_checks(request, state, index)
     if checks and not denied_from_memory(state, checks):
         try:
-            verdict = await engine.adecide(checks)
+            verdict = await engine.adecide(checks, version=policies.version_due())
         except engine.RedisUnavailable as error:
             unavailable(request, state, error)
             return state

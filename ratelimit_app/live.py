@@ -1,19 +1,32 @@
 """The operator's side of Redis: what the live page and the policy list read, and resets.
 
-Kept apart from the request path (engine.py): these reads serve people watching, never requests.
+Kept apart from the request path (engine.py): these reads go through the admin's own client
+(admin_connection.py), in bounded batches, so watching never holds Redis for long.
 """
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
+import redis
+from django.core.exceptions import ValidationError
+from redis.commands.core import Script
+
 from . import keys
-from .connection import breaker, client
-from .scripts import now_arg, scripts
+from .admin_connection import admin_call, admin_client
+from .conf import get_setting
+from .deny_cache import deny_cache
+from .version import bump_version
+from .policies import compile_policy
+from .scripts import now_arg, scripts, totals_bucket_ms
 
 if TYPE_CHECKING:
     from .policies import CompiledPolicy
+
+INDEX_PAGE = 500  # live index entries read per ZREVRANGE
+BATCH = 200  # counters read per call of live.lua
+FIELD_BUDGET = 500  # fields one call of live.lua may read (well under 1 ms of server time)
+BLOCKED = 2**43  # added to the score of a subject a policy refused (lua/activity.lua)
 
 
 class SubjectUsage(NamedTuple):
@@ -21,30 +34,117 @@ class SubjectUsage(NamedTuple):
     display: str
     count: int
     reset_in: float
-    limit: int  # the limit in effect for this subject (a token bucket: its burst, what the count is compared with)
+    limit: int  # the limit in effect for this subject
     overridden: bool  # an override gave this subject a limit other than the policy's
 
 
 class LiveUsage(NamedTuple):
-    allowed: int
-    denied: int
-    subjects: list[SubjectUsage]  # active in the current window, in no particular order
+    allowed: int  # requests counted in the window the counters use
+    denied: int  # requests refused (shadow: that would have been) in that window
+    active: int  # subjects active in that window, from the totals (exact unless the index was full)
+    index_full: bool  # the live index holds as many subjects as it may: some active ones are not listed
+    subjects: list[SubjectUsage]  # the listed subjects active now, busiest first (the top rows asked for)
+    shown: int  # how many listed subjects are active now (before keeping the top rows)
+    blocked: int  # how many of those are at their limit
 
 
-def live_usage(policy: CompiledPolicy, *, now: float | None = None) -> LiveUsage:
-    """Totals of the current window and every subject active in it, read in one call."""
-    head, tail = keys.counter_key_parts(policy)
-    args = [now_arg(now), policy.strategy, policy.limit, policy.window_ms, policy.bucket_ms, head, tail]
-    redis_client = client()
-    script = scripts.get("live", redis_client)
-    reply = breaker.call(lambda: script([keys.live_key(policy), keys.totals_key(policy)], args, redis_client))
+# --- the live page ------------------------------------------------------------------------------
+
+
+def live_usage(policy: CompiledPolicy, *, rows: int | None = None, now: float | None = None) -> LiveUsage:
+    """Totals of the policy's window and the subjects its live index lists, busiest first (the top
+    `rows` of them when given): what the live page shows.
+
+    Every command sent is bounded (a page of the index, a batch of counters), so watching a policy
+    with a million subjects never holds Redis for long; `now` (seconds) replaces the server's clock.
+    """
+    allowed, denied, active, now_ms = policy_totals(policy, now=now)
+    members, index_full = _listed_members(policy, now_ms)
     subjects: dict[str, SubjectUsage] = {}
-    for i in range(3, len(reply), 3):  # oldest first: a subject seen again under a new limit keeps the newest
-        member, count, reset_ms = reply[i : i + 3]
-        subject_key, limit, overridden, display = parse_live_member(member.decode())
-        capacity = policy.capacity(limit or policy.limit)
-        subjects[subject_key] = SubjectUsage(subject_key, display, count, reset_ms / 1000, capacity, overridden)
-    return LiveUsage(reply[1], reply[2], list(subjects.values()))
+    limits = [limit or policy.limit for _key, limit, *_ in members]
+    counts = _read_counters(policy, [keys.counter_key(policy, key) for key, *_ in members], now_ms, limits)
+    for (subject_key, _limit, overridden, display), limit, (count, reset_ms) in zip(members, limits, counts):
+        if count > 0 and subject_key not in subjects:  # seen under two limits: the latest entry wins
+            capacity = policy.capacity(limit)  # a token bucket's count is compared with its burst
+            subjects[subject_key] = SubjectUsage(subject_key, display, count, reset_ms / 1000, capacity, overridden)
+    busiest = sorted(subjects.values(), key=lambda s: (-s.count, s.display))
+    blocked = sum(1 for s in busiest if s.count >= s.limit)
+    return LiveUsage(allowed, denied, max(active, len(busiest)), index_full, busiest[:rows], len(busiest), blocked)
+
+
+def policy_totals(policy: CompiledPolicy, *, now: float | None = None) -> tuple[int, int, int, int]:
+    """(allowed, denied, active subjects, now in ms by the server's clock) of the policy's window."""
+    deny_cache.flush()  # refusals this process made from memory count too
+    script = scripts.get("totals", admin_client())
+    args = [now_arg(now), policy.window_ms, totals_bucket_ms(policy)]
+    now_ms, allowed, denied, active = admin_call(lambda client: script([keys.totals_key(policy)], args, client))
+    return allowed, denied, active, now_ms
+
+
+def _listed_members(policy: CompiledPolicy, now_ms: int) -> tuple[list[tuple[str, int, bool, str]], bool]:
+    """The live index entries whose counters may still hold requests, highest score first.
+
+    Read in pages, sent together (a page is a short command; Redis serves other clients between them).
+    """
+    live_key = keys.live_key(policy)
+    size = get_setting("RATELIMIT_LIVE_INDEX_SIZE")
+
+    def read(client: redis.Redis) -> list:
+        with client.pipeline(transaction=False) as pipe:
+            for start in range(0, size + 1, INDEX_PAGE):  # + 1: an index may briefly hold one more than size
+                pipe.zrevrange(live_key, start, start + INDEX_PAGE - 1, withscores=True)
+            return pipe.execute()
+
+    entries = [entry for page in admin_call(read) for entry in page]
+    members = []
+    for member, score in entries:
+        ends = score - BLOCKED if score > BLOCKED else score
+        if ends > now_ms:
+            members.append(parse_live_member(member.decode()))
+    return members, len(entries) >= size
+
+
+def _read_counters(policy: CompiledPolicy, counter_keys: list[str], now_ms: int, limits: list[int]) -> list[tuple[int, int]]:
+    """(count, ms until empty) of each counter, by the strategy's own Lua, in calls of bounded cost.
+
+    The batches are sent together; a call that spent its budget early leaves the rest of its batch
+    for the next round.
+    """
+    script = scripts.get("live", admin_client())
+    args = [str(now_ms), policy.strategy, policy.window_ms, policy.bucket_ms, FIELD_BUDGET]
+    counts: dict[int, tuple[int, int]] = {}
+    size = _batch_size(policy)
+    # a token bucket's count depends on the subject's rate: its limits go with its keys
+    per_key = policy.strategy == "token_bucket"
+    pending = [(start, counter_keys[start : start + size]) for start in range(0, len(counter_keys), size)]
+    while pending:
+        replies = admin_call(lambda client: _run_batches(client, script, pending, args, limits if per_key else None))
+        left = []
+        for (start, batch), reply in zip(pending, replies):
+            read = reply[1]
+            for i in range(read):
+                counts[start + i] = (reply[2 + 2 * i], reply[3 + 2 * i])
+            if read < len(batch):
+                left.append((start + read, batch[read:]))
+        pending = left
+    return [counts[i] for i in range(len(counter_keys))]
+
+
+def _batch_size(policy: CompiledPolicy) -> int:
+    """As many counters as fit the budget at worst: a sliding_window counter may read half its buckets."""
+    if policy.strategy != "sliding_window":
+        return BATCH
+    buckets = policy.window_ms // policy.bucket_ms
+    return max(1, min(BATCH, FIELD_BUDGET // (5 + buckets // 2)))
+
+
+def _run_batches(
+    client: redis.Redis, script: Script, batches: list[tuple[int, list[str]]], args: list, limits: list[int] | None
+) -> list:
+    with client.pipeline(transaction=False) as pipe:
+        for start, batch in batches:
+            script(batch, args + (limits[start : start + len(batch)] if limits else []), pipe)
+        return pipe.execute()
 
 
 def parse_live_member(member: str) -> tuple[str, int, bool, str]:
@@ -53,56 +153,80 @@ def parse_live_member(member: str) -> tuple[str, int, bool, str]:
     return subject_key, int(limit.rstrip("*") or 0), limit.endswith("*"), display
 
 
-def reset_subjects(policy: CompiledPolicy, subject_keys: Sequence[str]) -> int:
-    """Forget the counts of these subjects under this policy; returns how many counters existed."""
-    if not subject_keys:
-        return 0
-    redis_client = client()
-    live_key = keys.live_key(policy)
+# --- resets -------------------------------------------------------------------------------------
 
-    def reset() -> int:
-        wanted = set(subject_keys)
-        members = [m for m in redis_client.zrange(live_key, 0, -1) if m.decode().partition(" ")[0] in wanted]
-        with redis_client.pipeline() as pipe:
+
+def reset_subjects(policy: CompiledPolicy, subject_keys: Sequence[str]) -> list[str]:
+    """Forget the counts of these subjects under this policy; returns how the index showed them."""
+    if not subject_keys:
+        return []
+    live_key = keys.live_key(policy)
+    members = [member for key in subject_keys for member in _index_entries(live_key, key)]
+
+    def reset(client: redis.Redis) -> None:
+        with client.pipeline() as pipe:
             pipe.delete(*(keys.counter_key(policy, key) for key in subject_keys))
             if members:
                 pipe.zrem(live_key, *members)
-            return pipe.execute()[0]
+            pipe.execute()
 
-    return breaker.call(reset)
+    admin_call(reset)
+    # workers refusing these subjects from memory must ask Redis again: this one now, the others
+    # when they see the new version (as after any policy change)
+    deny_cache.clear()
+    bump_version()
+    return sorted({parse_live_member(member.decode())[3] for member in members})
+
+
+def _index_entries(live_key: str, subject_key: str) -> list[bytes]:
+    """The index entries of one subject (one per limit it was seen with), scanned a page at a time."""
+    found: list[bytes] = []
+    cursor = 0
+    while True:
+        cursor, page = admin_call(lambda client: client.zscan(live_key, cursor, match=f"{subject_key} *", count=INDEX_PAGE))
+        found += [member for member, _score in page]
+        if cursor == 0:
+            return found
+
+
+# --- the policy list ----------------------------------------------------------------------------
 
 
 class PolicyActivity(NamedTuple):
-    active: int  # subjects seen in the current window
-    allowed: int  # requests counted in the current window
-    denied: int  # requests denied (shadow: that would have been) in the current window
+    active: int  # subjects active in the policy's window
+    allowed: int  # requests counted in that window
+    denied: int  # requests denied (shadow: that would have been) in that window
 
 
-def policy_activity(policies: Sequence) -> dict[int, PolicyActivity]:
-    """Activity of many policies (rows or compiled) in their current window, in one round trip."""
-    if not policies:
-        return {}
-    redis_client = client()
-    now_ms = int(time.time() * 1000)
+def policy_activity(policies: Sequence) -> dict[int, PolicyActivity | None]:
+    """Activity of many policy rows in their window, one short script each, sent together; None
+    for a row that fails validation (it is not enforced)."""
+    deny_cache.flush()  # refusals this process made from memory count too
+    compiled: list[CompiledPolicy] = []
+    activity: dict[int, PolicyActivity | None] = {}
+    for row in policies:
+        try:
+            compiled.append(compile_policy(row))
+        except (ValidationError, ValueError, KeyError):
+            activity[row.pk] = None
+    if not compiled:
+        return activity
+    script = scripts.get("totals", admin_client())
 
-    def read() -> list:
-        with redis_client.pipeline(transaction=False) as pipe:
-            for policy in policies:
-                window_ms = policy.window * 1000
-                pipe.zcount(keys.live_key(policy), f"({now_ms - window_ms}", "+inf")
-                pipe.hmget(f"{keys.totals_key(policy)}:{now_ms // window_ms}", "a", "d")
+    def read(client: redis.Redis) -> list:
+        with client.pipeline(transaction=False) as pipe:
+            for policy in compiled:
+                script([keys.totals_key(policy)], ["", policy.window_ms, totals_bucket_ms(policy)], pipe)
             return pipe.execute()
 
-    replies = breaker.call(read)
-    return {
-        policy.id: PolicyActivity(replies[2 * i], int(replies[2 * i + 1][0] or 0), int(replies[2 * i + 1][1] or 0))
-        for i, policy in enumerate(policies)
-    }
+    for policy, (_now, allowed, denied, active) in zip(compiled, admin_call(read)):
+        activity[policy.id] = PolicyActivity(active, allowed, denied)
+    return activity
 
 
-# --- trends: allowed and denied per window, from the per-window totals the decide script keeps ----
+# --- trends: allowed and denied per window over the last hour, from the policy's totals -----------
 
-TREND_SECONDS = 3600  # the totals of a window must be kept at least this long for the trend to exist
+TREND_SECONDS = 3600
 TREND_MAX_WINDOWS = 60
 
 
@@ -113,43 +237,42 @@ class TrendPoint(NamedTuple):
 
 
 def trend_windows(window: int) -> int:
-    """How many windows a trend shows: the last 60, or the last hour if that is fewer (at least 2)."""
+    """How many windows a trend shows: the last 60, or the last hour if that is fewer (at least 2);
+    lua/activity.lua keeps as many."""
     return max(2, min(TREND_MAX_WINDOWS, TREND_SECONDS // window))
 
 
-def policy_trend(policy: CompiledPolicy, windows: int | None = None, *, now: float | None = None) -> list[TrendPoint]:
-    """Allowed and denied in each of the policy's last `windows` windows (the current one last)."""
-    return policy_trends([policy], windows, now=now)[policy.id]
+def policy_trend(policy, *, now: float | None = None) -> list[TrendPoint]:
+    """Allowed and denied in each of the policy's last windows (the current one last)."""
+    return policy_trends([policy], now=now)[policy.pk if hasattr(policy, "pk") else policy.id]
 
 
-def policy_trends(policies: Sequence, windows: int | None = None, *, now: float | None = None) -> dict[int, list[TrendPoint]]:
-    """The trends of many policies (rows or compiled), in one pipelined round trip of HMGETs."""
-    if not policies:
-        return {}
-    now_ms = int((time.time() if now is None else now) * 1000)
-    spans = []
-    for policy in policies:
-        if not policy.window or policy.window < 1:
-            continue  # a bad row that reached the database: it counts nothing, so it has no trend
-        window_ms = policy.window * 1000
-        current = now_ms // window_ms
-        count = windows or trend_windows(policy.window)
-        spans.append((policy, window_ms, range(current - count + 1, current + 1)))
-    redis_client = client()
+def policy_trends(policies: Sequence, *, now: float | None = None) -> dict[int, list[TrendPoint]]:
+    """The trends of many policy rows (or compiled policies), one short script each, sent together;
+    a row that fails validation has none."""
+    deny_cache.flush()  # refusals this process made from memory count too
+    compiled: list[CompiledPolicy] = []
+    for row in policies:
+        try:
+            compiled.append(row if not hasattr(row, "pk") else compile_policy(row))
+        except (ValidationError, ValueError, KeyError):
+            continue
+    trends: dict[int, list[TrendPoint]] = {getattr(row, "pk", getattr(row, "id", None)): [] for row in policies}
+    if not compiled:
+        return trends
+    script = scripts.get("trend", admin_client())
 
-    def read() -> list:
-        with redis_client.pipeline(transaction=False) as pipe:
-            for policy, _, numbers in spans:
-                totals = keys.totals_key(policy)
-                for number in numbers:
-                    pipe.hmget(f"{totals}:{number}", "a", "d")
+    def read(client: redis.Redis) -> list:
+        with client.pipeline(transaction=False) as pipe:
+            for policy in compiled:
+                args = [now_arg(now), policy.window_ms, totals_bucket_ms(policy), trend_windows(policy.window)]
+                script([keys.totals_key(policy)], args, pipe)
             return pipe.execute()
 
-    replies = iter(breaker.call(read))
-    trends: dict[int, list[TrendPoint]] = {policy.id: [] for policy in policies}
-    for policy, window_ms, numbers in spans:
+    for policy, reply in zip(compiled, admin_call(read)):
+        now_ms, values = reply[0], reply[1:]
+        first = now_ms // policy.window_ms - len(values) // 2 + 1
         trends[policy.id] = [
-            TrendPoint(number * window_ms // 1000, int(allowed or 0), int(denied or 0))
-            for number, (allowed, denied) in zip(numbers, replies)
+            TrendPoint((first + i) * policy.window, values[2 * i], values[2 * i + 1]) for i in range(len(values) // 2)
         ]
     return trends

@@ -9,7 +9,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from .subjects import KeySpecError, parse_key_spec
+from .subjects import TOKEN, KeySpecError, mask, parse_key_spec
 
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
 MAX_BUCKETS = 60  # default bucket count
@@ -66,9 +66,11 @@ def validate_methods(value: str) -> None:
         )
 
 
-def default_bucket_size(window: int) -> int:
-    """The smallest bucket that divides the window into at most MAX_BUCKETS buckets."""
-    return next(size for size in range(1, window + 1) if window % size == 0 and window // size <= MAX_BUCKETS)
+def default_bucket_size(window: int) -> int | None:
+    """The smallest bucket that divides the window into 2 to MAX_BUCKETS buckets, else into the fewest
+    buckets up to BUCKET_CEILING (a prime window); None when no whole second fits (a 1 s window)."""
+    sizes = [size for size in range(1, window // 2 + 1) if window % size == 0 and window // size <= BUCKET_CEILING]
+    return next((size for size in sizes if window // size <= MAX_BUCKETS), sizes[-1] if sizes else None)
 
 
 class Policy(models.Model):
@@ -203,16 +205,27 @@ class Policy(models.Model):
                     {"bucket_size": "The bucket size applies to sliding_window only; leave it blank."}
                 )
             return
-        if not self.window or self.window < 1:
-            return  # the window field reports its own error
+        if not self.window or self.window < 1 or (self.bucket_size is not None and self.bucket_size < 1):
+            return  # the window or bucket size field reports its own error
+        suggested = default_bucket_size(self.window)
         if self.bucket_size is None:
-            self.bucket_size = default_bucket_size(self.window)
+            self.bucket_size = suggested  # None for a 1 s window: it gets buckets of 100 ms
         elif self.bucket_size and self.window % self.bucket_size:
             raise ValidationError(
                 {
                     "bucket_size": (
                         f"The bucket size must divide the window: {self.bucket_size} does not divide "
-                        f"{self.window}. Try {default_bucket_size(self.window)}."
+                        f"{self.window}. Try {suggested or 'leaving it blank'}."
+                    )
+                }
+            )
+        elif self.bucket_size * 2 > self.window:
+            raise ValidationError(
+                {
+                    "bucket_size": (
+                        f"The bucket size can be at most half the window ({self.window // 2} s here): a bucket "
+                        f"of {self.bucket_size} s makes it a fixed window that admits twice the limit at its "
+                        f"edge. Try {suggested or 'leaving it blank'}, or choose fixed_window."
                     )
                 }
             )
@@ -366,6 +379,8 @@ class Override(models.Model):
             errors[field] = f"Required when the override matches by {self.kind}."
         if self.kind == MatchKind.HEADER and not self.value:
             errors["value"] = "Required when the override matches a header value."
+        if self.kind == MatchKind.HEADER and self.header and not TOKEN.match(self.header.strip()):
+            errors["header"] = f"{self.header[:40]!r} is not an HTTP header name (no spaces or separators), e.g. X-Api-Key."
         if self.exempt and self.limit:
             errors["limit"] = "An exempt override has no limit: clear the limit or untick exempt."
         if not self.exempt and not self.limit:
@@ -383,8 +398,3 @@ def canonical_network(value: str) -> str:
     except ValueError:
         return value  # the field's validator reports it
     return str(network.network_address) if network.prefixlen == network.max_prefixlen else str(network)
-
-
-def mask(value: str) -> str:
-    """A secret shown so operators can tell keys apart without reading them: '…' + last 4 characters."""
-    return "…" + value[-4:] if len(value) > 4 else "…"

@@ -1,8 +1,8 @@
 """Per-subject overrides: which limit is in effect for a request, resolved in Python from the index.
 
 Precedence: an exact subject (a user, a single IP address, a header value) before an IP network
-(longest prefix first) before a group. An expired override no longer applies, and the next one in
-line does. Everything is read from the in-process index: no query, no Redis call.
+(longest prefix first) before a group; between equals, the older row (lower id) first, in every
+process. An expired override no longer applies, and the next one in line does. Everything is read from the in-process index: no query, no Redis call.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from django.utils import timezone
 
 from .models import MatchKind, Override
-from .subjects import client_ip
+from .subjects import client_address
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -36,13 +36,17 @@ class CompiledOverride:
 
 @dataclass(slots=True)
 class PolicyOverrides:
-    """The overrides of one policy, arranged for lookup by each kind of matcher."""
+    """The overrides of one policy, arranged for lookup by each kind of matcher.
 
-    by_user: dict[int, CompiledOverride] = field(default_factory=dict)
-    by_address: dict[str, CompiledOverride] = field(default_factory=dict)
+    Several overrides may match the same user, address or header value (one expired, one active):
+    all are kept, in the order rows are loaded (by pk), and the first active one applies.
+    """
+
+    by_user: dict[int, list[CompiledOverride]] = field(default_factory=dict)
+    by_address: dict[str, list[CompiledOverride]] = field(default_factory=dict)
     networks: list[tuple[IPNetwork, CompiledOverride]] = field(default_factory=list)
-    by_header: dict[tuple[str, str], CompiledOverride] = field(default_factory=dict)
-    headers: set[str] = field(default_factory=set)  # META names of the headers some override reads
+    by_header: dict[tuple[str, str], list[CompiledOverride]] = field(default_factory=dict)
+    headers: dict[str, None] = field(default_factory=dict)  # META names some override reads, in row order
     by_group: list[tuple[frozenset[int], CompiledOverride]] = field(default_factory=list)
 
     def add(self, row: Override, members: dict[int, frozenset[int]]) -> None:
@@ -50,39 +54,40 @@ class PolicyOverrides:
             row.pk, row.policy_id, row.kind, row.exempt, row.limit, row.expires_at, row.matcher_display()
         )
         if row.kind == MatchKind.USER:
-            self.by_user[row.user_id] = compiled
+            self.by_user.setdefault(row.user_id, []).append(compiled)
         elif row.kind == MatchKind.GROUP:
             self.by_group.append((members.get(row.group_id, frozenset()), compiled))
         elif row.kind == MatchKind.HEADER:
             meta = header_meta_name(row.header)
-            self.headers.add(meta)
-            self.by_header[(meta, row.value)] = compiled
+            self.headers[meta] = None
+            self.by_header.setdefault((meta, row.value), []).append(compiled)
         else:
             network = ipaddress.ip_network(row.network, strict=False)
             if network.prefixlen == network.max_prefixlen:
-                self.by_address[str(network.network_address)] = compiled
+                self.by_address.setdefault(str(network.network_address), []).append(compiled)
             else:
                 self.networks.append((network, compiled))
-                self.networks.sort(key=lambda pair: -pair[0].prefixlen)
+                self.networks.sort(key=lambda pair: -pair[0].prefixlen)  # stable: same prefix keeps row order
 
-    def candidates(self, request) -> Iterable[CompiledOverride]:
-        """Every override matching the request, most specific first."""
+    def candidates(self, request) -> Iterator[CompiledOverride]:
+        """Every override matching the request, most specific first.
+
+        Addresses are matched on the client's own address, not on the group a policy counts
+        (RATELIMIT_IPV6_PREFIX, RATELIMIT_IPV4_PREFIX): an override for one client is that client's.
+        """
         user = getattr(request, "user", None)
         user_id = user.pk if user is not None and user.is_authenticated else None
-        if user_id is not None and user_id in self.by_user:
-            yield self.by_user[user_id]
-        address = client_ip(request) if (self.by_address or self.networks) else None
-        if address in self.by_address:
-            yield self.by_address[address]
+        if user_id is not None:
+            yield from self.by_user.get(user_id, ())
+        address = client_address(request) if (self.by_address or self.networks) else None
+        if address is not None:
+            yield from self.by_address.get(str(address), ())
         meta = request.META
         for name in self.headers:
-            found = self.by_header.get((name, meta.get(name, "")))
-            if found:
-                yield found
-        if address and self.networks:
-            client = ipaddress.ip_network(address, strict=False)
+            yield from self.by_header.get((name, meta.get(name, "")), ())
+        if address is not None and self.networks:
             for network, override in self.networks:
-                if client.version == network.version and client.subnet_of(network):
+                if address.version == network.version and address in network:
                     yield override
         if user_id is not None:
             for members, override in self.by_group:

@@ -2,6 +2,7 @@
 
 The index is rebuilt when the policy version in Redis changes. Every decision call returns that
 version; when no call carried it for RATELIMIT_POLICY_RECHECK_SECONDS, it is read once on its own.
+Whatever happens to the version, the index is also rebuilt every RATELIMIT_POLICY_RELOAD_SECONDS.
 Saving or deleting a policy or an override (or changing a group's members) marks this process's
 index stale at once and bumps the version on commit.
 """
@@ -75,6 +76,7 @@ def compile_policy(row: Policy) -> CompiledPolicy:
     key_spec = parse_key_spec(row.key)
     bucket = row.bucket_size if row.strategy == Strategy.SLIDING_WINDOW else row.window
     burst = row.burst if row.strategy == Strategy.TOKEN_BUCKET else None
+    bucket_ms = bucket * 1000 if bucket else row.window * 100  # a 1 s sliding window: 10 buckets of 100 ms
     return CompiledPolicy(
         id=row.pk,
         name=row.name,
@@ -90,19 +92,21 @@ def compile_policy(row: Policy) -> CompiledPolicy:
         generation=row.generation,
         burst=burst,
         window_ms=row.window * 1000,
-        bucket_ms=(burst or 0) if row.strategy == Strategy.TOKEN_BUCKET else bucket * 1000,
-        shape=_shape(row, bucket),
+        bucket_ms=(burst or 0) if row.strategy == Strategy.TOKEN_BUCKET else bucket_ms,
+        shape=_shape(row, bucket, bucket_ms),
         enforce=row.mode == Mode.ENFORCE,
         counts_users=any(part.label in ("user", "user_or_ip") for part in key_spec),
     )
 
 
-def _shape(row: Policy, bucket: int) -> str:
+def _shape(row: Policy, bucket: int | None, bucket_ms: int) -> str:
     if row.strategy == Strategy.TOKEN_BUCKET:
         # its one value is a time, right under any rate: a new limit, window or burst keeps it (and the key short)
         return SHAPE_LETTER[row.strategy]
     shape = f"{SHAPE_LETTER[row.strategy]}{row.window}"
-    return shape + f"/{bucket}" if row.strategy == Strategy.SLIDING_WINDOW else shape
+    if row.strategy == Strategy.SLIDING_WINDOW:
+        shape += f"/{bucket}" if bucket else f"/{bucket_ms}ms"
+    return shape
 
 
 class PolicyIndex:
@@ -140,8 +144,9 @@ class PolicyIndex:
 class _IndexState:
     def __init__(self) -> None:
         self.index: PolicyIndex | None = None
-        self.version: int | None = None
+        self.version: bytes | None = None
         self.checked_at = 0.0
+        self.loaded_at = 0.0
         self.stale = True
         self.lock = threading.Lock()
 
@@ -181,6 +186,8 @@ def _load_overrides(policy_ids: set[int]) -> dict[int, PolicyOverrides]:
 def get_index() -> PolicyIndex:
     """The current index; reloads it when it is stale or the version in Redis moved on."""
     state = _state
+    if time.monotonic() - state.loaded_at > get_setting("RATELIMIT_POLICY_RELOAD_SECONDS"):
+        state.stale = True  # the safety net: whatever happened to the version, reload now and then
     if not state.stale and time.monotonic() - state.checked_at > get_setting("RATELIMIT_POLICY_RECHECK_SECONDS"):
         try:
             observe_version(policy_version.read_version())
@@ -207,20 +214,28 @@ def _reload() -> None:
             return
         state.stale = False  # a change arriving during the load marks it stale again
         try:
-            version: int | None = policy_version.read_version()
+            version: bytes | None = policy_version.current_version()
         except RedisUnavailable:
             version = None
         state.index = load_index()
         deny_cache.clear()  # a reset or a new limit must not wait for the cached retry times
         state.version = version
-        state.checked_at = time.monotonic()
+        state.checked_at = state.loaded_at = time.monotonic()
 
 
-def observe_version(version: int | None) -> None:
-    """Called with the version each decision call returned: a new version means reload."""
+def version_due() -> bool:
+    """Whether the next decision call should bring the version back: at most every half recheck
+    interval, so that under traffic the separate read in get_index is never needed."""
+    return time.monotonic() - _state.checked_at > get_setting("RATELIMIT_POLICY_RECHECK_SECONDS") / 2
+
+
+def observe_version(version: bytes | None) -> None:
+    """Called with the version each decision call returned (None: not read): a new version means reload."""
+    if version is None:
+        return
     state = _state
     state.checked_at = time.monotonic()
-    if version is not None and version != state.version:
+    if version != state.version:
         state.stale = True
 
 
@@ -232,7 +247,4 @@ def policies_changed() -> None:
 
 def _publish_change() -> None:
     _state.stale = True
-    try:
-        policy_version.bump_version()
-    except RedisUnavailable as error:
-        logger.warning("ratelimit: could not announce a policy change to other workers: %s", error)
+    policy_version.bump_version()  # retried in the background until Redis takes it

@@ -2,24 +2,48 @@
 
 Rows are identified by natural keys (a policy by its name, a user by username, a group by name), so
 a file exported on one site imports on another. Importing updates policies by name and replaces
-the overrides of every policy in the file; it validates everything before writing anything.
+the overrides of every policy in the file. The whole file is checked first (its shape, every
+field's type, then every row as the admin would) and nothing is written unless all of it is good.
 """
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils.dateparse import parse_datetime
 
 from .models import Override, Policy
 from .rates import parse_rate
 
 FORMAT = "ratelimit_app/1"
-POLICY_FIELDS = ("name", "action", "limit", "window", "strategy", "key", "methods", "mode", "enabled", "bucket_size", "burst", "description")
-OVERRIDE_FIELDS = ("kind", "network", "header", "value", "exempt", "limit", "reason")
+
+TEXT, WHOLE, FLAG = "text", "a whole number", "true or false"
+LARGEST = 2**31 - 1  # what every database stores in an integer column
+# field -> (expected type, may be null)
+POLICY_FIELDS: dict[str, tuple[str, bool]] = {
+    "name": (TEXT, False), "action": (TEXT, False), "limit": (WHOLE, False), "window": (WHOLE, False),
+    "strategy": (TEXT, False), "key": (TEXT, False), "methods": (TEXT, False), "mode": (TEXT, False),
+    "enabled": (FLAG, False), "bucket_size": (WHOLE, True), "burst": (WHOLE, True), "description": (TEXT, False),
+}
+IMPORTED_POLICY_FIELDS = {**POLICY_FIELDS, "rate": (TEXT, False)}  # '100/m' may stand for limit and window
+OVERRIDE_FIELDS: dict[str, tuple[str, bool]] = {
+    "kind": (TEXT, False), "network": (TEXT, False), "header": (TEXT, False), "value": (TEXT, False),
+    "exempt": (FLAG, False), "limit": (WHOLE, True), "reason": (TEXT, False),
+}
+OVERRIDE_REFERENCES: dict[str, tuple[str, bool]] = {"user": (TEXT, True), "group": (TEXT, True), "expires_at": (TEXT, True)}
+
+
+class ImportRefused(ValueError):
+    """The file cannot be imported; the message lists every problem found."""
+
+
+# --- export -------------------------------------------------------------------------------------
 
 
 def export_data() -> dict[str, Any]:
@@ -39,20 +63,114 @@ def _export_override(override: Override) -> dict[str, Any]:
     return entry
 
 
-class ImportRefused(ValueError):
-    """The file cannot be imported; the message lists every problem found."""
+# --- reading a file -----------------------------------------------------------------------------
+
+
+def parse_json(text: str) -> Any:
+    """The file's data; ImportRefused for what is not strict JSON (NaN, Infinity, a repeated key)."""
+
+    def no_constant(name: str) -> None:
+        raise ImportRefused(f"{name} is not a number JSON allows.")
+
+    def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        names = [name for name, _ in pairs]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ImportRefused(f"the field {repeated[0]!r} appears twice in one object.")
+        return dict(pairs)
+
+    try:
+        return json.loads(text, parse_constant=no_constant, object_pairs_hook=unique_keys)
+    except json.JSONDecodeError as error:
+        raise ImportRefused(f"Not valid JSON: {error}") from error
+
+
+def _type_problems(where: str, entry: Any, fields: dict[str, tuple[str, bool]], nested: tuple[str, ...] = ()) -> list[str]:
+    if not isinstance(entry, dict):
+        return [f"{where}: expected an object with fields, got {_kind(entry)}."]
+    problems = [
+        f"{where}, field {name!r}: unknown field (known: {', '.join([*fields, *nested])})."
+        for name in entry
+        if name not in fields and name not in nested
+    ]
+    for name, (expected, nullable) in fields.items():
+        if name in entry and not _is(entry[name], expected, nullable):
+            problems.append(f"{where}, field {name!r}: expected {expected}{' or null' if nullable else ''}, got {_kind(entry[name])}.")
+        elif expected == WHOLE and isinstance(entry.get(name), int) and not -LARGEST <= entry[name] <= LARGEST:
+            problems.append(f"{where}, field {name!r}: {entry[name]} is out of range (at most {LARGEST}).")
+    return problems
+
+
+def _is(value: Any, expected: str, nullable: bool) -> bool:
+    if value is None:
+        return nullable
+    if expected == WHOLE:
+        return isinstance(value, int) and not isinstance(value, bool)  # 99.99 or true are not limits
+    if expected == FLAG:
+        return isinstance(value, bool)
+    return isinstance(value, str)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return f"the text {value[:40]!r}"
+    return "a list" if isinstance(value, list) else "an object"
+
+
+def shape_problems(data: Any) -> list[str]:
+    """Everything wrong with the file's structure and types, row by row and field by field."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return [f"Not a ratelimit_app export: expected {{\"format\": \"{FORMAT}\", \"policies\": [...]}}."]
+    problems = [f"field {name!r}: unknown field (known: format, policies)." for name in data if name not in ("format", "policies")]
+    policies = data.get("policies")
+    if not isinstance(policies, list):
+        return problems + [f"field 'policies': expected a list, got {_kind(policies)}."]
+    seen: dict[str, int] = {}
+    for number, entry in enumerate(policies, 1):
+        where = _policy_label(number, entry)
+        problems += _type_problems(where, entry, IMPORTED_POLICY_FIELDS, nested=("overrides",))
+        if not isinstance(entry, dict):
+            continue
+        name = entry.get("name")
+        if "name" not in entry:
+            problems.append(f"{where}, field 'name': required.")
+        elif isinstance(name, str) and name in seen:
+            problems.append(f"{where}, field 'name': the name is already used by policy {seen[name]}.")
+        elif isinstance(name, str):
+            seen[name] = number
+        overrides = entry.get("overrides", [])
+        if not isinstance(overrides, list):
+            problems.append(f"{where}, field 'overrides': expected a list, got {_kind(overrides)}.")
+            continue
+        for index, item in enumerate(overrides, 1):
+            problems += _type_problems(f"{where}, override {index}", item, {**OVERRIDE_FIELDS, **OVERRIDE_REFERENCES})
+    return problems
+
+
+def _policy_label(number: int, entry: Any) -> str:
+    name = entry.get("name") if isinstance(entry, dict) else None
+    return f"policy {number} ({name!r})" if isinstance(name, str) else f"policy {number}"
+
+
+# --- import -------------------------------------------------------------------------------------
 
 
 @transaction.atomic
-def import_data(data: dict[str, Any]) -> tuple[int, int]:
+def import_data(data: Any) -> tuple[int, int]:
     """Create or update the policies of `data` and replace their overrides; returns (policies, overrides)."""
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ImportRefused(f"Not a ratelimit_app export: expected {{'format': '{FORMAT}', 'policies': [...]}}.")
-    problems: list[str] = []
+    problems = shape_problems(data)
+    if problems:
+        raise ImportRefused("Nothing was imported:\n" + "\n".join(f"- {p}" for p in problems))
     imported_policies = imported_overrides = 0
-    for entry in data.get("policies", []):
-        name = entry.get("name", "?")
-        policy = Policy.objects.filter(name=name).first() or Policy()
+    for number, entry in enumerate(data["policies"], 1):
+        where = _policy_label(number, entry)
+        policy = Policy.objects.filter(name=entry["name"]).first() or Policy()
         for field in POLICY_FIELDS:
             if field in entry:
                 setattr(policy, field, entry[field])
@@ -60,22 +178,22 @@ def import_data(data: dict[str, Any]) -> tuple[int, int]:
             try:
                 policy.limit, policy.window = parse_rate(entry["rate"])
             except ValueError as error:
-                problems.append(f"policy {name!r}: rate: {error}")
+                problems.append(f"{where}, field 'rate': {error}")
                 continue
         try:
             policy.full_clean()
         except ValidationError as error:
-            problems.append(f"policy {name!r}: {_messages(error)}")
+            problems.append(f"{where}: {_messages(error)}")
             continue
         policy.save()
         imported_policies += 1
         policy.overrides.all().delete()
-        for index, item in enumerate(entry.get("overrides", [])):
+        for index, item in enumerate(entry.get("overrides", []), 1):
             try:
                 _import_override(policy, item).save()
                 imported_overrides += 1
             except (ValidationError, LookupError) as error:
-                problems.append(f"policy {name!r}, override {index + 1}: {_messages(error)}")
+                problems.append(f"{where}, override {index}: {_messages(error)}")
     if problems:
         transaction.set_rollback(True)
         raise ImportRefused("Nothing was imported:\n" + "\n".join(f"- {p}" for p in problems))
@@ -88,9 +206,21 @@ def _import_override(policy: Policy, item: dict[str, Any]) -> Override:
         override.user = _lookup(get_user_model().objects, **{get_user_model().USERNAME_FIELD: item["user"]})
     if item.get("group"):
         override.group = _lookup(Group.objects, name=item["group"])
-    override.expires_at = item.get("expires_at")
+    override.expires_at = _moment(item.get("expires_at"))
     override.full_clean()
     return override
+
+
+def _moment(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        moment = parse_datetime(value)
+    except ValueError:
+        moment = None
+    if moment is None:
+        raise ValidationError({"expires_at": f"{value[:40]!r} is not a date and time such as 2030-01-31T12:00:00+00:00."})
+    return moment
 
 
 def _lookup(manager, **criteria):
@@ -102,5 +232,5 @@ def _lookup(manager, **criteria):
 
 def _messages(error: Exception) -> str:
     if isinstance(error, ValidationError) and hasattr(error, "message_dict"):
-        return "; ".join(f"{field}: {' '.join(msgs)}" for field, msgs in error.message_dict.items())
+        return "; ".join(f"field {field!r}: {' '.join(msgs)}" for field, msgs in error.message_dict.items())
     return str(error.args[0] if error.args else error)

@@ -1,17 +1,26 @@
-"""The Lua scripts, read from lua/*.lua and assembled once: one file per strategy plus the entry points.
+"""The Lua scripts, read from lua/*.lua and assembled once: the shared pieces (series.lua,
+activity.lua), one file per strategy, then an entry point (decide.lua, live.lua, totals.lua).
 
 redis-py's Script does EVALSHA and reloads a script by itself after NOSCRIPT.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import redis
 import redis.asyncio
 from redis.commands.core import AsyncScript, Script
 
+if TYPE_CHECKING:
+    from .policies import CompiledPolicy
+
+LIBRARY_FILES = ("series.lua", "activity.lua")
 STRATEGY_FILES = ("fixed_window.lua", "sliding_window.lua", "sliding_log.lua", "token_bucket.lua")
+ENTRY_POINTS = ("decide", "live", "totals", "trend", "denials")
+TOTALS_BUCKETS = 60  # at most this many buckets in a policy's totals
 
 
 def _lua(name: str) -> str:
@@ -19,7 +28,7 @@ def _lua(name: str) -> str:
 
 
 def _assemble(entry: str) -> str:
-    parts = ["local strategies = {}"] + [_lua(name) for name in STRATEGY_FILES] + [_lua(entry)]
+    parts = ["local strategies = {}"] + [_lua(name) for name in LIBRARY_FILES + STRATEGY_FILES] + [_lua(entry)]
     return "\n".join(parts)
 
 
@@ -27,7 +36,7 @@ class _Scripts:
     """The Script objects, created once with the first client (a Script only needs one for its SHA)."""
 
     def __init__(self) -> None:
-        self._sources = {"decide": _assemble("decide.lua"), "live": _assemble("live.lua")}
+        self._sources = {name: _assemble(f"{name}.lua") for name in ENTRY_POINTS}
         self._scripts: dict[str, Script] = {}
         self._async_scripts: dict[str, AsyncScript] = {}
 
@@ -51,3 +60,22 @@ scripts = _Scripts()
 def now_arg(now: float | None) -> str:
     """A caller's `now` (seconds) as the scripts take it: integer milliseconds, or '' for Redis TIME."""
     return "" if now is None else str(int(now * 1000))
+
+
+def totals_bucket_ms(policy: CompiledPolicy) -> int:
+    return _totals_bucket_ms(policy.strategy, policy.window_ms, policy.bucket_ms)
+
+
+@lru_cache(maxsize=256)  # asked for every policy of every request
+def _totals_bucket_ms(strategy: str, window_ms: int, bucket_ms: int) -> int:
+    """The bucket of a policy's totals, so that they cover the window its counters use: the window
+    of a fixed_window, the buckets of a sliding_window (whole groups of them past 60 buckets, so a
+    read of the totals stays short); sliding_log and token_bucket have no buckets of their own:
+    their totals slide in at most 60 steps (a window in ms always has 40 or 50 among its divisors).
+    """
+    if strategy == "fixed_window":
+        return window_ms
+    if strategy == "sliding_window":  # the policy's own buckets, grouped when there are over 60
+        buckets = window_ms // bucket_ms
+        return next(window_ms // count for count in range(min(buckets, TOTALS_BUCKETS), 0, -1) if buckets % count == 0)
+    return next(window_ms // count for count in range(TOTALS_BUCKETS, 0, -1) if window_ms % count == 0)

@@ -193,3 +193,11 @@ def test_staff_without_view_permission_cannot_open_the_tester(client):
     assert client.get(reverse("admin:ratelimit_app_policy_tester")).status_code == 403
     staff.user_permissions.add(Permission.objects.get(codename="view_policy"))
     assert client.get(reverse("admin:ratelimit_app_policy_tester")).status_code == 200
+
+
+@pytest.mark.parametrize("window, bucket", [("60", "60"), ("1", "1"), ("10", "0")])
+def test_a_bucket_over_half_the_window_is_refused_with_the_reason(admin_client, window, bucket):
+    response = admin_client.post(CHANGELIST + "add/", {**FORM, "strategy": "sliding_window", "window": window, "bucket_size": bucket})
+    errors = " ".join(response.context["adminform"].form.errors["bucket_size"])
+    assert ("at most half the window" in errors) if bucket != "0" else ("at least 1 second" in errors)
+    assert not Policy.objects.exists()

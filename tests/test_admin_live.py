@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import re
+import time
 
 import pytest
+import redis
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
-from ratelimit_app import engine
+from ratelimit_app import connection, engine, live
 from ratelimit_app.models import Override, Policy
 from ratelimit_app.policies import compile_policy
-from tests.helpers import make_policy
+from tests.helpers import check, make_policy
 
 pytestmark = pytest.mark.django_db
 IP = "203.0.113.7"
@@ -187,3 +190,169 @@ def test_unreachable_redis_is_stated_not_raised(admin_client, policy, settings):
     page = admin_client.get(live_url(policy))
     assert page.status_code == 503 and "Redis is unreachable" in page.content.decode()
     assert admin_client.get("/admin/ratelimit_app/policy/").status_code == 200
+
+
+# --- the operator's reads never hurt enforcement -------------------------------------------------
+
+T0 = 1_800_000_000.0  # a window boundary
+
+
+def decide_at(compiled, who, now, times=1):
+    return [engine.decide([check(compiled, who)], now=now).allowed for _ in range(times)]
+
+
+@pytest.fixture
+def slowlog(redis_client):
+    """The private server logs every command with its duration."""
+    old = redis_client.config_get("slowlog-*")
+    redis_client.config_set("slowlog-log-slower-than", 0)
+    redis_client.config_set("slowlog-max-len", 100_000)
+    yield redis_client
+    for name, value in old.items():
+        redis_client.config_set(name, value)
+
+
+@pytest.mark.parametrize(
+    "fields, subjects, seconds, read_at",
+    [
+        ({"strategy": "sliding_window", "window": 600, "bucket_size": 1}, 150, 120, 660),
+        ({"strategy": "fixed_window", "window": 600}, 3000, 1, 300),
+        ({"strategy": "sliding_log", "window": 600, "limit": 1000}, 300, 60, 630),
+    ],
+    ids=["sliding_window-600-buckets", "fixed_window-3000-subjects", "sliding_log"],
+)
+def test_no_admin_command_runs_2_ms_whatever_the_subjects_and_buckets(slowlog, settings, fields, subjects, seconds, read_at):
+    settings.RATELIMIT_LIVE_INDEX_SIZE = 3000
+    compiled = compile_policy(make_policy(**{"limit": 10_000, **fields}))
+    for second in range(seconds):  # a request per second and subject: one filled bucket each
+        for i in range(subjects):
+            engine.decide([check(compiled, f"ip:10.{i // 250}.{i % 250}.1")], now=T0 + second)
+    # At read_at about half the buckets have left the window: the reads must subtract them. Every
+    # command is logged with its duration. On a busy machine the OS pauses the server mid-command now
+    # and then, which SLOWLOG counts too: a command slow by its own work is slow on every read, a
+    # pause hits one at random, so each command is judged by its fastest of five identical reads.
+    fastest: dict[bytes, int] = {}
+    for _attempt in range(5):
+        slowlog.slowlog_reset()
+        usage = live.live_usage(compiled, now=T0 + read_at)
+        live.policy_activity([Policy.objects.get(pk=compiled.id)])
+        for entry in slowlog.slowlog_get(100_000):
+            command = entry["command"]
+            fastest[command] = min(fastest.get(command, entry["duration"]), entry["duration"])
+    assert any(command.startswith(b"EVALSHA") for command in fastest)
+    assert {command[:80]: micros for command, micros in fastest.items() if micros >= 2000} == {}
+    assert len(usage.subjects) == subjects
+    expected = engine.decide([check(compiled, "ip:10.0.0.1")], now=T0 + read_at, dry_run=True).decisions[0].count
+    assert expected > 0 and {s.count for s in usage.subjects} == {expected}
+
+
+@pytest.fixture
+def paused_redis():
+    """Redis answers nobody for 1.5 s (CLIENT PAUSE), as a server stalled by a long command would."""
+    patient = redis.Redis.from_url(os.environ["REDIS_URL"], socket_timeout=10)
+
+    def pause():
+        patient.execute_command("CLIENT", "PAUSE", 1500)
+
+    yield pause
+    patient.execute_command("CLIENT", "UNPAUSE")
+    patient.close()
+
+
+def test_a_stalled_admin_read_never_opens_the_request_paths_breaker(admin_client, client, policy, settings, paused_redis):
+    settings.RATELIMIT_ADMIN_TIMEOUT = 0.2
+    search(client)
+    failures = connection.breaker.failures
+    paused_redis()
+    response = admin_client.get(live_url(policy) + "?format=json")
+    assert response.status_code == 503 and "Redis is unreachable" in response.json()["error"]
+    listing = admin_client.get("/admin/ratelimit_app/policy/")
+    assert listing.status_code == 200 and "Redis is unreachable" in listing.content.decode()
+    assert connection.breaker.failures == failures and not connection.breaker.open_until
+
+
+def test_totals_and_subjects_describe_the_same_window_on_sliding_policies(admin_client, policy):
+    compiled = compile_policy(policy)  # sliding_window, 3 per 60 s
+    assert decide_at(compiled, "ip:198.51.100.1", T0 + 50, times=4) == [True, True, True, False]
+    usage = live.live_usage(compiled, now=T0 + 70)  # a new minute: the fixed minute's totals would be 0
+    [subject] = usage.subjects
+    assert (subject.count, usage.allowed, usage.denied) == (3, 3, 1)
+    assert live.live_usage(compiled, now=T0 + 111).subjects == []  # the buckets of T0+50 left at T0+110
+    assert live.live_usage(compiled, now=T0 + 111)[:3] == (0, 0, 0)
+
+
+@pytest.mark.parametrize("strategy", ["fixed_window", "sliding_log"])
+def test_totals_match_the_sum_of_the_subjects(strategy):
+    compiled = compile_policy(make_policy(name="p", strategy=strategy, limit=5, window=60))
+    for i, when in enumerate([1, 7, 13, 29, 31, 44, 58, 59]):
+        decide_at(compiled, f"ip:198.51.100.{i % 3}", T0 + when, times=i % 4 + 1)
+    for moment in (T0 + 59, T0 + 61, T0 + 90, T0 + 119):  # requests at whole seconds: on bucket edges
+        usage = live.live_usage(compiled, now=moment)
+        assert usage.allowed == sum(s.count for s in usage.subjects), moment
+        assert usage.active == len(usage.subjects), moment
+
+
+def test_blocked_subjects_are_never_evicted_and_the_page_says_how_many_are_active(admin_client, policy, settings):
+    settings.RATELIMIT_LIVE_INDEX_SIZE = 10
+    compiled = compile_policy(policy)
+    decide_at(compiled, "ip:203.0.113.66", T0, times=4)  # blocked
+    for i in range(25):
+        decide_at(compiled, f"ip:10.0.0.{i}", T0 + 1)
+    usage = live.live_usage(compiled, now=T0 + 2)
+    assert "ip:203.0.113.66" in [s.display for s in usage.subjects]
+    assert usage.subjects[0].display == "ip:203.0.113.66" and usage.subjects[0].count == 3
+    assert (len(usage.subjects), usage.active, usage.index_full) == (10, 26, True)
+
+
+def test_the_page_says_shown_of_about_active_when_the_index_is_full(admin_client, policy, settings):
+    settings.RATELIMIT_LIVE_INDEX_SIZE = 10
+    for i in range(25):
+        search(Client(), f"10.0.0.{i}")
+    data = admin_client.get(live_url(policy) + "?format=json").json()
+    assert (data["shown"], data["active"]) == (10, 25)
+    assert "10 shown of about 25" in admin_client.get(live_url(policy)).content.decode()
+
+
+def test_a_subject_whose_counter_lives_stays_listed_on_the_real_clock(policy):
+    # sliding_log over 1 s: the index used to expire 2 windows after its last new subject
+    compiled = compile_policy(make_policy(name="log", strategy="sliding_log", limit=100, window=1))
+    started = time.monotonic()
+    for moment in (0.0, 0.5, 1.0, 1.5, 1.9):
+        time.sleep(max(0.0, started + moment - time.monotonic()))
+        assert engine.decide([check(compiled, "ip:198.51.100.5")]).allowed
+    time.sleep(max(0.0, started + 2.3 - time.monotonic()))
+    [subject] = live.live_usage(compiled).subjects
+    assert subject.display == "ip:198.51.100.5" and subject.count >= 1
+
+
+def test_a_row_with_window_0_shows_as_invalid_on_the_list_and_the_live_page(admin_client, policy):
+    Policy.objects.filter(pk=policy.pk).update(window=0)  # as raw SQL would
+    listing = admin_client.get("/admin/ratelimit_app/policy/")
+    assert listing.status_code == 200 and "invalid" in listing.content.decode()
+    data = admin_client.get(live_url(policy) + "?format=json").json()
+    assert "This policy is invalid and not enforced" in data["error"]
+    assert admin_client.get(live_url(policy)).status_code == 200
+
+
+def test_the_reset_log_names_the_subject_as_the_server_knows_it(admin_client, client, policy):
+    search(client)
+    [subject] = admin_client.get(live_url(policy) + "?format=json").json()["subjects"]
+    admin_client.post(reset_url(policy), {"subject": subject["key"], "display": "ip:1.2.3.4 (forged)"})
+    changes = admin_client.get(reverse("admin:ratelimit_app_policy_changes")).content.decode()
+    assert f"Counts of subject ip:{IP} reset for search-per-ip." in changes
+    assert "forged" not in changes
+
+
+def test_activity_is_read_on_the_servers_clock(policy, monkeypatch):
+    compiled = compile_policy(policy)
+    engine.decide([check(compiled)])
+    monkeypatch.setattr(time, "time", lambda: 4_000_000_000.0)  # this process's clock is far off
+    assert live.policy_activity([policy])[policy.pk].allowed == 1
+
+
+def test_the_live_page_reloads_its_scripts_after_script_flush(admin_client, client, policy, redis_client):
+    search(client, times=2)
+    assert admin_client.get(live_url(policy) + "?format=json").json()["subjects"][0]["count"] == 2
+    redis_client.script_flush()
+    data = admin_client.get(live_url(policy) + "?format=json").json()
+    assert data["subjects"][0]["count"] == 2 and data["totals"]["allowed"] == 2

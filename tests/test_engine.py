@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import time
 
 import pytest
 
@@ -74,7 +75,7 @@ def test_sliding_window_memory_is_bounded_by_its_buckets(redis_client):
     for second in range(0, 600, 5):  # ten minutes of traffic
         hit(check(limited), now=T0 + second)
     counter_key = next(k for k in redis_client.keys("rl:{*") if b":s60/10" in k)
-    assert redis_client.hlen(counter_key) <= 60 // 10 + 1
+    assert redis_client.hlen(counter_key) <= 60 // 10 + 3  # the buckets, their total, two bucket numbers
 
 
 def test_sliding_log_counts_every_request_within_one_millisecond(redis_client):
@@ -141,9 +142,27 @@ def test_dry_run_decides_without_counting():
     assert not hit(check(limited), now=T0, dry_run=True).allowed
 
 
-def test_server_clock_is_used_without_now():
-    limited = policy(limit=2, strategy="sliding_log")
-    assert [engine.decide([check(limited)]).allowed for _ in range(3)] == [True, True, False]
+def test_without_now_every_worker_counts_on_the_servers_clock(redis_client, monkeypatch):
+    limited = policy(limit=2, window=60, strategy="fixed_window")
+    monkeypatch.setattr(time, "time", lambda: 4_000_000_000.0)  # this process's clock is far off
+    server_minute = int(redis_client.time()[0]) // 60
+    decisions = [engine.decide([check(limited)]).decisions[0] for _ in range(3)]
+    assert [d.allowed for d in decisions] == [True, True, False]
+    [counter] = redis_client.keys("rl:{*")
+    assert int(redis_client.get(counter)) % 1_000_000 in (server_minute % 1_000_000, (server_minute + 1) % 1_000_000)
+    assert 0 < decisions[0].reset_in <= 60
+
+
+def test_a_sliding_window_decision_reads_a_few_fields_whatever_the_buckets(redis_client):
+    """The running total: no decision reads every bucket (HGETALL) or sums them."""
+    limited = policy(strategy="sliding_window", limit=100_000, window=600, bucket_size=1)
+    for second in range(500):  # 500 filled buckets
+        hit(check(limited), now=T0 + second)
+    redis_client.config_resetstat()
+    hit(check(limited), now=T0 + 500)
+    calls = {name: stats["calls"] for name, stats in redis_client.info("commandstats").items()}
+    assert "cmdstat_hgetall" not in calls and "cmdstat_hvals" not in calls
+    assert calls.get("cmdstat_hmget", 0) <= 2  # the subject's total, the policy's totals
 
 
 @pytest.mark.parametrize("count", [1, 3, 10])
@@ -197,10 +216,10 @@ def test_fixed_window_uses_under_100_bytes_per_subject(redis_client):
 
 
 def test_sliding_window_memory_grows_with_buckets_not_requests(redis_client):
-    few = memory_of_one_counter(redis_client, "sliding_window", limit=1000, window=60, bucket_size=60)
+    few = memory_of_one_counter(redis_client, "sliding_window", limit=1000, window=60, bucket_size=30)
     redis_client.flushdb()
     many = memory_of_one_counter(redis_client, "sliding_window", limit=1000, window=60, bucket_size=1)
-    assert few < 150
+    assert few < 200  # the one bucket, its total and two bucket numbers
     assert many < 150 + 60 * 16  # at most a few bytes per bucket field
 
 
@@ -234,3 +253,40 @@ def test_eight_processes_hitting_one_subject_admit_exactly_the_limit(strategy):
         worker.join(timeout=10)
     assert sum(admitted) == 100
     assert engine.decide([check(limited)]).decisions[0].count == 100
+
+
+# --- server-side work per decision (INFO commandstats, the commands Lua runs included) -----------
+
+
+@pytest.mark.parametrize(
+    "strategy, shape, budget",
+    [
+        ("fixed_window", {}, {"get": 1, "set": 1, "hincrby": 1}),
+        ("sliding_window", {"bucket_size": 60}, {"hmget": 1, "hset": 1, "hincrby": 1}),
+        ("sliding_log", {}, {"zcount": 1, "zrange": 1, "zremrangebyscore": 1, "zadd": 1, "pexpire": 1, "hincrby": 1}),
+    ],
+)
+def test_a_repeat_decision_runs_few_commands_and_leaves_the_live_index_alone(redis_client, strategy, shape, budget):
+    """Besides TIME (not called here: `now` is given) a repeat decision runs these commands only: the
+    live index, the active count and the version are written or read when their meaning changes
+    (a counter that empties in another totals bucket; a version at most every half second)."""
+    from ratelimit_app import policies
+
+    limited = policy(strategy=strategy, limit=1000, window=3600, **shape)
+    moments = iter(T0 + 0.01 * i for i in range(100))
+    for _ in range(3):
+        policies.observe_version(hit(check(limited), now=next(moments)).version)  # as the doors do
+    redis_client.config_resetstat()
+    for _ in range(10):
+        policies.observe_version(hit(check(limited), now=next(moments)).version)
+    stats = redis_client.info("commandstats")
+    calls = {name[len("cmdstat_"):]: s["calls"] for name, s in stats.items() if not name.startswith(("cmdstat_evalsha", "cmdstat_config"))}
+    assert calls == {name: 10 * count for name, count in budget.items()}
+
+
+def test_a_one_second_sliding_window_slides_in_tenths(redis_client):
+    limited = policy(strategy="sliding_window", limit=2, window=1)  # no whole-second bucket fits
+    assert limited.bucket_ms == 100
+    assert [hit(check(limited), now=T0 + 0.05 * i).allowed for i in range(3)] == [True, True, False]
+    assert not hit(check(limited), now=T0 + 0.95).allowed  # a fixed window would admit again at T0 + 1.0 ...
+    assert hit(check(limited), now=T0 + 1.05).allowed  # ... this one once the first 100 ms left

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -103,6 +106,62 @@ def test_expired_override_no_longer_applies_and_the_next_one_does(policy):
         policy=policy, kind="ip", network="203.0.113.7", limit=3, expires_at=timezone.now() - timedelta(seconds=1)
     )
     assert in_effect(policy, request_from()) == 300
+
+
+EXPIRED = {"expires_at": timezone.now() - timedelta(seconds=1)}
+
+
+@pytest.mark.parametrize(
+    "matcher, request_kwargs",
+    [
+        ({"kind": "ip", "network": "203.0.113.7"}, {}),
+        ({"kind": "header", "header": "X-Api-Key", "value": "k-partner-123"}, {"HTTP_X_API_KEY": "k-partner-123"}),
+        ({"kind": "user"}, {"user": True}),
+    ],
+    ids=["address", "header", "user"],
+)
+def test_an_expired_override_never_hides_an_active_one_for_the_same_subject(policy, alice, matcher, request_kwargs):
+    if matcher["kind"] == "user":
+        matcher = {**matcher, "user": alice}
+        request_kwargs = {"user": alice}
+    Override.objects.create(policy=policy, limit=1000, **matcher)  # active, the older row
+    Override.objects.create(policy=policy, limit=1, **matcher, **EXPIRED)  # expired, loaded last
+    assert in_effect(policy, request_from(**request_kwargs)) == 1000
+
+
+@pytest.mark.parametrize(
+    "address, setting, value",
+    [("2001:db8::1", "RATELIMIT_IPV6_PREFIX", 64), ("198.51.100.7", "RATELIMIT_IPV4_PREFIX", 24)],
+)
+def test_an_address_override_matches_its_client_when_policies_group_addresses(policy, settings, address, setting, value):
+    setattr(settings, setting, value)
+    Override.objects.create(policy=policy, kind="ip", network=address, limit=1000)
+    assert in_effect(policy, request_from(address)) == 1000
+    neighbour = address[:-1] + "9"  # same group, another client
+    assert in_effect(policy, request_from(neighbour)) == 10
+
+
+HEADER_WINNER = """
+import django, os, sys
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+django.setup()
+from django.test import RequestFactory
+from ratelimit_app.models import Override
+from ratelimit_app.overrides import compile_overrides, matching_override
+rows = [Override(pk=1 + i, policy_id=1, kind="header", header=name, value="v", limit=1 + i)
+        for i, name in enumerate(["X-Partner", "X-Api-Key", "X-Client-Id", "X-Tenant", "Authorization"])]
+request = RequestFactory().get("/", HTTP_X_PARTNER="v", HTTP_X_API_KEY="v", HTTP_X_CLIENT_ID="v", HTTP_X_TENANT="v", HTTP_AUTHORIZATION="v")
+print(matching_override(compile_overrides(rows, {})[1], request).limit)
+"""
+
+
+def test_which_header_override_wins_does_not_depend_on_the_process():
+    winners = set()
+    for seed in range(4):
+        env = {**os.environ, "PYTHONHASHSEED": str(seed)}
+        done = subprocess.run([sys.executable, "-c", HEADER_WINNER], env=env, capture_output=True, text=True, check=True)
+        winners.add(done.stdout.strip())
+    assert winners == {"1"}  # the older row, in every process
 
 
 def test_override_expiring_later_applies_until_then(policy):

@@ -6,6 +6,7 @@ import pytest
 from django.contrib.auth.models import AnonymousUser, User
 from django.test import RequestFactory
 
+from ratelimit_app.admin import SUBJECT_KEY
 from ratelimit_app.subjects import KeySpecError, client_ip, parse_key_spec, subject_for
 
 
@@ -54,7 +55,9 @@ def test_bad_key_specs_say_what_is_wrong(spec, message):
 def test_ip_subject():
     found = subject("ip", request())
     assert found.display == "ip:203.0.113.7"
-    assert len(found.key) == 16 and int(found.key, 16) >= 0
+    # one client, one counter; another client, another; and the key is what the live page resets by
+    assert found.key == subject("ip", request()).key != subject("ip", request(ip="203.0.113.8")).key
+    assert SUBJECT_KEY.fullmatch(found.key)
 
 
 def test_user_subject_and_anonymous_has_none():

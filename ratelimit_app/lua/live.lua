@@ -1,12 +1,13 @@
--- live: what the admin's live page shows for one policy, read only.
+-- live: what the admin's live page shows for some subjects of one policy, read only. The caller
+-- sends a batch of subjects and a budget, so one call stays short whatever the policy's size.
 --
--- KEYS[1] live index of the policy (sorted set "<subject hash> <limit>[*] <display>" -> last seen, ms)
--- KEYS[2] totals of the policy: a hash "<key>:<window number>" holds a = allowed, d = denied
+-- KEYS the counters of the subjects (the live index lists them)
 -- ARGV[1] now in milliseconds, or '' to use the server's TIME
--- ARGV[2] strategy, ARGV[3] limit, ARGV[4] window (ms), ARGV[5] bucket (ms; a token bucket's burst, 0 = the limit)
--- ARGV[6], ARGV[7] what goes before and after the subject hash to make a counter key
--- (all counters of a policy share that shape; on a cluster this read is per node, see README)
--- Returns {now, allowed, denied, then per subject seen within the window: member, count, reset (ms)}.
+-- ARGV[2] strategy, ARGV[3] window (ms), ARGV[4] bucket (ms)
+-- ARGV[5] how many fields the call may read: it stops after the key that spends them (a
+--         sliding_window counter may need up to half its buckets)
+-- ARGV[6..] for a token bucket, the limit in effect for each key (its rate depends on it)
+-- Returns {now, how many keys were read, then per key read: count, reset (ms)}.
 
 local now = tonumber(ARGV[1])
 if not now then
@@ -14,24 +15,19 @@ if not now then
   now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 end
 local strategy = strategies[ARGV[2]]
-local limit, window, bucket = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local window, bucket = tonumber(ARGV[3]), tonumber(ARGV[4])
 
-local totals = redis.call('HMGET', KEYS[2] .. ':' .. math.floor(now / window), 'a', 'd')
-local allowed, denied = tonumber(totals[1]) or 0, tonumber(totals[2]) or 0
+local budget = tonumber(ARGV[5])
 
-local result = {now, allowed, denied}
-local members = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. (now - window), '+inf')
-for _, member in ipairs(members) do
-  local hash = string.match(member, '^(%S+)')
-  local key = ARGV[6] .. hash .. ARGV[7]
-  -- the limit in effect for this subject, as the member records it (a token bucket's rate depends on it)
-  local subject_limit = tonumber(string.match(member, '^%S+ (%d+)')) or limit
-  local count, retry, state = strategy.peek(key, now, window, bucket, subject_limit)
-  if count > 0 then
-    local reset = strategy.reset(key, now, window, bucket, count, state)
-    result[#result + 1] = member
-    result[#result + 1] = count
-    result[#result + 1] = reset
-  end
+local result = {now, 0}
+local spent = 0
+for i, key in ipairs(KEYS) do
+  -- otherwise an unreachable limit: the live page needs the count, not when the next request fits
+  local count, _, state = strategy.peek(key, now, window, bucket, tonumber(ARGV[5 + i]) or math.huge)
+  result[#result + 1] = count
+  result[#result + 1] = count > 0 and strategy.reset(key, now, window, bucket, count, state) or 0
+  result[2] = i
+  spent = spent + (type(state) == 'table' and state.fields_read or 1)
+  if spent >= budget then break end
 end
 return result

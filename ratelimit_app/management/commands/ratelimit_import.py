@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ratelimit_app.portable import ImportRefused, import_data
+from ratelimit_app.portable import ImportRefused, import_data, parse_json
 
 
 class Command(BaseCommand):
@@ -19,14 +18,14 @@ class Command(BaseCommand):
     def handle(self, *args, file: str, **options):
         try:
             if file == "-":
-                data = json.load(sys.stdin)
+                text = sys.stdin.read()
             else:
                 with open(file, encoding="utf-8") as source:
-                    data = json.load(source)
-        except (OSError, json.JSONDecodeError) as error:
+                    text = source.read()
+        except (OSError, UnicodeDecodeError) as error:
             raise CommandError(f"Cannot read {file}: {error}") from error
         try:
-            policies, overrides = import_data(data)
+            policies, overrides = import_data(parse_json(text))
         except ImportRefused as error:
-            raise CommandError(str(error)) from error
+            raise CommandError(f"{file}: {error}") from error
         self.stdout.write(self.style.SUCCESS(f"Imported {policies} policies and {overrides} overrides."))

@@ -1,0 +1,47 @@
+"""The operator's own Redis client: live page, policy list, resets and version bumps, apart from requests.
+
+It has its own pool and a short timeout (RATELIMIT_ADMIN_TIMEOUT), and its errors never open the
+circuit breaker that the request path uses: watching or editing policies cannot stop enforcement.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+import redis
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+from django_redis import get_redis_connection
+
+from .conf import get_setting
+from .connection import RedisUnavailable
+
+T = TypeVar("T")
+
+_client: redis.Redis | None = None
+
+
+def admin_client() -> redis.Redis:
+    """A client of RATELIMIT_CACHE's server with its own pool and RATELIMIT_ADMIN_TIMEOUT."""
+    global _client
+    if _client is None:
+        pool = get_redis_connection(get_setting("RATELIMIT_CACHE")).connection_pool
+        timeout = get_setting("RATELIMIT_ADMIN_TIMEOUT")
+        options = {**pool.connection_kwargs, "socket_timeout": timeout, "socket_connect_timeout": timeout}
+        _client = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **options))
+    return _client
+
+
+@receiver(setting_changed, dispatch_uid="ratelimit_admin_client_changed")
+def _forget_client(setting: str, **kwargs: object) -> None:
+    global _client
+    if setting in ("CACHES", "RATELIMIT_CACHE", "RATELIMIT_ADMIN_TIMEOUT"):
+        _client = None
+
+
+def admin_call(operation: Callable[[redis.Redis], T]) -> T:
+    """Run an operator's read or write; a Redis error becomes RedisUnavailable, the breaker is not told."""
+    try:
+        return operation(admin_client())
+    except redis.RedisError as error:
+        raise RedisUnavailable(f"Redis error: {error}") from error
