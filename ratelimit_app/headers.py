@@ -9,13 +9,19 @@ One item per applicable enforced policy (shadow policies are not shown), keyed b
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Sequence
 
 from .engine import Decision
 
 
 def _name(decision: Decision) -> str:
-    escaped = decision.policy.name.replace("\\", "\\\\").replace('"', '\\"')
+    return _quoted(decision.policy.name)
+
+
+@lru_cache(maxsize=1024)  # policy names: a few, on every response
+def _quoted(name: str) -> str:
+    escaped = name.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
 
 
@@ -28,8 +34,12 @@ def seconds_left(decision: Decision) -> int:
 def quota(decision: Decision) -> str:
     """`q` and `w`: the limit per window; for a token bucket, its burst and the seconds an empty bucket
     takes to fill (the window when the burst is the limit), so that q per w is the rate either way."""
-    q = decision.policy.capacity(decision.limit)
-    return f"q={q};w={-(-q * decision.policy.window // decision.limit)}"
+    return _quota(decision.policy.capacity(decision.limit), decision.policy.window, decision.limit)
+
+
+@lru_cache(maxsize=1024)
+def _quota(q: int, window: int, limit: int) -> str:
+    return f"q={q};w={-(-q * window // limit)}"
 
 
 def policy_header(decisions: Sequence[Decision]) -> str:
