@@ -162,7 +162,7 @@ def test_a_sliding_window_decision_reads_a_few_fields_whatever_the_buckets(redis
     hit(check(limited), now=T0 + 500)
     calls = {name: stats["calls"] for name, stats in redis_client.info("commandstats").items()}
     assert "cmdstat_hgetall" not in calls and "cmdstat_hvals" not in calls
-    assert calls.get("cmdstat_hmget", 0) <= 2  # the subject's total, the policy's totals
+    assert calls.get("cmdstat_hmget", 0) <= 3  # the subject's total; the totals bucket leaving the window, rolled into the trend
 
 
 @pytest.mark.parametrize("count", [1, 3, 10])
