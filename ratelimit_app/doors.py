@@ -121,12 +121,15 @@ def _refuse_if_denied(state: RequestState) -> RequestState:
 
 def middleware_request(request):
     """On the way in: decide now, or leave the call to a door inside. Returns a refusal or None."""
-    if not get_setting("RATELIMIT_ENABLED") or not policies.get_index():
+    if not get_setting("RATELIMIT_ENABLED"):
+        return None
+    index = policies.get_index()
+    if not index:
         return None
     state = _enter(request)
     if state is None or state.awaiting:
         return None
-    return refusal(request, _refuse_if_denied(decide(request, state)))
+    return refusal(request, _refuse_if_denied(decide(request, state, index)))
 
 
 def middleware_response(request, response):

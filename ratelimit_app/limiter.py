@@ -138,10 +138,10 @@ def unavailable(request, state: RequestState, error: engine.RedisUnavailable) ->
         state.unavailable = True
 
 
-def decide(request, state: RequestState) -> RequestState:
+def decide(request, state: RequestState, index: policies.PolicyIndex | None = None) -> RequestState:
     """Decide every pending policy of the request in one Redis call (none when nothing applies)."""
     denied_before = len(state.denied)
-    checks = pending_checks(request, state)
+    checks = pending_checks(request, state, index)
     if checks and not denied_from_memory(state, checks):
         try:
             verdict = engine.decide(checks, version=policies.version_due())
