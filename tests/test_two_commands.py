@@ -55,6 +55,8 @@ def test_ratelimit_redis_server_comes_first(tmp_path):
 
 
 def run_browser_test(env: dict[str, str]) -> subprocess.CompletedProcess:
+    # its own SQLite test database: the PostgreSQL one (CI) is in use by this very test session
+    env = {name: value for name, value in env.items() if name != "DATABASE_URL"}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_admin_browser.py"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
