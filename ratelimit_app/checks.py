@@ -205,10 +205,10 @@ def check_shards(app_configs: object = None, **kwargs: object) -> list:
         ]
     if shards == 1 and cluster_configured():
         return [
-            Warning(
-                "RATELIMIT_SHARDS is 1 with ClusterConnectionFactory: every counter lives in one slot, on one master.",
+            Error(
+                "RATELIMIT_SHARDS is 1 with ClusterConnectionFactory: Redis Cluster needs the shards' hash tags.",
                 hint="Set RATELIMIT_SHARDS to a few times the number of masters (16 for 3 masters).",
-                id="ratelimit_app.W016",
+                id="ratelimit_app.E017",
             )
         ]
     return []

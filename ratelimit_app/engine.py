@@ -6,6 +6,7 @@ from __future__ import annotations
 from time import perf_counter
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
+import redis
 from asgiref.sync import sync_to_async
 
 from . import keys, metrics
@@ -67,18 +68,21 @@ def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool =
     """
     if not checks:
         return NO_POLICIES
-    redis_client = breaker.call(client)  # a cluster client connects as it is created, and may fail to
+    started = perf_counter()
+    # client() inside the breaker's call: a cluster client connects as it is created, and may fail to
+    verdict = breaker.call(lambda: _decide(client(), checks, now, dry_run, version))
+    metrics.record_call(perf_counter() - started)
+    return verdict
+
+
+def _decide(redis_client: redis.Redis, checks: Sequence[Check], now: float | None, dry_run: bool, version: bool) -> Verdict:
     if not is_cluster(redis_client):
         # a single server does not check slots: every shard's keys go in one call, with the version
         script_keys, args = _script_call(checks, now, dry_run, version)
-        script = scripts.get("decide", redis_client)
-        started = perf_counter()
-        reply = breaker.call(lambda: script(script_keys, args, redis_client))
-        metrics.record_call(perf_counter() - started)
-        return _verdict(checks, reply)
+        return _verdict(checks, scripts.get("decide", redis_client)(script_keys, args, redis_client))
     verdict = _decide_on_cluster(redis_client, checks, now, dry_run)
     if version:  # the version key lives in a slot of its own
-        verdict = verdict._replace(version=breaker.call(lambda: redis_client.get(keys.version_key())) or b"")
+        verdict = verdict._replace(version=redis_client.get(keys.version_key()) or b"")
     return verdict
 
 
@@ -165,9 +169,7 @@ def _pipelined(redis_client, groups: dict[int, list[Check]], now: float | None, 
     """One decide call per shard group, sent in one pipeline (on a cluster: to each node at once)."""
     script = scripts.get("decide", redis_client)
     calls = [_script_call(group, now, dry_run, False, version_key=False) for group in groups.values()]
-    started = perf_counter()
-    replies = breaker.call(lambda: run_each(redis_client, script, calls))
-    metrics.record_call(perf_counter() - started)
+    replies = run_each(redis_client, script, calls)
     return {shard: _verdict(group, reply) for (shard, group), reply in zip(groups.items(), replies)}
 
 

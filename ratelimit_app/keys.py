@@ -2,7 +2,9 @@
 
 Subjects are spread over RATELIMIT_SHARDS shards; every key of one shard carries the shard as its
 hash tag ({7}), so a subject's counters and the live index and totals they feed share a cluster slot.
-The readable subject never appears in a key.
+With one shard (a single server) the keys are those of earlier versions: a counter's tag is its
+subject hash, unused by a single server, and the live index and totals have none. The readable
+subject never appears in a key.
 """
 
 from __future__ import annotations
@@ -32,9 +34,17 @@ def shard_of(subject_key: str) -> int:
         return zlib.crc32(subject_key.encode()) % shards()
 
 
+def _tag(shard: int) -> str:
+    """The shard's hash tag in the live index and totals keys ('' with one shard)."""
+    return f"{{{shard}}}:" if shards() > 1 else ""
+
+
 def counter_key_parts(policy: CompiledPolicy, shard: int, key_prefix: str | None = None) -> tuple[str, str]:
     """What goes before and after a subject hash in the counter keys of the policy's subjects in `shard`."""
-    return f"{key_prefix or prefix()}:{{{shard}}}:", f":{policy.id}.{policy.generation}:{policy.shape}"
+    tail = f"{policy.id}.{policy.generation}:{policy.shape}"
+    if shards() == 1:  # one byte shorter than a shard tag: a counter stays within Redis' 72-byte allocation
+        return f"{key_prefix or prefix()}:{{", f"}}:{tail}"
+    return f"{key_prefix or prefix()}:{{{shard}}}:", f":{tail}"
 
 
 def counter_key(policy: CompiledPolicy, subject_key: str, key_prefix: str | None = None) -> str:
@@ -51,12 +61,12 @@ def decision_keys(policy: CompiledPolicy, subject_key: str, key_prefix: str | No
 
 def live_key(policy: CompiledPolicy, shard: int, key_prefix: str | None = None) -> str:
     """The live index of the policy's subjects in `shard` (recently active subjects, bounded)."""
-    return f"{key_prefix or prefix()}:live:{{{shard}}}:{policy.id}.{policy.generation}"
+    return f"{key_prefix or prefix()}:live:{_tag(shard)}{policy.id}.{policy.generation}"
 
 
 def totals_key(policy: CompiledPolicy, shard: int, key_prefix: str | None = None) -> str:
     """Requests allowed and denied for the policy's subjects in `shard` (activity.lua)."""
-    return f"{key_prefix or prefix()}:totals:{{{shard}}}:{policy.id}.{policy.generation}"
+    return f"{key_prefix or prefix()}:totals:{_tag(shard)}{policy.id}.{policy.generation}"
 
 
 def version_key(key_prefix: str | None = None) -> str:
