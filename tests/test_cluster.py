@@ -3,6 +3,7 @@ ClusterConnectionFactory; the engine, exactness, the live page, resets and a mas
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import time
 
@@ -248,6 +249,40 @@ def test_live_page_merges_every_shard_and_resets_work(cluster, client, admin_cli
     admin_client.post(reset_url)  # every subject
     assert [search(client, IP) for _ in range(4)] == [200, 200, 200, 429]
     assert "search-per-ip" in admin_client.get(reverse("admin:ratelimit_app_policy_changelist")).content.decode()
+
+
+@pytest.mark.django_db
+def test_refusals_the_policy_list_and_the_trend_merge_every_shard(cluster, client, admin_client):
+    """Requests refused from the deny cache, in several shards, reach the totals the operator reads."""
+    row = make_policy(name="search-per-ip", action="demo:search", limit=1, window=60)
+    addresses = [name.removeprefix("ip:") for name in who_in_other_shards(3)]
+    for address in addresses:
+        assert [search(client, address) for _ in range(3)] == [200, 429, 429]  # the second refusal: from memory
+    [activity] = live.policy_activity([row]).values()
+    assert (activity.active, activity.allowed, activity.denied) == (3, 3, 6)
+    newest = live.policy_trend(row)[-1]
+    assert (newest.allowed, newest.denied) == (3, 6)
+    page = admin_client.get(reverse("admin:ratelimit_app_policy_live", args=[row.pk]) + "?format=json").json()
+    assert page["totals"] == {"allowed": 3, "denied": 6} and page["blocked"] == 3
+
+
+def test_async_decisions_on_the_cluster_keep_the_limit(cluster):
+    limited = policy(limit=2)
+    first, second = who_in_other_shards(2)
+    checks = [check(limited, first), check(limited, second)]
+
+    async def three():
+        return [(await engine.adecide(checks, now=T0, version=True)) for _ in range(3)]
+
+    verdicts = asyncio.run(three())
+    assert [v.allowed for v in verdicts] == [True, True, False]
+    assert verdicts[0].version == version.read_version()
+    assert [d.count for d in hit(*checks, dry_run=True).decisions] == [2, 2]
+
+
+def test_one_shard_on_a_cluster_is_reported_by_a_system_check(cluster, settings):
+    settings.RATELIMIT_SHARDS = 1
+    assert [message.id for message in system_checks.check_shards()] == ["ratelimit_app.E017"]
 
 
 # --- failover -----------------------------------------------------------------------------------
