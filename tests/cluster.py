@@ -243,7 +243,7 @@ def measure_scaling(processes: int = 6, seconds: float = 2.0) -> ClusterScaling:
             cache = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": cluster.url, "OPTIONS": {
                 "CONNECTION_FACTORY": "ratelimit_app.connection.ClusterConnectionFactory",
                 "SOCKET_CONNECT_TIMEOUT": 0.25, "SOCKET_TIMEOUT": 0.25}}
-            with override_settings(CACHES={"default": cache}, RATELIMIT_CACHE="default"):
+            with override_settings(CACHES={"default": cache}, RATELIMIT_CACHE="default", RATELIMIT_SHARDS=16):
                 def make_operation():
                     counter = iter(range(10**9))
                     return lambda: engine.decide([check(limited, f"ip:10.{next(counter) % 65536}.0.1")])
