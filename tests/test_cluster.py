@@ -4,10 +4,13 @@ ClusterConnectionFactory; the engine, exactness, the live page, resets and a mas
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing
 import time
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.urls import reverse
 from redis.cluster import RedisCluster
 
@@ -264,6 +267,26 @@ def test_refusals_the_policy_list_and_the_trend_merge_every_shard(cluster, clien
     assert (newest.allowed, newest.denied) == (3, 6)
     page = admin_client.get(reverse("admin:ratelimit_app_policy_live", args=[row.pk]) + "?format=json").json()
     assert page["totals"] == {"allowed": 3, "denied": 6} and page["blocked"] == 3
+
+
+@pytest.mark.django_db
+def test_the_command_line_reads_and_resets_every_shard(cluster, client):
+    make_policy(name="search-per-ip", action="demo:search", limit=2, window=60)
+    addresses = [name.removeprefix("ip:") for name in who_in_other_shards(3)]
+    for address in addresses:
+        assert [search(client, address) for _ in range(3)] == [200, 200, 429]
+
+    def run(*args) -> str:
+        out = StringIO()
+        call_command("ratelimit", *args, stdout=out)
+        return out.getvalue()
+
+    [status] = json.loads(run("status", "--json"))
+    assert (status["active"], status["allowed"], status["denied"]) == (3, 6, 3)
+    top = json.loads(run("top", "search-per-ip", "--json"))
+    assert {s["subject"] for s in top["subjects"]} == {f"ip:{a}" for a in addresses}
+    assert "reset" in run("reset", "search-per-ip", f"ip:{addresses[1]}")
+    assert [search(client, address) for address in addresses] == [429, 200, 429]
 
 
 def test_async_decisions_on_the_cluster_keep_the_limit(cluster):

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from ratelimit_app import connection, engine, live
+from ratelimit_app.policies import compile_policy
 from tests.cluster import LocalSentinel, wait_replicated
 from tests.helpers import check, make_policy, policy
 
@@ -56,7 +57,7 @@ def test_the_engine_and_the_live_page_work_through_the_sentinel(sentinel):
 @pytest.mark.parametrize("fail_open", [True, False])
 def test_limiting_resumes_on_the_promoted_replica_without_over_admitting(client, sentinel, settings, fail_open):
     settings.RATELIMIT_FAIL_OPEN = fail_open
-    make_policy(name="search-per-ip", action="demo:search", limit=3, window=3600)
+    row = make_policy(name="search-per-ip", action="demo:search", limit=3, window=3600)
     assert [search(client) for _ in range(3)] == [200, 200, 200]  # at the limit
     wait_replicated(sentinel.master, sentinel.replica)  # the replica has every count before the crash
     sentinel.master.kill()
@@ -71,3 +72,5 @@ def test_limiting_resumes_on_the_promoted_replica_without_over_admitting(client,
     assert sentinel.master_port() == sentinel.replica.port  # the sentinel promoted the replica
     assert meanwhile and set(meanwhile) == ({200} if fail_open else {503})
     assert [search(client) for _ in range(5)] == [429] * 5  # nothing admitted over the limit once it resumed
+    usage = live.live_usage(compile_policy(row))  # the admin's own client follows the promotion too
+    assert (usage.allowed, [(s.display, s.count) for s in usage.subjects]) == (3, [(f"ip:{IP}", 3)])
