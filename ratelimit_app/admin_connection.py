@@ -14,7 +14,7 @@ from django.dispatch import receiver
 from django_redis import get_redis_connection
 
 from .conf import get_setting
-from .connection import RedisUnavailable
+from .connection import RedisUnavailable, connect_cluster, is_cluster
 
 T = TypeVar("T")
 
@@ -25,10 +25,18 @@ def admin_client() -> redis.Redis:
     """A client of RATELIMIT_CACHE's server with its own pool and RATELIMIT_ADMIN_TIMEOUT."""
     global _client
     if _client is None:
-        pool = get_redis_connection(get_setting("RATELIMIT_CACHE")).connection_pool
+        main = get_redis_connection(get_setting("RATELIMIT_CACHE"))
         timeout = get_setting("RATELIMIT_ADMIN_TIMEOUT")
-        options = {**pool.connection_kwargs, "socket_timeout": timeout, "socket_connect_timeout": timeout}
-        _client = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **options))
+        if is_cluster(main):  # a RedisCluster of its own, from a node the request path's client knows
+            node = main.get_default_node()
+            options = {name: value for name, value in node.redis_connection.connection_pool.connection_kwargs.items()
+                       if name in ("username", "password")}
+            _client = connect_cluster(f"redis://{node.host}:{node.port}", {
+                **options, "socket_timeout": timeout, "socket_connect_timeout": timeout})
+        else:
+            pool = main.connection_pool
+            options = {**pool.connection_kwargs, "socket_timeout": timeout, "socket_connect_timeout": timeout}
+            _client = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **options))
     return _client
 
 

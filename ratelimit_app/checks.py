@@ -188,3 +188,27 @@ def check_metrics(app_configs: object = None, **kwargs: object) -> list:
             )
         ]
     return []
+
+
+@register()
+def check_shards(app_configs: object = None, **kwargs: object) -> list:
+    from .connection import cluster_configured
+
+    shards = get_setting("RATELIMIT_SHARDS")
+    if not (isinstance(shards, int) and not isinstance(shards, bool) and 1 <= shards <= 16384):
+        return [
+            Error(
+                f"RATELIMIT_SHARDS is {shards!r}; it must be a whole number from 1 to 16384 (the default is 1).",
+                hint="On Redis Cluster, a few times the number of masters spreads the load (16 for 3 masters).",
+                id="ratelimit_app.E016",
+            )
+        ]
+    if shards == 1 and cluster_configured():
+        return [
+            Error(
+                "RATELIMIT_SHARDS is 1 with ClusterConnectionFactory: Redis Cluster needs the shards' hash tags.",
+                hint="Set RATELIMIT_SHARDS to a few times the number of masters (16 for 3 masters).",
+                id="ratelimit_app.E017",
+            )
+        ]
+    return []

@@ -36,6 +36,10 @@ DEFAULTS: dict[str, Any] = {
     "RATELIMIT_ADMIN_TIMEOUT": 1.0,
     # How many recently active subjects the live page index keeps per policy.
     "RATELIMIT_LIVE_INDEX_SIZE": 2000,
+    # Subjects are spread over this many shards, each one Redis Cluster slot with its own live index and
+    # totals. 1 suits a single server (the operator's reads stay one per policy); on Redis Cluster use a
+    # few times the number of masters (a system check warns about 1 there).
+    "RATELIMIT_SHARDS": 1,
     # Dotted path of a view answering denied requests instead of the built-in 429 response.
     "RATELIMIT_DENIED_VIEW": None,
     # Refuse a subject over an enforcing limit from this process's memory until its retry time (no Redis call).

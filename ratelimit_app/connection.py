@@ -16,6 +16,11 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django_redis import get_redis_connection
+from django_redis.pool import ConnectionFactory
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
+from redis.retry import Retry
 
 from . import events
 from .conf import get_setting
@@ -181,15 +186,76 @@ class Outage:
 outage = Outage()
 
 
-_client: redis.Redis | None = None
+_client: redis.Redis | RedisCluster | None = None
 
 
-def client() -> redis.Redis:
-    """The django-redis client of RATELIMIT_CACHE (thread-safe; looked up once, not per request)."""
+def client() -> redis.Redis | RedisCluster:
+    """The django-redis client of RATELIMIT_CACHE (thread-safe; looked up once, not per request).
+
+    A redis.Redis for one server or Sentinel (django-redis's SentinelConnectionFactory), a
+    redis.cluster.RedisCluster when the cache uses ClusterConnectionFactory below.
+    """
     global _client
     if _client is None:
         _client = get_redis_connection(get_setting("RATELIMIT_CACHE"))
     return _client
+
+
+def is_cluster(redis_client: object) -> bool:
+    """Whether every key of one call must share a slot (Redis Cluster), which decides how requests are sent."""
+    return isinstance(redis_client, RedisCluster)
+
+
+def cluster_configured() -> bool:
+    """Whether RATELIMIT_CACHE uses ClusterConnectionFactory (known without connecting)."""
+    cache = settings.CACHES.get(get_setting("RATELIMIT_CACHE"), {})
+    factory = cache.get("OPTIONS", {}).get("CONNECTION_FACTORY") or getattr(settings, "DJANGO_REDIS_CONNECTION_FACTORY", "")
+    if isinstance(factory, str):
+        return factory.rsplit(".", 1)[-1] == ClusterConnectionFactory.__name__
+    return isinstance(factory, type) and issubclass(factory, ClusterConnectionFactory)
+
+
+class ClusterConnectionFactory(ConnectionFactory):
+    """A django-redis connection factory whose clients are redis-py's RedisCluster.
+
+    CACHES[alias]["OPTIONS"]["CONNECTION_FACTORY"] = "ratelimit_app.connection.ClusterConnectionFactory",
+    with LOCATION the URL of any node (redis://10.0.0.5:7000): the client discovers the others.
+    SOCKET_TIMEOUT, SOCKET_CONNECT_TIMEOUT, PASSWORD and USERNAME apply to every node; REDIS_CLIENT_KWARGS
+    go to RedisCluster (e.g. a `retry`). One client per LOCATION and process, like django-redis's pools.
+    """
+
+    _clusters: dict[str, RedisCluster] = {}
+    _lock = threading.Lock()
+
+    def connect(self, url: str) -> RedisCluster:
+        with self._lock:
+            cluster = self._clusters.get(url)
+            if cluster is None:
+                cluster = self._clusters[url] = connect_cluster(url, self._options(url))
+            return cluster
+
+    def _options(self, url: str) -> dict:
+        params = self.make_connection_params(url)
+        params.pop("parser_class", None)  # RedisCluster picks its own parser (hiredis when installed)
+        params.pop("url", None)
+        return {**params, **self.redis_client_cls_kwargs}
+
+    def disconnect(self, connection: RedisCluster) -> None:
+        connection.disconnect_connection_pools()
+
+
+def connect_cluster(url: str, options: dict) -> RedisCluster:
+    """A RedisCluster for `url`; no node answering is an outage like any other (a ConnectionError).
+
+    One quick retry, after which the client has re-read the topology (a replica promoted after a
+    failover answers it): RedisCluster's default of retries with backoff would hold a request for
+    seconds while a master is down, where the breaker should fail open or closed at once.
+    """
+    options.setdefault("retry", Retry(NoBackoff(), 1))
+    try:
+        return RedisCluster.from_url(url, **options)
+    except RedisClusterException as error:  # RedisCluster connects as it is created
+        raise redis.ConnectionError(f"Redis Cluster at {url} is unreachable: {error}") from error
 
 
 # asyncio connections belong to the event loop that opened them: one client per loop

@@ -20,7 +20,7 @@ import redis
 from . import keys
 from .conf import get_setting
 from .connection import client
-from .scripts import scripts, totals_bucket_ms
+from .scripts import run_each, scripts, totals_bucket_ms
 
 if TYPE_CHECKING:
     from .engine import Check, Decision
@@ -34,7 +34,8 @@ FLUSH_SECONDS = 1.0
 class DenyCache:
     def __init__(self) -> None:
         self._until: dict[tuple, tuple[float, Decision]] = {}
-        self._pending: Counter[CompiledPolicy] = Counter()  # refusals not yet in Redis's totals
+        # refusals not yet in Redis's totals, by policy and the refused subject's shard
+        self._pending: Counter[tuple[CompiledPolicy, int]] = Counter()
         self._lock = threading.Lock()
         self._flusher: threading.Timer | None = None
 
@@ -75,7 +76,7 @@ class DenyCache:
     def _count(self, refusals: Sequence[Decision]) -> None:
         with self._lock:
             for decision in refusals:
-                self._pending[decision.policy] += 1
+                self._pending[decision.policy, keys.shard_of(decision.subject.key)] += 1
             if self._flusher is None:
                 self._flusher = threading.Timer(FLUSH_SECONDS, self.flush)
                 self._flusher.daemon = True
@@ -87,14 +88,14 @@ class DenyCache:
             pending, self._pending, self._flusher = self._pending, Counter(), None
         if not pending:
             return
-        redis_client = client()
-        script = scripts.get("denials", redis_client)
-        totals = [keys.totals_key(policy) for policy in pending]
-        args: list[str | int] = [""]
-        for policy, count in pending.items():
+        by_shard: dict[int, tuple[list[str], list[str | int]]] = {}  # one call per shard: one cluster slot each
+        for (policy, shard), count in pending.items():
+            totals, args = by_shard.setdefault(shard, ([], [""]))
+            totals.append(keys.totals_key(policy, shard))
             args += (count, policy.window_ms, totals_bucket_ms(policy))
         try:
-            script(totals, args, redis_client)
+            redis_client = client()  # a cluster client connects as it is created: inside the try
+            run_each(redis_client, scripts.get("denials", redis_client), list(by_shard.values()))
         except redis.RedisError as error:
             logger.warning("ratelimit: refusals from the deny cache could not reach Redis yet: %s", error)
             with self._lock:

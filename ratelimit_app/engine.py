@@ -6,10 +6,13 @@ from __future__ import annotations
 from time import perf_counter
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
+import redis
+from asgiref.sync import sync_to_async
+
 from . import keys, metrics
 from .conf import get_setting
-from .connection import RedisUnavailable, aclient, breaker, client
-from .scripts import now_arg, scripts, totals_bucket_ms
+from .connection import RedisUnavailable, aclient, breaker, client, cluster_configured, is_cluster
+from .scripts import now_arg, run_each, scripts, totals_bucket_ms
 
 if TYPE_CHECKING:
     from .policies import CompiledPolicy
@@ -59,25 +62,42 @@ def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool =
 
     `now` (seconds since the epoch) replaces the server's clock, for tests; `dry_run` decides
     without counting anything; `version` brings the policy version back in the same call (the
-    doors ask for it when their worker is due to compare). Raises RedisUnavailable when Redis cannot answer.
+    doors ask for it when their worker is due to compare). On Redis Cluster, checks whose subjects
+    live in different shards take one call per shard (_decide_across_shards) and the version is
+    read beside them. Raises RedisUnavailable when Redis cannot answer.
     """
     if not checks:
         return NO_POLICIES
-    script_keys, args = _script_call(checks, now, dry_run, version)
-    redis_client = client()
-    script = scripts.get("decide", redis_client)
     started = perf_counter()
-    reply = breaker.call(lambda: script(script_keys, args, redis_client))
+    # client() inside the breaker's call: a cluster client connects as it is created, and may fail to
+    verdict = breaker.call(lambda: _decide(client(), checks, now, dry_run, version))
     metrics.record_call(perf_counter() - started)
-    return _verdict(checks, reply)
+    return verdict
+
+
+def _decide(redis_client: redis.Redis, checks: Sequence[Check], now: float | None, dry_run: bool, version: bool) -> Verdict:
+    if not is_cluster(redis_client):
+        # a single server does not check slots: every shard's keys go in one call, with the version
+        script_keys, args = _script_call(checks, now, dry_run, version)
+        return _verdict(checks, scripts.get("decide", redis_client)(script_keys, args, redis_client))
+    verdict = _decide_on_cluster(redis_client, checks, now, dry_run)
+    if version:  # the version key lives in a slot of its own
+        verdict = verdict._replace(version=redis_client.get(keys.version_key()) or b"")
+    return verdict
 
 
 async def adecide(
     checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False, version: bool = False
 ) -> Verdict:
-    """decide() for async code: the same script and keys, through redis-py's asyncio client."""
+    """decide() for async code: the same script and keys, through redis-py's asyncio client.
+
+    On Redis Cluster, decide() runs in a worker thread with the cluster client (no asyncio cluster
+    client is kept): the same calls, the same guarantees.
+    """
     if not checks:
         return NO_POLICIES
+    if cluster_configured():
+        return await sync_to_async(decide, thread_sensitive=False)(checks, now=now, dry_run=dry_run, version=version)
     script_keys, args = _script_call(checks, now, dry_run, version)
     redis_client = aclient()
     script = scripts.get_async("decide", redis_client)
@@ -87,24 +107,79 @@ async def adecide(
     return _verdict(checks, reply)
 
 
-def _script_call(checks: Sequence[Check], now: float | None, dry_run: bool, version: bool) -> tuple[list[str], list[str | int]]:
-    """The KEYS and ARGV of decide.lua for these checks (`version`: bring the policy version back too)."""
+def _script_call(
+    checks: Sequence[Check], now: float | None, dry_run: bool, version: bool, *, version_key: bool = True
+) -> tuple[list[str], list[str | int]]:
+    """The KEYS and ARGV of decide.lua for these checks (`version`: bring the policy version back too;
+    without `version_key` on a cluster, where the version lives in another slot)."""
     key_prefix = keys.prefix()
     script_keys: list[str] = []
     flags = ("1" if dry_run else "0") + ("+" if version else "")
-    args: list[str | int] = [now_arg(now), flags, get_setting("RATELIMIT_LIVE_INDEX_SIZE"), len(checks)]
+    # the shards share the bound of a policy's index (on one shard: the setting itself)
+    index_size = -(-get_setting("RATELIMIT_LIVE_INDEX_SIZE") // keys.shards())
+    args: list[str | int] = [now_arg(now), flags, index_size, len(checks)]
     for policy, subject, limit in checks:
-        script_keys += (
-            keys.counter_key(policy, subject.key, key_prefix),
-            keys.live_key(policy, key_prefix),
-            keys.totals_key(policy, key_prefix),
-        )
+        script_keys += keys.decision_keys(policy, subject.key, key_prefix)
         args += (
             policy.strategy, limit, policy.window_ms, policy.bucket_ms, "1" if policy.enforce else "0",
             live_member(subject, limit, policy), totals_bucket_ms(policy),
         )
-    script_keys.append(keys.version_key(key_prefix))
+    if version_key:
+        script_keys.append(keys.version_key(key_prefix))
     return script_keys, args
+
+
+# --- Redis Cluster: one call per shard group ------------------------------------------------------
+
+
+def _decide_on_cluster(redis_client, checks: Sequence[Check], now: float | None, dry_run: bool) -> Verdict:
+    groups: dict[int, list[Check]] = {}
+    for check in checks:
+        groups.setdefault(keys.shard_of(check.subject.key), []).append(check)
+    if len(groups) == 1:
+        return _pipelined(redis_client, groups, now, dry_run=dry_run)[next(iter(groups))]
+    return _decide_across_shards(redis_client, checks, groups, now, dry_run)
+
+
+def _decide_across_shards(
+    redis_client, checks: Sequence[Check], groups: dict[int, list[Check]], now: float | None, dry_run: bool
+) -> Verdict:
+    """A cluster request whose subjects live in several shards: look, then count, one call per shard each time.
+
+    First every shard is asked without counting (one pipeline: the shards' nodes answer in
+    parallel). If an enforcing policy denies there, the request is denied and the other shards
+    count nothing; the denying shards are asked once more, counting, so that the refusal reaches
+    the live page (they deny again: an enforcing policy at its limit counts nothing). Otherwise
+    every shard counts in one more pipeline; each shard still decides atomically, so a shard that
+    filled up in between denies and the request is denied. Nothing is ever admitted over a limit;
+    in those races a shard may have counted a request that was refused (an under-admission of
+    one request, never an over-admission).
+    """
+    peeked = _pipelined(redis_client, groups, now, dry_run=True)
+    if dry_run:
+        return _merged(checks, groups, peeked)
+    denying = {shard: groups[shard] for shard, verdict in peeked.items() if not verdict.allowed}
+    if denying:
+        _pipelined(redis_client, denying, now, dry_run=False)  # records the refusal; the request stays denied
+        return _merged(checks, groups, peeked)
+    return _merged(checks, groups, _pipelined(redis_client, groups, now, dry_run=False))
+
+
+def _pipelined(redis_client, groups: dict[int, list[Check]], now: float | None, *, dry_run: bool) -> dict[int, Verdict]:
+    """One decide call per shard group, sent in one pipeline (on a cluster: to each node at once)."""
+    script = scripts.get("decide", redis_client)
+    calls = [_script_call(group, now, dry_run, False, version_key=False) for group in groups.values()]
+    replies = run_each(redis_client, script, calls)
+    return {shard: _verdict(group, reply) for (shard, group), reply in zip(groups.items(), replies)}
+
+
+def _merged(checks: Sequence[Check], groups: dict[int, list[Check]], verdicts: dict[int, Verdict]) -> Verdict:
+    """One verdict for the request, its decisions in the order of `checks`."""
+    decided = {}
+    for shard, group in groups.items():
+        decided.update(zip(map(id, group), verdicts[shard].decisions))
+    decisions = tuple(decided[id(check)] for check in checks)
+    return Verdict(all(verdict.allowed for verdict in verdicts.values()), decisions, None)
 
 
 def _verdict(checks: Sequence[Check], reply: list[int]) -> Verdict:

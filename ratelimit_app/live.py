@@ -18,7 +18,7 @@ from .conf import get_setting
 from .deny_cache import deny_cache
 from .version import bump_version
 from .policies import compile_policy
-from .scripts import now_arg, scripts, totals_bucket_ms
+from .scripts import now_arg, run_each, scripts, totals_bucket_ms
 
 if TYPE_CHECKING:
     from .policies import CompiledPolicy
@@ -57,12 +57,14 @@ def live_usage(policy: CompiledPolicy, *, rows: int | None = None, now: float | 
 
     Every command sent is bounded (a page of the index, a batch of counters), so watching a policy
     with a million subjects never holds Redis for long; `now` (seconds) replaces the server's clock.
+    Every shard of the policy is read, and merged.
     """
     allowed, denied, active, now_ms = policy_totals(policy, now=now)
     members, index_full = _listed_members(policy, now_ms)
     subjects: dict[str, SubjectUsage] = {}
     limits = [limit or policy.limit for _key, limit, *_ in members]
-    counts = _read_counters(policy, [keys.counter_key(policy, key) for key, *_ in members], now_ms, limits)
+    counts = _read_counters(policy, [keys.counter_key(policy, key) for key, *_ in members], now_ms, limits,
+                            [keys.shard_of(key) for key, *_ in members])
     for (subject_key, _limit, overridden, display), limit, (count, reset_ms) in zip(members, limits, counts):
         if count > 0 and subject_key not in subjects:  # seen under two limits: the latest entry wins
             capacity = policy.capacity(limit)  # a token bucket's count is compared with its burst
@@ -73,39 +75,52 @@ def live_usage(policy: CompiledPolicy, *, rows: int | None = None, now: float | 
 
 
 def policy_totals(policy: CompiledPolicy, *, now: float | None = None) -> tuple[int, int, int, int]:
-    """(allowed, denied, active subjects, now in ms by the server's clock) of the policy's window."""
+    """(allowed, denied, active subjects, now in ms by the server's clock) of the policy's window,
+    summed over its shards (a subject lives in one shard)."""
     deny_cache.flush()  # refusals this process made from memory count too
     script = scripts.get("totals", admin_client())
     args = [now_arg(now), policy.window_ms, totals_bucket_ms(policy)]
-    now_ms, allowed, denied, active = admin_call(lambda client: script([keys.totals_key(policy)], args, client))
-    return allowed, denied, active, now_ms
+    calls = [([keys.totals_key(policy, shard)], args) for shard in range(keys.shards())]
+    replies = admin_call(lambda client: run_each(client, script, calls))
+    allowed, denied, active = (sum(reply[i] for reply in replies) for i in (1, 2, 3))
+    return allowed, denied, active, replies[0][0]
 
 
 def _listed_members(policy: CompiledPolicy, now_ms: int) -> tuple[list[tuple[str, int, bool, str]], bool]:
-    """The live index entries whose counters may still hold requests, highest score first.
+    """The live index entries whose counters may still hold requests, highest score first in each shard,
+    the shards one after the other; and whether an index is full.
 
     Read in pages, sent together (a page is a short command; Redis serves other clients between them).
     """
-    live_key = keys.live_key(policy)
-    size = get_setting("RATELIMIT_LIVE_INDEX_SIZE")
+    shards = keys.shards()
+    size = -(-get_setting("RATELIMIT_LIVE_INDEX_SIZE") // shards)  # each shard's index keeps its share
+    pages_per_shard = len(range(0, size + 1, INDEX_PAGE))  # + 1: an index may briefly hold one more than size
 
     def read(client: redis.Redis) -> list:
         with client.pipeline(transaction=False) as pipe:
-            for start in range(0, size + 1, INDEX_PAGE):  # + 1: an index may briefly hold one more than size
-                pipe.zrevrange(live_key, start, start + INDEX_PAGE - 1, withscores=True)
+            for shard in range(shards):
+                live_key = keys.live_key(policy, shard)
+                for start in range(0, size + 1, INDEX_PAGE):
+                    pipe.zrevrange(live_key, start, start + INDEX_PAGE - 1, withscores=True)
             return pipe.execute()
 
-    entries = [entry for page in admin_call(read) for entry in page]
-    members = []
-    for member, score in entries:
-        ends = score - BLOCKED if score > BLOCKED else score
-        if ends > now_ms:
-            members.append(parse_live_member(member.decode()))
-    return members, len(entries) >= size
+    pages = admin_call(read)
+    members, index_full = [], False
+    for shard in range(shards):
+        entries = [entry for page in pages[shard * pages_per_shard : (shard + 1) * pages_per_shard] for entry in page]
+        index_full = index_full or len(entries) >= size
+        for member, score in entries:
+            ends = score - BLOCKED if score > BLOCKED else score
+            if ends > now_ms:
+                members.append(parse_live_member(member.decode()))
+    return members, index_full
 
 
-def _read_counters(policy: CompiledPolicy, counter_keys: list[str], now_ms: int, limits: list[int]) -> list[tuple[int, int]]:
-    """(count, ms until empty) of each counter, by the strategy's own Lua, in calls of bounded cost.
+def _read_counters(
+    policy: CompiledPolicy, counter_keys: list[str], now_ms: int, limits: list[int], shards: list[int]
+) -> list[tuple[int, int]]:
+    """(count, ms until empty) of each counter, by the strategy's own Lua, in calls of bounded cost;
+    `shards` (each key's, keys of one shard side by side): a call reads one shard, one cluster slot.
 
     The batches are sent together; a call that spent its budget early leaves the rest of its batch
     for the next round.
@@ -116,7 +131,12 @@ def _read_counters(policy: CompiledPolicy, counter_keys: list[str], now_ms: int,
     size = _batch_size(policy)
     # a token bucket's count depends on the subject's rate: its limits go with its keys
     per_key = policy.strategy == "token_bucket"
-    pending = [(start, counter_keys[start : start + size]) for start in range(0, len(counter_keys), size)]
+    pending = [
+        (start, counter_keys[start:end])
+        for first, last in _runs(shards)
+        for start in range(first, last, size)
+        for end in [min(start + size, last)]
+    ]
     while pending:
         replies = admin_call(lambda client: _run_batches(client, script, pending, args, limits if per_key else None))
         left = []
@@ -130,6 +150,17 @@ def _read_counters(policy: CompiledPolicy, counter_keys: list[str], now_ms: int,
     return [counts[i] for i in range(len(counter_keys))]
 
 
+def _runs(shards: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of each run of equal shards."""
+    runs: list[tuple[int, int]] = []
+    for i, shard in enumerate(shards):
+        if i and shard == shards[i - 1]:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
+
+
 def _batch_size(policy: CompiledPolicy) -> int:
     """As many counters as fit the budget at worst: a sliding_window counter may read half its buckets."""
     if policy.strategy != "sliding_window":
@@ -141,10 +172,8 @@ def _batch_size(policy: CompiledPolicy) -> int:
 def _run_batches(
     client: redis.Redis, script: Script, batches: list[tuple[int, list[str]]], args: list, limits: list[int] | None
 ) -> list:
-    with client.pipeline(transaction=False) as pipe:
-        for start, batch in batches:
-            script(batch, args + (limits[start : start + len(batch)] if limits else []), pipe)
-        return pipe.execute()
+    calls = [(batch, args + (limits[start : start + len(batch)] if limits else [])) for start, batch in batches]
+    return run_each(client, script, calls)
 
 
 def parse_live_member(member: str) -> tuple[str, int, bool, str]:
@@ -160,14 +189,18 @@ def reset_subjects(policy: CompiledPolicy, subject_keys: Sequence[str]) -> list[
     """Forget the counts of these subjects under this policy; returns how the index showed them."""
     if not subject_keys:
         return []
-    live_key = keys.live_key(policy)
-    members = [member for key in subject_keys for member in _index_entries(live_key, key)]
+    by_shard: dict[int, list[bytes]] = {}  # each shard's index entries of these subjects
+    for key in subject_keys:
+        by_shard.setdefault(keys.shard_of(key), []).extend(_index_entries(keys.live_key(policy, keys.shard_of(key)), key))
+    members = [member for entries in by_shard.values() for member in entries]
 
     def reset(client: redis.Redis) -> None:
-        with client.pipeline() as pipe:
-            pipe.delete(*(keys.counter_key(policy, key) for key in subject_keys))
-            if members:
-                pipe.zrem(live_key, *members)
+        with client.pipeline(transaction=False) as pipe:
+            for key in subject_keys:  # one key a DEL: a cluster pipeline refuses keys of several slots
+                pipe.delete(keys.counter_key(policy, key))
+            for shard, entries in by_shard.items():
+                if entries:
+                    pipe.zrem(keys.live_key(policy, shard), *entries)
             pipe.execute()
 
     admin_call(reset)
@@ -212,15 +245,16 @@ def policy_activity(policies: Sequence) -> dict[int, PolicyActivity | None]:
     if not compiled:
         return activity
     script = scripts.get("totals", admin_client())
-
-    def read(client: redis.Redis) -> list:
-        with client.pipeline(transaction=False) as pipe:
-            for policy in compiled:
-                script([keys.totals_key(policy)], ["", policy.window_ms, totals_bucket_ms(policy)], pipe)
-            return pipe.execute()
-
-    for policy, (_now, allowed, denied, active) in zip(compiled, admin_call(read)):
-        activity[policy.id] = PolicyActivity(active, allowed, denied)
+    shards = keys.shards()
+    calls = [
+        ([keys.totals_key(policy, shard)], ["", policy.window_ms, totals_bucket_ms(policy)])
+        for policy in compiled
+        for shard in range(shards)
+    ]
+    replies = admin_call(lambda client: run_each(client, script, calls))
+    for i, policy in enumerate(compiled):  # each policy's shards, summed
+        own = replies[i * shards : (i + 1) * shards]
+        activity[policy.id] = PolicyActivity(*(sum(reply[at] for reply in own) for at in (3, 1, 2)))
     return activity
 
 
@@ -261,18 +295,32 @@ def policy_trends(policies: Sequence, *, now: float | None = None) -> dict[int, 
     if not compiled:
         return trends
     script = scripts.get("trend", admin_client())
+    shards = keys.shards()
+    calls = [
+        ([keys.totals_key(policy, shard)], [now_arg(now), policy.window_ms, totals_bucket_ms(policy), trend_windows(policy.window)])
+        for policy in compiled
+        for shard in range(shards)
+    ]
+    replies = admin_call(lambda client: run_each(client, script, calls))
+    for i, policy in enumerate(compiled):
+        trends[policy.id] = _merged_trend(policy, replies[i * shards : (i + 1) * shards])
+    return trends
 
-    def read(client: redis.Redis) -> list:
-        with client.pipeline(transaction=False) as pipe:
-            for policy in compiled:
-                args = [now_arg(now), policy.window_ms, totals_bucket_ms(policy), trend_windows(policy.window)]
-                script([keys.totals_key(policy)], args, pipe)
-            return pipe.execute()
 
-    for policy, reply in zip(compiled, admin_call(read)):
+def _merged_trend(policy: CompiledPolicy, replies: list[list[int]]) -> list[TrendPoint]:
+    """The shards' trends added window by window (each reply starts with the server's clock when read,
+    so a read that crossed into the next window still lines up)."""
+    points: dict[int, list[int]] = {}
+    for reply in replies:
         now_ms, values = reply[0], reply[1:]
         first = now_ms // policy.window_ms - len(values) // 2 + 1
-        trends[policy.id] = [
-            TrendPoint((first + i) * policy.window, values[2 * i], values[2 * i + 1]) for i in range(len(values) // 2)
-        ]
-    return trends
+        for i in range(len(values) // 2):
+            point = points.setdefault(first + i, [0, 0])
+            point[0] += values[2 * i]
+            point[1] += values[2 * i + 1]
+    newest = max(points)
+    return [
+        TrendPoint(number * policy.window, *points[number])
+        for number in sorted(points)
+        if number > newest - len(replies[0][1:]) // 2
+    ]

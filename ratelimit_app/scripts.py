@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from functools import lru_cache
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import redis
 import redis.asyncio
 from redis.commands.core import AsyncScript, Script
+from redis.exceptions import NoScriptError, RedisClusterException
+
+from .connection import is_cluster
 
 if TYPE_CHECKING:
     from .policies import CompiledPolicy
@@ -60,6 +63,41 @@ scripts = _Scripts()
 def now_arg(now: float | None) -> str:
     """A caller's `now` (seconds) as the scripts take it: integer milliseconds, or '' for Redis TIME."""
     return "" if now is None else str(int(now * 1000))
+
+
+def run_each(client: redis.Redis, script: Script, calls: Sequence[tuple[Sequence[str], Sequence]]) -> list:
+    """Run `script` once per (keys, args) in one pipeline (on a cluster: every node at once); the replies in order.
+
+    A server that restarted or took over from a failed master may lack the script: it is loaded and
+    only the calls that met NOSCRIPT are sent again (such a call ran nothing, so nothing counts twice).
+    Raises the first Redis error of any call.
+    """
+    # On a cluster, name each call's node (from the client's own slot map): otherwise the pipeline asks
+    # a server COMMAND GETKEYS for every script call, one more round trip each.
+    node_of = client.get_node_from_key if is_cluster(client) else None
+
+    def send(indexes: list[int]) -> list:
+        with client.pipeline(transaction=False) as pipe:
+            for i in indexes:
+                keys, args = calls[i]
+                # execute_command: a cluster pipeline refuses its evalsha() method, not the command itself
+                options = {"target_nodes": node_of(keys[0])} if node_of else {}
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args, **options)
+            return pipe.execute(raise_on_error=False)
+
+    try:
+        replies = send(list(range(len(calls))))
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:
+            client.script_load(script.script)
+            for i, reply in zip(missing, send(missing)):
+                replies[i] = reply
+    except RedisClusterException as error:  # e.g. a slot no node serves, mid-failover: an outage, not a bug
+        raise redis.ConnectionError(f"Redis Cluster: {error}") from error
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
 
 
 def totals_bucket_ms(policy: CompiledPolicy) -> int:

@@ -20,7 +20,7 @@ IP = "203.0.113.7"
 def write_totals(redis_client, policy, windows_ago: int, allowed: int, denied: int, now: float | None = None) -> None:
     """What the decide script keeps of a past window: its allowed and denied rolled up in the totals."""
     number = int((now or time.time()) * 1000) // (policy.window * 1000) - windows_ago
-    name = keys.totals_key(compile_policy(policy))
+    name = keys.totals_key(compile_policy(policy), 0)  # one shard
     redis_client.hset(name, mapping={f"A{number}": allowed, f"D{number}": denied})
     redis_client.expire(name, 3600 + policy.window)
 

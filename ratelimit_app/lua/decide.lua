@@ -3,7 +3,8 @@
 -- KEYS, for policy i = 1..n:  KEYS[3i-2] counter of (policy, subject)
 --                             KEYS[3i-1] live index of the policy (activity.lua)
 --                             KEYS[3i]   totals of the policy (activity.lua)
---       KEYS[3n+1]            policy version (read only, piggy-backed for the workers' caches)
+--       KEYS[3n+1]            policy version (read only, piggy-backed for the workers' caches); left out
+--                             on Redis Cluster, where it lives in another slot (then never wanted)
 -- ARGV[1] now in milliseconds, or '' to use the server's TIME
 -- ARGV[2] '1' to decide without counting anything (dry run), then '+' when the version is wanted
 -- ARGV[3] how many subjects a live index keeps

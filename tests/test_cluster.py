@@ -1,0 +1,382 @@
+"""Redis Cluster, for real: a local cluster of 3 masters with a replica each, reached through
+ClusterConnectionFactory; the engine, exactness, the live page, resets and a master's failover."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import time
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.urls import reverse
+from redis.cluster import RedisCluster
+
+from ratelimit_app import checks as system_checks
+from ratelimit_app import connection, engine, keys, live, policies, testing, version
+from tests.cluster import LocalCluster, wait_replicated
+from tests.helpers import check, count_round_trips, make_policy, policy, subject
+
+T0 = 1_800_000_000.0
+STRATEGIES = ["fixed_window", "sliding_window", "sliding_log"]
+IP = "203.0.113.7"
+
+
+def cluster_cache(url: str) -> dict:
+    return {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": url,
+        "OPTIONS": {
+            "CONNECTION_FACTORY": "ratelimit_app.connection.ClusterConnectionFactory",
+            "SOCKET_CONNECT_TIMEOUT": 0.25,
+            "SOCKET_TIMEOUT": 0.25,
+        },
+    }
+
+
+def use(cluster: LocalCluster, settings) -> None:
+    settings.CACHES = {**settings.CACHES, "cluster": cluster_cache(cluster.url)}
+    settings.RATELIMIT_CACHE = "cluster"
+    settings.RATELIMIT_SHARDS = 16
+
+
+@pytest.fixture(scope="module")
+def shared_cluster():
+    started = LocalCluster()
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def cluster(shared_cluster, settings):
+    """The module's cluster, emptied, used by the app for this test."""
+    shared_cluster.flush()
+    use(shared_cluster, settings)
+    yield shared_cluster
+
+
+def who_in_other_shards(count: int) -> list[str]:
+    """`count` subjects (as tests.helpers.subject names them) whose shards all differ."""
+    found: dict[int, str] = {}
+    for i in range(1000):
+        name = f"ip:198.51.100.{i}"
+        found.setdefault(keys.shard_of(subject(name).key), name)
+        if len(found) == count:
+            return list(found.values())
+    raise AssertionError("not enough shards")
+
+
+def hit(*checks, now=T0, dry_run=False, version=False):
+    return engine.decide(list(checks), now=now, dry_run=dry_run, version=version)
+
+
+# --- the engine on a cluster --------------------------------------------------------------------
+
+
+def test_on_a_single_server_a_request_spanning_shards_is_still_one_call_with_the_version(settings):
+    settings.RATELIMIT_SHARDS = 16
+    per_ip, per_user = policy(limit=5), policy(limit=5, key="user")
+    first, second = who_in_other_shards(2)
+    hit(check(per_ip, first), check(per_user, second))
+    with count_round_trips() as trips:
+        verdict = hit(check(per_ip, first), check(per_user, second), version=True)
+    assert trips[0] == 1 and verdict.version == version.read_version()
+    assert [d.count for d in verdict.decisions] == [2, 2]
+
+
+def test_the_app_talks_to_the_cluster_through_redis_cluster(cluster):
+    assert connection.is_cluster(connection.client())
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_admits_up_to_the_limit_then_denies(cluster, strategy):
+    limited = policy(strategy=strategy, limit=3, window=60)
+    verdicts = [hit(check(limited), now=T0 + i) for i in range(5)]
+    assert [v.allowed for v in verdicts] == [True, True, True, False, False]
+    assert [v.decisions[0].remaining for v in verdicts] == [2, 1, 0, 0, 0]
+
+
+def test_subjects_spread_over_every_master(cluster):
+    limited = policy(limit=5)
+    for i in range(200):
+        hit(check(limited, f"ip:198.51.100.{i}"))
+    holding = [master.client.dbsize() for master in cluster.masters]
+    assert all(holding), holding  # every master holds counters: the load is shared
+
+
+def test_policies_of_one_subject_are_decided_in_one_call(cluster):
+    several = [policy(strategy=strategy, limit=5) for strategy in STRATEGIES * 3]
+    checks = [check(each) for each in several]
+    hit(*checks)  # the first call may load the script on the node
+    with count_round_trips() as trips:
+        verdict = hit(*checks)
+    assert verdict.allowed and trips[0] == 1
+
+
+def test_a_request_spanning_shards_sends_each_node_one_call_to_look_and_one_to_count(cluster):
+    per_ip, per_user = policy(limit=5), policy(limit=5, key="user")
+    first, second = who_in_other_shards(2)
+    checks = [check(per_ip, first), check(per_user, second)]
+    hit(*checks)
+    with count_round_trips() as trips:
+        assert hit(*checks).allowed
+    nodes = {cluster.master_of(keys.counter_key(c.policy, c.subject.key)).port for c in checks}
+    assert trips[0] == 2 * len(nodes)  # no COMMAND GETKEYS asked of a server to place a call
+
+
+def test_a_request_spanning_shards_counts_everywhere_when_all_admit(cluster):
+    per_ip, per_user = policy(limit=2), policy(limit=2, key="user")
+    first, second = who_in_other_shards(2)
+    for _ in range(2):
+        assert hit(check(per_ip, first), check(per_user, second)).allowed
+    verdict = hit(check(per_ip, first), check(per_user, second))
+    assert not verdict.allowed
+    assert [d.count for d in verdict.decisions] == [2, 2]
+
+
+def test_a_request_spanning_shards_denied_in_one_counts_in_none(cluster):
+    roomy, full = policy(limit=10), policy(limit=1, key="user")
+    first, second = who_in_other_shards(2)
+    assert hit(check(full, second)).allowed  # the second subject is now at its limit
+    for _ in range(3):
+        verdict = hit(check(roomy, first), check(full, second))
+        assert not verdict.allowed
+        assert [d.policy for d in verdict.denied_by] == [full]
+    assert hit(check(roomy, first), dry_run=True).decisions[0].count == 0  # nothing counted for the other
+    assert live.live_usage(full, now=T0).denied == 3  # the denials reached the live page
+
+
+def test_a_dry_run_spanning_shards_counts_nothing(cluster):
+    limited = policy(limit=1)
+    first, second = who_in_other_shards(2)
+    for _ in range(3):
+        assert hit(check(limited, first), check(limited, second), dry_run=True).allowed
+    assert hit(check(limited, first), check(limited, second)).allowed
+
+
+def _attempts(checks, start, attempts, results):
+    start.wait()
+    results.put(sum(engine.decide(checks).allowed for _ in range(attempts)))
+
+
+def admitted_by_eight_processes(checks) -> int:
+    context = multiprocessing.get_context("fork")
+    start, results = context.Barrier(8), context.Queue()
+    workers = [context.Process(target=_attempts, args=(checks, start, 100, results)) for _ in range(8)]
+    for worker in workers:
+        worker.start()
+    admitted = sum(results.get(timeout=60) for _ in workers)
+    for worker in workers:
+        worker.join()
+    return admitted
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_eight_processes_on_one_subject_admit_exactly_the_limit(cluster, strategy):
+    limited = policy(strategy=strategy, limit=100, window=3600)
+    assert admitted_by_eight_processes([check(limited)]) == 100
+
+
+def test_eight_processes_spanning_shards_never_admit_over_the_limit(cluster):
+    per_ip, per_user = policy(limit=100, window=3600), policy(limit=100, window=3600, key="user")
+    first, second = who_in_other_shards(2)
+    admitted = admitted_by_eight_processes([check(per_ip, first), check(per_user, second)])
+    counted = hit(check(per_ip, first), check(per_user, second), now=None, dry_run=True).decisions
+    assert admitted <= 100
+    # a refused request may have been counted by the other shard in a race: a few under-admissions at most
+    assert admitted >= 100 - 8 and all(admitted <= d.count <= 100 for d in counted)
+
+
+# --- versions, the live page and resets -----------------------------------------------------------
+
+
+def test_reset_of_several_subjects_of_one_shard(cluster):
+    limited = policy(limit=1)
+    names = [f"ip:198.51.100.{i}" for i in range(200)]
+    shard = keys.shard_of(subject(names[0]).key)
+    same = [name for name in names if keys.shard_of(subject(name).key) == shard][:3]
+    for name in same:
+        hit(check(limited, name))
+    assert sorted(live.reset_subjects(limited, [subject(name).key for name in same])) == sorted(same)
+    assert all(hit(check(limited, name)).allowed for name in same)
+
+
+def test_policy_version_is_read_and_bumped_on_the_cluster(cluster):
+    before = version.current_version()
+    assert before and hit(check(policy(limit=5)), version=True).version == before
+    version.bump_version()
+    after = version.read_version()
+    assert after and after != before
+    assert hit(check(policy(limit=5)), version=True).version == after
+
+
+@pytest.mark.django_db
+def test_a_policy_change_reaches_a_busy_worker_on_the_cluster(cluster, client, settings):
+    """Cluster calls cannot carry the version; the worker still reads it on its own while requests flow."""
+    settings.RATELIMIT_POLICY_RECHECK_SECONDS = 0.2
+    row = make_policy(name="search-per-ip", action="demo:search", limit=1)
+    policies._state.stale = True
+    assert [search(client) for _ in range(2)] == [200, 429]
+    type(row).objects.filter(pk=row.pk).update(limit=1000)  # as another worker would, without this one's signals
+    version.bump_version()
+    deadline = time.monotonic() + 5
+    while search(client) == 429:
+        assert time.monotonic() < deadline, "the change never reached this worker"
+        time.sleep(0.05)
+
+
+def search(client, ip=IP) -> int:
+    return client.get("/demo/search/?q=a", REMOTE_ADDR=ip).status_code
+
+
+@pytest.mark.django_db
+def test_live_page_merges_every_shard_and_resets_work(cluster, client, admin_client):
+    row = make_policy(name="search-per-ip", action="demo:search", limit=3, window=60, strategy="sliding_window")
+    addresses = [f"198.51.100.{i}" for i in range(40)]
+    for address in addresses:
+        search(client, address)
+    for _ in range(4):
+        search(client, IP)
+    live_url = reverse("admin:ratelimit_app_policy_live", args=[row.pk])
+    data = admin_client.get(live_url + "?format=json").json()
+    assert len({keys.shard_of(s["key"]) for s in data["subjects"]}) > 1  # the subjects came from several shards
+    assert {s["subject"] for s in data["subjects"]} == {f"ip:{a}" for a in addresses + [IP]}
+    assert data["subjects"][0]["subject"] == f"ip:{IP}" and data["subjects"][0]["blocked"]
+    assert data["totals"] == {"allowed": 43, "denied": 1}
+
+    reset_url = reverse("admin:ratelimit_app_policy_reset", args=[row.pk])
+    admin_client.post(reset_url, {"subject": data["subjects"][0]["key"]})
+    assert search(client, IP) == 200
+    admin_client.post(reset_url)  # every subject
+    assert [search(client, IP) for _ in range(4)] == [200, 200, 200, 429]
+    assert "search-per-ip" in admin_client.get(reverse("admin:ratelimit_app_policy_changelist")).content.decode()
+
+
+@pytest.mark.django_db
+def test_refusals_the_policy_list_and_the_trend_merge_every_shard(cluster, client, admin_client):
+    """Requests refused from the deny cache, in several shards, reach the totals the operator reads."""
+    row = make_policy(name="search-per-ip", action="demo:search", limit=1, window=60)
+    addresses = [name.removeprefix("ip:") for name in who_in_other_shards(3)]
+    for address in addresses:
+        assert [search(client, address) for _ in range(3)] == [200, 429, 429]  # the second refusal: from memory
+    [activity] = live.policy_activity([row]).values()
+    assert (activity.active, activity.allowed, activity.denied) == (3, 3, 6)
+    newest = live.policy_trend(row)[-1]
+    assert (newest.allowed, newest.denied) == (3, 6)
+    page = admin_client.get(reverse("admin:ratelimit_app_policy_live", args=[row.pk]) + "?format=json").json()
+    assert page["totals"] == {"allowed": 3, "denied": 6} and page["blocked"] == 3
+
+
+@pytest.mark.django_db
+def test_the_command_line_reads_and_resets_every_shard(cluster, client):
+    make_policy(name="search-per-ip", action="demo:search", limit=2, window=60)
+    addresses = [name.removeprefix("ip:") for name in who_in_other_shards(3)]
+    for address in addresses:
+        assert [search(client, address) for _ in range(3)] == [200, 200, 429]
+
+    def run(*args) -> str:
+        out = StringIO()
+        call_command("ratelimit", *args, stdout=out)
+        return out.getvalue()
+
+    [status] = json.loads(run("status", "--json"))
+    assert (status["active"], status["allowed"], status["denied"]) == (3, 6, 3)
+    top = json.loads(run("top", "search-per-ip", "--json"))
+    assert {s["subject"] for s in top["subjects"]} == {f"ip:{a}" for a in addresses}
+    assert "reset" in run("reset", "search-per-ip", f"ip:{addresses[1]}")
+    assert [search(client, address) for address in addresses] == [429, 200, 429]
+
+
+def test_async_decisions_on_the_cluster_keep_the_limit(cluster):
+    limited = policy(limit=2)
+    first, second = who_in_other_shards(2)
+    checks = [check(limited, first), check(limited, second)]
+
+    async def three():
+        return [(await engine.adecide(checks, now=T0, version=True)) for _ in range(3)]
+
+    verdicts = asyncio.run(three())
+    assert [v.allowed for v in verdicts] == [True, True, False]
+    assert verdicts[0].version == version.read_version()
+    assert [d.count for d in hit(*checks, dry_run=True).decisions] == [2, 2]
+
+
+def test_one_shard_on_a_cluster_is_reported_by_a_system_check(cluster, settings):
+    settings.RATELIMIT_SHARDS = 1
+    assert [message.id for message in system_checks.check_shards()] == ["ratelimit_app.E017"]
+
+
+# --- failover -----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.django_db
+@pytest.mark.parametrize("fail_open", [True, False])
+def test_a_failed_master_is_replaced_and_limiting_resumes(client, settings, fail_open):
+    """Kill the master holding a subject's counter: meanwhile requests follow RATELIMIT_FAIL_OPEN; once the
+    cluster has promoted the replica, limiting resumes by itself with the counts the replica holds."""
+    settings.RATELIMIT_FAIL_OPEN = fail_open
+    own = LocalCluster()
+    try:
+        use(own, settings)
+        make_policy(name="search-per-ip", action="demo:search", limit=3, window=3600)
+        assert [search(client) for _ in range(3)] == [200] * 3  # at the limit now
+        [counter] = connection.client().keys(f"{keys.prefix()}:{{*", target_nodes=RedisCluster.PRIMARIES)
+        master = own.master_of(counter.decode())
+        wait_replicated(master, own.replica_of(master))  # the replica has every count before the crash
+        master.kill()
+        killed = time.monotonic()
+        meanwhile = []
+        while (status := search(client)) != 429:
+            meanwhile.append(status)
+            assert time.monotonic() - killed < 30, "limiting did not resume"
+            time.sleep(0.02)
+        resumed = time.monotonic() - killed
+        print(f"\ncluster failover (fail_open={fail_open}): limiting resumed {resumed:.1f}s after the master died")
+        assert own.replica_of(master).client.info("replication")["role"] == "master"
+        assert meanwhile and set(meanwhile) == ({200} if fail_open else {503})
+        assert [search(client) for _ in range(5)] == [429] * 5  # the promoted replica had the counts
+    finally:
+        own.stop()
+        connection.breaker.reset()
+
+
+@pytest.mark.parametrize("shards", [0, -3, "16", 2.5, True, 20000])
+def test_a_bad_shard_count_is_reported_by_a_system_check(settings, shards):
+    settings.RATELIMIT_SHARDS = shards
+    assert [message.id for message in system_checks.check_shards()] == ["ratelimit_app.E016"]
+
+
+def test_the_default_shard_count_passes_the_checks():
+    assert system_checks.check_shards() == []
+
+
+@pytest.mark.django_db
+def test_reset_counters_for_users_tests_empties_the_cluster(cluster):
+    limited = policy(limit=1)
+    for i in range(20):
+        hit(check(limited, f"ip:198.51.100.{i}"))
+    assert testing.reset_counters() >= 20
+    assert all(hit(check(limited, f"ip:198.51.100.{i}")).allowed for i in range(20))
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("fail_open, status", [(True, 200), (False, 503)])
+def test_a_cluster_unreachable_when_the_worker_starts_follows_the_failure_rule(client, settings, fail_open, status):
+    """RedisCluster connects as it is created; with no node answering, that must not become a 500."""
+    settings.CACHES = {**settings.CACHES, "cluster": cluster_cache("redis://127.0.0.1:1")}
+    settings.RATELIMIT_CACHE = "cluster"
+    settings.RATELIMIT_FAIL_OPEN = fail_open
+    make_policy(name="search-per-ip", action="demo:search", limit=1)
+    try:
+        assert {search(client) for _ in range(5)} == {status}
+    finally:
+        connection.breaker.reset()
+
+
+def test_a_subject_key_that_is_not_a_hash_still_has_a_stable_shard(settings):
+    settings.RATELIMIT_SHARDS = 16
+    assert keys.shard_of("custom-subject") == keys.shard_of("custom-subject") in range(16)
+    assert keys.shard_of("00000000000000ff") == 15
