@@ -116,17 +116,36 @@ def _script_call(
     script_keys: list[str] = []
     flags = ("1" if dry_run else "0") + ("+" if version else "")
     # the shards share the bound of a policy's index (on one shard: the setting itself)
-    index_size = -(-get_setting("RATELIMIT_LIVE_INDEX_SIZE") // keys.shards())
+    shard_count = keys.shards()  # part of the keys: a changed setting makes new parts
+    index_size = -(-get_setting("RATELIMIT_LIVE_INDEX_SIZE") // shard_count)
     args: list[str | int] = [now_arg(now), flags, index_size, len(checks)]
     for policy, subject, limit in checks:
-        script_keys += keys.decision_keys(policy, subject.key, key_prefix)
-        args += (
-            policy.strategy, limit, policy.window_ms, policy.bucket_ms, "1" if policy.enforce else "0",
-            live_member(subject, limit, policy), totals_bucket_ms(policy),
-        )
+        parts = policy.script_parts.get((subject, limit, key_prefix, shard_count))
+        if parts is None:
+            parts = _check_parts(policy, subject, limit, key_prefix, shard_count)
+        script_keys += parts[0]
+        args += parts[1]
     if version_key:
         script_keys.append(keys.version_key(key_prefix))
     return script_keys, args
+
+
+MAX_PARTS = 4096  # (subject, limit) pairs whose script parts a policy keeps
+
+
+def _check_parts(policy: CompiledPolicy, subject: Subject, limit: int, key_prefix: str, shard_count: int) -> tuple[tuple, tuple]:
+    """The KEYS and ARGV one check adds to decide.lua's call, kept on the compiled policy for next time."""
+    parts = (
+        tuple(keys.decision_keys(policy, subject.key, key_prefix)),
+        (
+            policy.strategy, limit, policy.window_ms, policy.bucket_ms, "1" if policy.enforce else "0",
+            live_member(subject, limit, policy), totals_bucket_ms(policy),
+        ),
+    )
+    if len(policy.script_parts) >= MAX_PARTS:
+        policy.script_parts.clear()  # bounded: a flood of new subjects only costs building them again
+    policy.script_parts[(subject, limit, key_prefix, shard_count)] = parts
+    return parts
 
 
 # --- Redis Cluster: one call per shard group ------------------------------------------------------

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 from asgiref.sync import sync_to_async
@@ -56,6 +56,8 @@ class CompiledPolicy:
     shape: str  # part of the counter key: a change of strategy, window or bucket starts fresh counters
     enforce: bool  # mode == enforce, kept as a plain bool for the hot path
     counts_users: bool  # whether the subject depends on who is logged in
+    # the engine's KEYS and ARGV for a (subject, limit), made once: the same clients come back
+    script_parts: dict = field(default_factory=dict, hash=False, compare=False, repr=False)
 
     def applies_to_method(self, method: str) -> bool:
         return not self.methods or method in self.methods
