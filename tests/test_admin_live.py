@@ -356,3 +356,16 @@ def test_the_live_page_reloads_its_scripts_after_script_flush(admin_client, clie
     redis_client.script_flush()
     data = admin_client.get(live_url(policy) + "?format=json").json()
     assert data["subjects"][0]["count"] == 2 and data["totals"]["allowed"] == 2
+
+
+def test_a_full_index_keeps_the_busiest_subjects_and_evicts_the_quietest(settings):
+    """Among subjects whose counters empty together (a fixed window), a full index drops the quietest."""
+    settings.RATELIMIT_LIVE_INDEX_SIZE = 10
+    compiled = compile_policy(make_policy(name="fixed", action="demo:search", limit=3, window=60, strategy="fixed_window"))
+    busy = [f"ip:192.0.2.{i}" for i in range(3)]
+    for who in busy:
+        decide_at(compiled, who, T0, times=2)  # at the limit of 3 per window, not over it
+    for i in range(40):  # quieter subjects arriving afterwards, in the same window
+        decide_at(compiled, f"ip:10.0.1.{i}", T0 + 1)
+    listed = [s.display for s in live.live_usage(compiled, now=T0 + 2).subjects]
+    assert set(busy) <= set(listed)  # the busiest are what the page is for

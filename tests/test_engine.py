@@ -274,7 +274,7 @@ def test_a_repeat_decision_runs_few_commands_and_leaves_the_live_index_alone(red
 
     limited = policy(strategy=strategy, limit=1000, window=3600, **shape)
     moments = iter(T0 + 0.01 * i for i in range(100))
-    for _ in range(3):
+    for _ in range(20):  # then counts 21 to 30: no power of two, where the index records a busier subject
         policies.observe_version(hit(check(limited), now=next(moments)).version)  # as the doors do
     redis_client.config_resetstat()
     for _ in range(10):

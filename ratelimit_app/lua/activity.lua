@@ -67,6 +67,18 @@ local function roll_up(totals, series_name, buckets, window, bucket)
   end
 end
 
+-- a subject's score: when its counter empties (ms, rounded up to the bucket), plus a fraction that
+-- grows with its count (log2 / 64, under 1 ms), so that among subjects emptying together a full
+-- index evicts the quietest first
+function activity.score(after, bucket, count)
+  return after * bucket + math.min(63, math.floor(math.log(count) / math.log(2) + 1e-9)) / 64
+end
+
+-- whether a count is worth rewriting the subject's score for: 2, 4, 8, ... (log2(limit) writes a window)
+function activity.busier(count)
+  return count >= 2 and bit.band(count, count - 1) == 0
+end
+
 -- put a subject in the index; when it is new and the index is full, drop what has ended, then the quietest
 function activity.index(live, member, score, size, now, window, bucket)
   if redis.call('ZADD', live, score, member) == 1 and redis.call('ZCARD', live) > size then

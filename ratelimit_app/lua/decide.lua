@@ -59,8 +59,10 @@ local function commit(policy)
   policy.count = policy.count + 1
   local after = activity.bucket_of(now, policy.reset, g)
   if after ~= before then
-    activity.index(policy.live, policy.member, after * g, index_size, now, policy.window, g)
+    activity.index(policy.live, policy.member, activity.score(after, g, policy.count), index_size, now, policy.window, g)
     activity.moved(policy.totals, before, after, now, policy.window, g)
+  elseif activity.busier(policy.count) then
+    activity.index(policy.live, policy.member, activity.score(after, g, policy.count), index_size, now, policy.window, g)
   end
   activity.count(policy.totals, 'a', now, policy.window, g)
 end
