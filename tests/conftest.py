@@ -41,3 +41,13 @@ def empty_redis(redis_client):
     policies._state.stale = True
     yield
     policies._state.stale = True
+
+
+@pytest.fixture
+def outage_forgotten():
+    """The outage a test causes is not the one the next test's log should be quiet about."""
+    yield
+    from ratelimit_app import limiter
+
+    limiter.outage._logged_at = 0.0
+    connection.breaker.reset()

@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth.models import AnonymousUser
 from django.test import RequestFactory, override_settings
 
-from ratelimit_app import connection, limiter, registry
+from ratelimit_app import connection, registry
 from ratelimit_app.compat.django_ratelimit import Ratelimited, get_usage, is_ratelimited, ratelimit
 from ratelimit_app.models import Policy
 from tests.helpers import count_round_trips, declarations_forgotten
@@ -139,14 +139,6 @@ def test_blocking_raises_ratelimited():
     assert view(rf.get("/")) == "ok"
     with pytest.raises(Ratelimited):
         view(rf.get("/"))
-
-
-@pytest.fixture
-def outage_forgotten():
-    """The outage this test causes is not the one the next test's log should be quiet about."""
-    yield
-    limiter.outage._logged_at = 0.0
-    connection.breaker.reset()
 
 
 @pytest.mark.usefixtures("outage_forgotten")

@@ -10,7 +10,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.test import override_settings
 from rest_framework.test import APIRequestFactory
 
-from ratelimit_app import connection, limiter
+from ratelimit_app import connection
 from ratelimit_app.compat.drf import AnonRateThrottle, UserRateThrottle
 from ratelimit_app.models import Override, Policy
 from ratelimit_app.policies import get_index
@@ -142,14 +142,6 @@ def test_a_refused_request_is_counted_by_no_throttle_of_the_view():
     assert get(view, HTTP_X_API_KEY="k1").status_code == 429  # refused by PerApiKey: Burst still 1 (DRF: 2)
     assert get(view).status_code == 200  # no key, so only Burst: its second request
     assert get(view).status_code == 429
-
-
-@pytest.fixture
-def outage_forgotten():
-    """The outage this test causes is not the one the next test's log should be quiet about."""
-    yield
-    limiter.outage._logged_at = 0.0
-    connection.breaker.reset()
 
 
 @pytest.mark.usefixtures("outage_forgotten")
