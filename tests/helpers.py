@@ -66,3 +66,19 @@ def declarations_forgotten(keep: str = "") -> Iterator[None]:
     for name in set(registry._registry.declared) - before:
         if not keep or keep not in registry._registry.declared[name].origin:
             registry._registry.declared.pop(name, None)
+
+
+def in_processes(target, args: tuple = (), processes: int = 8, timeout: float = 120) -> list:
+    """Run `target(*args, start, results)` in forked processes that start together (a barrier); each
+    puts one result on `results`. Returns the results, one per process."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    start, results = context.Barrier(processes), context.Queue()
+    workers = [context.Process(target=target, args=(*args, start, results)) for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    collected = [results.get(timeout=timeout) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=10)
+    return collected

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing
 import time
 from io import StringIO
 
@@ -17,7 +16,7 @@ from redis.cluster import RedisCluster
 from ratelimit_app import checks as system_checks
 from ratelimit_app import connection, engine, keys, live, policies, testing, version
 from tests.cluster import LocalCluster, wait_replicated
-from tests.helpers import check, count_round_trips, make_policy, policy, subject
+from tests.helpers import check, count_round_trips, in_processes, make_policy, policy, subject
 
 T0 = 1_800_000_000.0
 STRATEGIES = ["fixed_window", "sliding_window", "sliding_log"]
@@ -156,21 +155,13 @@ def test_a_dry_run_spanning_shards_counts_nothing(cluster):
     assert hit(check(limited, first), check(limited, second)).allowed
 
 
-def _attempts(checks, start, attempts, results):
+def _attempts(checks, start, results, attempts=100):
     start.wait()
     results.put(sum(engine.decide(checks).allowed for _ in range(attempts)))
 
 
 def admitted_by_eight_processes(checks) -> int:
-    context = multiprocessing.get_context("fork")
-    start, results = context.Barrier(8), context.Queue()
-    workers = [context.Process(target=_attempts, args=(checks, start, 100, results)) for _ in range(8)]
-    for worker in workers:
-        worker.start()
-    admitted = sum(results.get(timeout=60) for _ in workers)
-    for worker in workers:
-        worker.join()
-    return admitted
+    return sum(in_processes(_attempts, (checks,)))
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -3,7 +3,6 @@ refused requests not counted, one round trip, exactness under concurrent process
 
 from __future__ import annotations
 
-import multiprocessing
 
 import pytest
 from django.contrib.auth.models import AnonymousUser
@@ -12,7 +11,7 @@ from django.test import RequestFactory, override_settings
 from ratelimit_app import connection, registry
 from ratelimit_app.compat.django_ratelimit import Ratelimited, get_usage, is_ratelimited, ratelimit
 from ratelimit_app.models import Policy
-from tests.helpers import count_round_trips, declarations_forgotten
+from tests.helpers import count_round_trips, declarations_forgotten, in_processes
 
 pytestmark = pytest.mark.django_db
 
@@ -177,12 +176,4 @@ def _attempts(start, results):
 @pytest.mark.django_db(transaction=True)
 def test_eight_processes_hitting_one_subject_admit_exactly_the_limit():
     is_ratelimited(rf.get("/", REMOTE_ADDR="198.51.100.99"), group="exact", key="ip", rate="100/h", increment=True)
-    context = multiprocessing.get_context("fork")
-    start, results = context.Barrier(8), context.Queue()
-    workers = [context.Process(target=_attempts, args=(start, results)) for _ in range(8)]
-    for worker in workers:
-        worker.start()
-    admitted = [results.get(timeout=120) for _ in workers]
-    for worker in workers:
-        worker.join(timeout=10)
-    assert sum(admitted) == 100
+    assert sum(in_processes(_attempts)) == 100

@@ -3,7 +3,6 @@ overrides, one round trip, exactness under concurrent processes, headers, failin
 
 from __future__ import annotations
 
-import multiprocessing
 
 import pytest
 from django.contrib.auth.models import AnonymousUser
@@ -16,7 +15,7 @@ from ratelimit_app.models import Override, Policy
 from ratelimit_app.policies import get_index
 from ratelimit_app import engine
 from ratelimit_app.policies import compile_policy
-from tests.helpers import check, count_round_trips, declarations_forgotten, make_policy
+from tests.helpers import check, count_round_trips, declarations_forgotten, in_processes, make_policy
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.compat_urls")]
 
@@ -190,15 +189,7 @@ def test_eight_processes_hitting_one_subject_admit_exactly_the_limit():
     request = APIRequestFactory().get("/", REMOTE_ADDR="198.51.100.99")
     request.user = AnonymousUser()
     assert Hundred().allow_request(request, None)  # writes the policy's row and loads it before forking
-    context = multiprocessing.get_context("fork")
-    start, results = context.Barrier(8), context.Queue()
-    workers = [context.Process(target=_attempts, args=(start, results)) for _ in range(8)]
-    for worker in workers:
-        worker.start()
-    admitted = [results.get(timeout=120) for _ in workers]
-    for worker in workers:
-        worker.join(timeout=10)
-    assert sum(admitted) == 100
+    assert sum(in_processes(_attempts)) == 100
 
 
 @override_settings(REST_FRAMEWORK=RATES)

@@ -3,7 +3,6 @@ demo's real views (middleware + PolicyThrottle + @ratelimit, as a new user confi
 
 from __future__ import annotations
 
-import multiprocessing
 
 import pytest
 from django.conf import settings as django_settings
@@ -14,7 +13,7 @@ from rest_framework.test import APIClient
 
 from ratelimit_app import engine
 from ratelimit_app.policies import compile_policy, get_index
-from tests.helpers import check, count_round_trips, make_policy
+from tests.helpers import check, count_round_trips, in_processes, make_policy
 
 pytestmark = pytest.mark.django_db
 
@@ -119,14 +118,7 @@ def _post_logins(times, start, results):
 def test_all_or_nothing_holds_for_two_processes_posting_at_once(demo_policies):
     login = make_policy(name="login-strict", action="login", limit=5, key="ip", methods="POST")
     get_index()  # loaded before the fork, so the workers need no database
-    context = multiprocessing.get_context("fork")
-    start, results = context.Barrier(2), context.Queue()
-    workers = [context.Process(target=_post_logins, args=(40, start, results)) for _ in range(2)]
-    for worker in workers:
-        worker.start()
-    statuses = sum((results.get(timeout=60) for _ in workers), [])
-    for worker in workers:
-        worker.join(timeout=10)
+    statuses = sum(in_processes(_post_logins, (40,), processes=2), [])
     assert statuses.count(401) == 5 and statuses.count(429) == 75
     assert count_of(login) == 5
     assert count_of(demo_policies["everywhere"]) == 5  # the 75 refusals were counted nowhere

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 
 import pytest
 
 from ratelimit_app import engine
-from tests.helpers import check, count_round_trips, policy
+from tests.helpers import check, count_round_trips, in_processes, policy
 
 T0 = 1_800_000_000.0  # a window boundary for every window used here (divisible by 60 and 3600)
 STRATEGIES = ["fixed_window", "sliding_window", "sliding_log"]
@@ -235,7 +234,7 @@ def test_sliding_log_memory_is_proportional_to_the_limit(redis_client):
 # --- exactness under concurrency ---------------------------------------------------------------
 
 
-def _attempts(compiled, start, attempts, results):
+def _attempts(compiled, start, results, attempts=100):
     start.wait()
     results.put(sum(engine.decide([check(compiled)]).allowed for _ in range(attempts)))
 
@@ -243,15 +242,7 @@ def _attempts(compiled, start, attempts, results):
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_eight_processes_hitting_one_subject_admit_exactly_the_limit(strategy):
     limited = policy(strategy=strategy, limit=100, window=3600)
-    context = multiprocessing.get_context("fork")
-    start, results = context.Barrier(8), context.Queue()
-    workers = [context.Process(target=_attempts, args=(limited, start, 100, results)) for _ in range(8)]
-    for worker in workers:
-        worker.start()
-    admitted = [results.get(timeout=60) for _ in workers]
-    for worker in workers:
-        worker.join(timeout=10)
-    assert sum(admitted) == 100
+    assert sum(in_processes(_attempts, (limited,))) == 100
     assert engine.decide([check(limited)]).decisions[0].count == 100
 
 

@@ -10,7 +10,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-import redis
 
 from tests.servers import Server, manage, site_env
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 
 import pytest
 from django.http import HttpResponse
@@ -13,7 +12,7 @@ from bench.measure import server_commands
 from ratelimit_app import engine, headers
 from ratelimit_app.models import Override, Policy
 from ratelimit_app.policies import compile_policy
-from tests.helpers import check, make_policy, policy
+from tests.helpers import check, in_processes, make_policy, policy
 
 T0 = 1_800_000_000.0  # a window boundary for every window used here
 
@@ -222,22 +221,14 @@ def test_no_more_server_commands_than_the_fixed_window(redis_client):
 # --- exactness under concurrency ----------------------------------------------------------------
 
 
-def _attempts(compiled, start, attempts, results):
+def _attempts(compiled, start, results, attempts=100):
     start.wait()
     results.put(sum(engine.decide([check(compiled)]).allowed for _ in range(attempts)))
 
 
 def test_eight_processes_hitting_one_subject_admit_exactly_the_burst():
     limited = bucket(limit=100, window=3600, burst=100)  # the next request fits 36 s later
-    context = multiprocessing.get_context("fork")
-    start, results = context.Barrier(8), context.Queue()
-    workers = [context.Process(target=_attempts, args=(limited, start, 100, results)) for _ in range(8)]
-    for worker in workers:
-        worker.start()
-    admitted = [results.get(timeout=60) for _ in workers]
-    for worker in workers:
-        worker.join(timeout=10)
-    assert sum(admitted) == 100
+    assert sum(in_processes(_attempts, (limited,))) == 100
     assert engine.decide([check(limited)], dry_run=True).decisions[0].remaining == 0
 
 
