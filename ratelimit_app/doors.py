@@ -92,10 +92,11 @@ def _forget_routes(setting: str, **kwargs: object) -> None:
 # --- the middleware: first in, last out ---------------------------------------------------------
 
 
-def _enter(request) -> RequestState | None:
-    """The middleware's way in: the request's state with the names of its route; None when exempt."""
+def _enter(request, index: policies.PolicyIndex) -> RequestState | None:
+    """The middleware's way in: the request's state with the names of its route; None when exempt or
+    when no policy can apply (then a request costs no state and no call)."""
     route = route_of(request)
-    if route.exempt:
+    if route.exempt or not index.matching(path=request.path_info, names=route.names, method=request.method):
         return None
     state = state_of(request)
     state.add_names(route.names)
@@ -126,7 +127,7 @@ def middleware_request(request):
     index = policies.get_index()
     if not index:
         return None
-    state = _enter(request)
+    state = _enter(request, index)
     if state is None or state.awaiting:
         return None
     return refusal(request, _refuse_if_denied(decide(request, state, index)))
@@ -143,9 +144,12 @@ def middleware_response(request, response):
 
 async def amiddleware_request(request):
     """middleware_request() on an async stack, through the asyncio Redis client."""
-    if not get_setting("RATELIMIT_ENABLED") or not await policies.aget_index():
+    if not get_setting("RATELIMIT_ENABLED"):
         return None
-    state = _enter(request)
+    index = await policies.aget_index()
+    if not index:
+        return None
+    state = _enter(request, index)
     if state is None or state.awaiting:
         return None
     return refusal(request, _refuse_if_denied(await adecide(request, state)))
