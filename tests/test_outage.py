@@ -164,7 +164,9 @@ def test_a_stalled_redis_is_asked_once_and_counts_the_request_once(client, serve
     after = search(client)
     print(f"\nrequest during DEBUG SLEEP 0.45 waited {waited:.3f}s (SOCKET_TIMEOUT 0.25), {trips[0]} commands sent")
     assert trips[0] == 1  # sent once: a timeout is not retried
-    assert remaining(after) == 97  # three requests admitted, three counted
+    # never counted twice (96), as a retried timeout would; whether the server still runs the script it
+    # read before sleeping, from a connection the client closed meanwhile, is the server's timing (97 or 98)
+    assert remaining(after) >= 97
 
 
 def test_a_configuration_retrying_timeouts_is_reported_by_a_system_check(settings):
