@@ -267,3 +267,14 @@ def measure_scaling(processes: int = 6, seconds: float = 2.0) -> ClusterScaling:
         finally:
             cluster.stop()
     return ClusterScaling(rates[0], rates[1], processes, trips[0], trips[1])
+
+
+def until_limited_again(request, timeout: float = 30.0) -> tuple[list[int], float]:
+    """After a master died: the statuses `request()` answered until one was 429 again, and the seconds it took."""
+    killed = time.monotonic()
+    meanwhile = []
+    while (status := request()) != 429:
+        meanwhile.append(status)
+        assert time.monotonic() - killed < timeout, "limiting did not resume"
+        time.sleep(0.02)
+    return meanwhile, time.monotonic() - killed

@@ -50,6 +50,16 @@ def browser():
     chrome.quit()
 
 
+def open_live_page(browser, live_server, policy) -> None:
+    """Log in as the admin user and open the policy's live page, marking the page to detect a reload."""
+    browser.get(live_server.url + "/admin/login/?next=/admin/ratelimit_app/policy/%d/live/" % policy.pk)
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys("password")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    wait_for(lambda: "Live usage" in browser.title)
+    browser.execute_script("window.notReloaded = true")
+
+
 def wait_for(condition, timeout=10.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -69,12 +79,7 @@ def test_live_page_updates_counts_without_reloading(browser, live_server, admin_
     policy.save()
     compiled = compile_policy(policy)
 
-    browser.get(live_server.url + "/admin/login/?next=/admin/ratelimit_app/policy/%d/live/" % policy.pk)
-    browser.find_element(By.NAME, "username").send_keys("admin")
-    browser.find_element(By.NAME, "password").send_keys("password")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    wait_for(lambda: "Live usage" in browser.title)
-    browser.execute_script("window.notReloaded = true")
+    open_live_page(browser, live_server, policy)
     assert "No subject has used this policy" in browser.find_element(By.ID, "rl-subjects").text
 
     for i, times in enumerate((6, 3, 1)):  # made in the background of the open page

@@ -13,7 +13,7 @@ from selenium.webdriver.common.by import By
 from ratelimit_app import engine
 from ratelimit_app.policies import compile_policy
 from tests.helpers import check, make_policy
-from tests.test_admin_browser import browser, wait_for  # noqa: F401  (the fixture and the helper)
+from tests.test_admin_browser import browser, open_live_page, wait_for  # noqa: F401  (the fixture and the helpers)
 from tests.test_trend import write_totals
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -47,12 +47,7 @@ def test_trend_chart_shows_past_windows_and_follows_the_current_one(browser, liv
     for windows_ago, allowed, denied in ((50, 8, 0), (45, 14, 0), (35, 22, 3), (30, 26, 7), (25, 18, 1), (10, 9, 0), (5, 12, 0)):
         write_totals(redis_client, policy, windows_ago, allowed=allowed, denied=denied)
 
-    browser.get(live_server.url + "/admin/login/?next=/admin/ratelimit_app/policy/%d/live/" % policy.pk)
-    browser.find_element(By.NAME, "username").send_keys("admin")
-    browser.find_element(By.NAME, "password").send_keys("password")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    wait_for(lambda: "Live usage" in browser.title)
-    browser.execute_script("window.notReloaded = true")
+    open_live_page(browser, live_server, policy)
 
     drawn = wait_for(lambda: points(browser))
     assert len(drawn) == 60 and drawn[39] == (30, 12) and drawn[-1] == (0, 0)
