@@ -10,6 +10,7 @@ import gc
 import multiprocessing
 import os
 import statistics
+import threading
 import time
 from typing import Awaitable, Callable, Iterator
 
@@ -29,8 +30,11 @@ class Wire:
     def watching(self) -> Iterator[Wire]:
         original = Connection.send_packed_command
         wire = self
+        watcher = threading.get_ident()  # what this thread sends: not a background flush meanwhile
 
         def counting(self, command, check_health=True):
+            if threading.get_ident() != watcher:
+                return original(self, command, check_health)
             wire.trips += 1
             wire.bytes += len(command) if isinstance(command, (bytes, bytearray)) else sum(map(len, command))
             return original(self, command, check_health)

@@ -13,6 +13,7 @@ from . import keys, metrics
 from .conf import get_setting
 from .connection import RedisUnavailable, aclient, breaker, client, cluster_configured, is_cluster
 from .scripts import now_arg, run_each, scripts, totals_bucket_ms
+from .tally import tally
 
 if TYPE_CHECKING:
     from .policies import CompiledPolicy
@@ -79,7 +80,7 @@ def _decide(redis_client: redis.Redis, checks: Sequence[Check], now: float | Non
     if not is_cluster(redis_client):
         # a single server does not check slots: every shard's keys go in one call, with the version
         script_keys, args = _script_call(checks, now, dry_run, version)
-        return _verdict(checks, scripts.get("decide", redis_client)(script_keys, args, redis_client))
+        return _verdict(checks, scripts.get("decide", redis_client)(script_keys, args, redis_client), dry_run)
     verdict = _decide_on_cluster(redis_client, checks, now, dry_run)
     if version:  # the version key lives in a slot of its own
         verdict = verdict._replace(version=redis_client.get(keys.version_key()) or b"")
@@ -104,7 +105,7 @@ async def adecide(
     started = perf_counter()
     reply = await breaker.acall(lambda: script(script_keys, args, redis_client))
     metrics.record_call(perf_counter() - started)
-    return _verdict(checks, reply)
+    return _verdict(checks, reply, dry_run)
 
 
 def _script_call(
@@ -189,7 +190,7 @@ def _pipelined(redis_client, groups: dict[int, list[Check]], now: float | None, 
     script = scripts.get("decide", redis_client)
     calls = [_script_call(group, now, dry_run, False, version_key=False) for group in groups.values()]
     replies = run_each(redis_client, script, calls)
-    return {shard: _verdict(group, reply) for (shard, group), reply in zip(groups.items(), replies)}
+    return {shard: _verdict(group, reply, dry_run) for (shard, group), reply in zip(groups.items(), replies)}
 
 
 def _merged(checks: Sequence[Check], groups: dict[int, list[Check]], verdicts: dict[int, Verdict]) -> Verdict:
@@ -201,8 +202,9 @@ def _merged(checks: Sequence[Check], groups: dict[int, list[Check]], verdicts: d
     return Verdict(all(verdict.allowed for verdict in verdicts.values()), decisions, None)
 
 
-def _verdict(checks: Sequence[Check], reply: list[int]) -> Verdict:
-    version, _now, denied = reply[0], reply[1], reply[2]
+def _verdict(checks: Sequence[Check], reply: list[int], dry_run: bool) -> Verdict:
+    version, now_ms, denied = reply[0], reply[1], reply[2]
+    counted = not (dry_run or denied)  # every policy below its limit counted the request
     decisions = []
     for i, (policy, subject, limit) in enumerate(checks):
         exceeded, count, reset_ms, retry_ms = reply[3 + 4 * i : 7 + 4 * i]
@@ -214,6 +216,8 @@ def _verdict(checks: Sequence[Check], reply: list[int]) -> Verdict:
                 capacity - count if count < capacity else 0, reset_ms / 1000, retry_ms / 1000 if exceeded else None,
             )
         )
+        if counted and not exceeded:  # the script left the policy's totals to the worker
+            tally.add(policy, keys.shard_of(subject.key), "a", now_ms // totals_bucket_ms(policy))
     return Verdict(not denied, tuple(decisions), None if version == 0 else version)
 
 

@@ -19,6 +19,7 @@ from .deny_cache import deny_cache
 from .version import bump_version
 from .policies import compile_policy
 from .scripts import now_arg, run_each, scripts, totals_bucket_ms
+from .tally import tally
 
 if TYPE_CHECKING:
     from .policies import CompiledPolicy
@@ -77,7 +78,7 @@ def live_usage(policy: CompiledPolicy, *, rows: int | None = None, now: float | 
 def policy_totals(policy: CompiledPolicy, *, now: float | None = None) -> tuple[int, int, int, int]:
     """(allowed, denied, active subjects, now in ms by the server's clock) of the policy's window,
     summed over its shards (a subject lives in one shard)."""
-    deny_cache.flush()  # refusals this process made from memory count too
+    tally.flush()  # what this process counted counts too
     script = scripts.get("totals", admin_client())
     args = [now_arg(now), policy.window_ms, totals_bucket_ms(policy)]
     calls = [([keys.totals_key(policy, shard)], args) for shard in range(keys.shards())]
@@ -234,7 +235,7 @@ class PolicyActivity(NamedTuple):
 def policy_activity(policies: Sequence) -> dict[int, PolicyActivity | None]:
     """Activity of many policy rows in their window, one short script each, sent together; None
     for a row that fails validation (it is not enforced)."""
-    deny_cache.flush()  # refusals this process made from memory count too
+    tally.flush()  # what this process counted counts too
     compiled: list[CompiledPolicy] = []
     activity: dict[int, PolicyActivity | None] = {}
     for row in policies:
@@ -284,7 +285,7 @@ def policy_trend(policy, *, now: float | None = None) -> list[TrendPoint]:
 def policy_trends(policies: Sequence, *, now: float | None = None) -> dict[int, list[TrendPoint]]:
     """The trends of many policy rows (or compiled policies), one short script each, sent together;
     a row that fails validation has none."""
-    deny_cache.flush()  # refusals this process made from memory count too
+    tally.flush()  # what this process counted counts too
     compiled: list[CompiledPolicy] = []
     for row in policies:
         try:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 LIBRARY_FILES = ("series.lua", "activity.lua")
 STRATEGY_FILES = ("fixed_window.lua", "sliding_window.lua", "sliding_log.lua", "token_bucket.lua")
-ENTRY_POINTS = ("decide", "live", "totals", "trend", "denials")
+ENTRY_POINTS = ("decide", "live", "totals", "trend", "tally")
 TOTALS_BUCKETS = 60  # at most this many buckets in a policy's totals
 
 

@@ -136,7 +136,9 @@ def test_a_full_bucket_is_reported_empty_and_forgotten_by_redis(redis_client):
     assert (later.count, later.remaining, later.reset_in) == (2, 8, pytest.approx(9))  # 1.5 used: still 2 in use
     assert hit(check(limited), now=T0 + 18, dry_run=True).decisions[0].remaining == 10
     [counter] = redis_client.keys("rl:{*")
-    assert 0 < redis_client.pttl(counter) <= 18_000  # expires when the bucket is full, set in the same SET
+    # forgotten soon after the bucket is full (at 18 s): within two fill times of 60 s, so that the
+    # expiry moves once per ten requests at most rather than with each one
+    assert 18_000 < redis_client.pttl(counter) <= 18_000 + 2 * 60_000
 
 
 def test_no_doubling_across_a_window_edge_unlike_a_fixed_window():
@@ -214,8 +216,8 @@ def test_no_more_server_commands_than_the_fixed_window(redis_client):
     fixed = commands_per_decision(policy(strategy="fixed_window", limit=10**6, window=3600))
     smooth = commands_per_decision(bucket(limit=10**6, window=3600))
     assert smooth <= fixed
-    stats = redis_client.info("commandstats")  # of the token bucket's 20 decisions: one GET and one SET each
-    assert stats["cmdstat_set"]["calls"] == 20
+    stats = redis_client.info("commandstats")  # of the token bucket's 20 decisions: one INCRBY each
+    assert stats["cmdstat_incrby"]["calls"] == 20 and "cmdstat_get" not in stats
 
 
 # --- exactness under concurrency ----------------------------------------------------------------

@@ -9,8 +9,10 @@
 -- The totals, a hash of counts per totals bucket: 'a<bucket>' requests counted, 'd<bucket>' requests
 -- refused (by a shadow policy: that would have been), summed by the reader over the same window
 -- the counters use; and 'e<bucket>' the number of subjects whose counter empties in that bucket, so
--- the subjects still active are counted even when the index cannot hold them all. A decision adds
--- to them with one HINCRBY; the reader sums at most window / bucket fields of each. The buckets that
+-- the subjects still active are counted even when the index cannot hold them all. A refusal adds to
+-- them with one HINCRBY; admitted requests are added by the workers a moment later, a bucket at a
+-- time (tally.lua), so that a decision that admits costs no write here. The reader sums at most
+-- window / bucket fields of each. The buckets that
 -- leave the window are rolled into 'A<window number>' and 'D<window number>' (the trend), kept for the
 -- last trend_windows(window) windows: once per bucket, never per decision.
 -- Times are integer milliseconds.
@@ -110,8 +112,9 @@ end
 -- rolling them into the trend; the mark '<s>c' is the oldest bucket that may still be present
 local function clean(totals, series_name, oldest, window, bucket)
   local mark = series_name .. 'c'
-  local cleaned = tonumber(redis.call('HGET', totals, mark)) or oldest
-  if cleaned < oldest then
+  local cleaned = tonumber(redis.call('HGET', totals, mark))
+  if cleaned and cleaned >= oldest then return end -- never back: a late count must not undo a roll-up
+  if cleaned then
     local over = {}
     -- every field present was written while `cleaned` was the oldest, so none lies beyond this
     for i = cleaned, math.min(oldest - 1, cleaned + window / bucket - 1) do over[#over + 1] = series_name .. i end
@@ -131,6 +134,19 @@ function activity.count(totals, series_name, now, window, bucket, amount)
     clean(totals, 'a', oldest, window, bucket)
     clean(totals, 'd', oldest, window, bucket)
     expire_totals(totals, window, bucket)
+  end
+end
+
+-- add `amount` requests a worker counted in bucket `number` ('a' admitted, 'd' refused from its deny
+-- cache; the decision itself added nothing): as activity.count would have at that bucket, or, for a
+-- bucket already rolled into the trend (the worker reported it late), to its window's trend field
+function activity.add(totals, series_name, number, amount, window, bucket)
+  local mark = tonumber(redis.call('HGET', totals, series_name .. 'c'))
+  if mark and number < mark then
+    local window_number = math.floor(number / (window / bucket))
+    redis.call('HINCRBY', totals, string.upper(series_name) .. window_number, amount)
+  else
+    activity.count(totals, series_name, number * bucket, window, bucket, amount)
   end
 end
 

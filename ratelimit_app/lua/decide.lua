@@ -40,22 +40,35 @@ for i = 1, n do
     live = KEYS[3 * i - 1],
     totals = KEYS[3 * i],
   }
+  local strategy = policy.strategy
+  -- a strategy that can count in the same command that reads (take) does, and gives the request back
+  -- if another policy refuses it; the others look first and count below. Once the request is
+  -- refused, the remaining policies only look.
   -- a strategy whose count is compared with something other than the limit returns it (a token bucket: its burst)
-  policy.count, policy.retry, policy.state, policy.capacity =
-    policy.strategy.peek(policy.key, now, policy.window, policy.bucket, policy.limit)
-  policy.exceeded = policy.count >= (policy.capacity or policy.limit)
+  if strategy.take and not dry_run and not denied then
+    policy.count, policy.retry, policy.state, policy.capacity, policy.taken, policy.reset =
+      strategy.take(policy.key, now, policy.window, policy.bucket, policy.limit)
+    policy.exceeded = not policy.taken
+  else
+    policy.count, policy.retry, policy.state, policy.capacity =
+      strategy.peek(policy.key, now, policy.window, policy.bucket, policy.limit)
+    policy.exceeded = policy.count >= (policy.capacity or policy.limit)
+  end
   if policy.exceeded and policy.enforce then denied = true end
   policies[i] = policy
 end
 
--- count one request for the policy and keep the operator's view of it up to date
+-- count one request for the policy and keep the operator's index up to date; the totals of admitted
+-- requests are added by the worker (tally.lua), not here
 local function commit(policy)
   local strategy, g = policy.strategy, policy.totals_bucket
   local before = nil
   if policy.count > 0 then
     before = activity.bucket_of(now, strategy.reset(policy.key, now, policy.window, policy.bucket, policy.count, policy.state), g)
   end
-  policy.reset = strategy.commit(policy.key, now, policy.window, policy.bucket, policy.count, policy.state)
+  if not policy.taken then
+    policy.reset = strategy.commit(policy.key, now, policy.window, policy.bucket, policy.count, policy.state)
+  end
   policy.count = policy.count + 1
   local after = activity.bucket_of(now, policy.reset, g)
   if after ~= before then
@@ -64,7 +77,6 @@ local function commit(policy)
   elseif activity.busier(policy.count) then
     activity.index(policy.live, policy.member, activity.score(after, g, policy.count), index_size, now, policy.window, g)
   end
-  activity.count(policy.totals, 'a', now, policy.window, g)
 end
 
 -- a request over the limit: the subject is marked blocked in the index and the refusal counted
@@ -79,8 +91,11 @@ end
 local version = version_wanted and (redis.call('GET', KEYS[3 * n + 1]) or '') or 0
 local result = {version, now, denied and 1 or 0}
 for i, policy in ipairs(policies) do
-  local counted = not dry_run and not denied and not policy.exceeded
-  if counted then
+  if policy.taken and denied then
+    policy.strategy.undo(policy.key, now, policy.state)
+    policy.taken = false
+  end
+  if not dry_run and not denied and not policy.exceeded then
     commit(policy)
   else
     policy.reset = policy.strategy.reset(policy.key, now, policy.window, policy.bucket, policy.count, policy.state)

@@ -1,0 +1,83 @@
+"""Counts that reach the policies' totals from the workers rather than from the decision itself.
+
+A decision that admits a request does not touch the policy's totals in Redis (that would be one
+more command on every request); the engine adds it here instead, under the totals bucket of the
+decision's own time, and the refusals of the local deny cache join them. A background thread adds
+what is pending to Redis at most FLUSH_SECONDS later (lua/tally.lua), in one call per shard; a
+reader in this process flushes first, so what it shows is complete. The totals of other processes
+are at most FLUSH_SECONDS behind; a process that exits flushes what it holds.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing.util
+import os
+import threading
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import redis
+
+from . import keys
+from .connection import client
+from .scripts import run_each, scripts, totals_bucket_ms
+
+if TYPE_CHECKING:
+    from .policies import CompiledPolicy
+
+logger = logging.getLogger("ratelimit_app")
+FLUSH_SECONDS = 0.25
+NOW = -1  # a bucket number meaning "the bucket of the flush's own time" (the deny cache knows no Redis time)
+
+
+class Tally:
+    def __init__(self) -> None:
+        # pending counts by (policy, shard, series: 'a' allowed / 'd' refused, totals bucket number)
+        self._pending: Counter[tuple[CompiledPolicy, int, str, int]] = Counter()
+        self._lock = threading.Lock()
+        self._flushing = threading.Lock()  # a reader's flush waits for the one under way, then sees its counts
+        self._flusher: threading.Timer | None = None
+
+    def add(self, policy: CompiledPolicy, shard: int, series: str, bucket: int, amount: int = 1) -> None:
+        with self._lock:
+            self._pending[policy, shard, series, bucket] += amount
+            if self._flusher is None:
+                self._flusher = threading.Timer(FLUSH_SECONDS, self.flush)
+                self._flusher.daemon = True
+                self._flusher.start()
+
+    def flush(self) -> None:
+        """Add what is pending to the policies' totals in Redis (kept for later if Redis cannot be reached)."""
+        with self._flushing:
+            self._flush()
+
+    def _flush(self) -> None:
+        with self._lock:
+            pending, self._pending, self._flusher = self._pending, Counter(), None
+        if not pending:
+            return
+        by_shard: dict[int, tuple[list[str], list[str | int]]] = {}  # one call per shard: one cluster slot each
+        for (policy, shard, series, bucket), amount in pending.items():
+            totals, args = by_shard.setdefault(shard, ([], [""]))
+            totals.append(keys.totals_key(policy, shard))
+            args += (series, "" if bucket == NOW else bucket, amount, policy.window_ms, totals_bucket_ms(policy))
+        try:
+            redis_client = client()  # a cluster client connects as it is created: inside the try
+            run_each(redis_client, scripts.get("tally", redis_client), list(by_shard.values()))
+        except redis.RedisError as error:
+            logger.warning("ratelimit: counts for the policies' totals could not reach Redis yet: %s", error)
+            with self._lock:
+                self._pending.update(pending)
+
+    def _forked(self) -> None:
+        # a forked child has no flusher thread and must not add its parent's counts a second time
+        self._pending, self._lock, self._flushing, self._flusher = Counter(), threading.Lock(), threading.Lock(), None
+        # a multiprocessing child ends with os._exit, past atexit: its own exit hook flushes
+        multiprocessing.util.Finalize(None, self.flush, exitpriority=10)
+
+
+tally = Tally()
+atexit.register(tally.flush)
+os.register_at_fork(after_in_child=tally._forked)
