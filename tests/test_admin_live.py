@@ -350,7 +350,8 @@ def test_activity_is_read_on_the_servers_clock(policy, monkeypatch):
     assert live.policy_activity([policy])[policy.pk].allowed == 1
 
 
-def test_the_live_page_reloads_its_scripts_after_script_flush(admin_client, client, policy, redis_client):
+def test_the_live_page_reloads_its_scripts_after_script_flush(admin_client, client, policy, redis_client, settings):
+    settings.RATELIMIT_REDIS_FUNCTIONS = False  # EVALSHA; FUNCTION FLUSH: tests/test_scripts.py, on a server of its own
     search(client, times=2)
     assert admin_client.get(live_url(policy) + "?format=json").json()["subjects"][0]["count"] == 2
     redis_client.script_flush()

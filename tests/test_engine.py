@@ -180,7 +180,8 @@ def test_no_policy_means_no_redis_call():
     assert trips[0] == 0
 
 
-def test_scripts_reload_by_themselves_after_script_flush(redis_client):
+def test_scripts_reload_by_themselves_after_script_flush(redis_client, settings):
+    settings.RATELIMIT_REDIS_FUNCTIONS = False  # EVALSHA; FUNCTION FLUSH: tests/test_scripts.py, on a server of its own
     limited = policy(limit=2)
     assert engine.decide([check(limited)]).allowed
     redis_client.script_flush()
