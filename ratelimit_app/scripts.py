@@ -78,8 +78,10 @@ def _kind(error: BaseException) -> str | None:
     text = str(error).lower()
     if "function not found" in text:
         return _MISSING
-    if "unknown command" in text or (isinstance(error, NoPermissionError) and ("'fcall'" in text or "'function" in text)):
+    if "unknown command" in text:
         return _UNSUPPORTED
+    if isinstance(error, NoPermissionError) and ("'fcall'" in text or "'function" in text):
+        return _UNSUPPORTED  # an ACL that allows EVALSHA only
     return None
 
 

@@ -148,3 +148,10 @@ async def test_an_async_client_falls_back_to_evalsha_on_a_server_without_functio
     limited = policy(limit=5)
     assert count_of(await engine.adecide([check(limited)])) == 1
     assert count_of(await engine.adecide([check(limited)])) == 2
+
+
+def test_a_user_whose_acl_refuses_functions_gets_evalsha(server):
+    connection.client().execute_command("ACL", "SETUSER", "default", "-fcall", "-function")
+    limited = policy(limit=5)
+    assert [count_of(engine.decide([check(limited)])) for _ in range(2)] == [1, 2]
+    assert calls("evalsha") >= 2
