@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 import redis
 
@@ -82,8 +83,9 @@ def free_port() -> int:
 class PrivateRedis:
     """One redis-server process on a free loopback port, in a temporary directory, saving nothing."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, options: Sequence[str] = ()) -> None:
         self.port = port or free_port()
+        self.options = tuple(options)  # more redis-server arguments, e.g. ("--rename-command", "FCALL", "")
         self.process: subprocess.Popen | None = None
         self.directory = tempfile.mkdtemp(prefix="ratelimit-redis-")
         self.binary, self.origin = find_server()
@@ -96,6 +98,7 @@ class PrivateRedis:
         command = [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
             "--dir", self.directory, "--daemonize", "no", "--loglevel", "warning", *debug_flag(self.binary),
+            *self.options,
         ]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2, socket_timeout=0.5)

@@ -49,6 +49,9 @@ DEFAULTS: dict[str, Any] = {
     # Policies declared in settings, e.g. [{"name": "api", "action": "/api/", "rate": "100/m", "key": "user_or_ip"}]:
     # written to the database as policies from code (see registry.py).
     "RATELIMIT_POLICIES": (),
+    # "auto": the scripts run as a Redis Functions library (FUNCTION LOAD once, then FCALL) where the
+    # server has Functions (Redis >= 7, Valkey), EVALSHA elsewhere; False: always EVALSHA.
+    "RATELIMIT_REDIS_FUNCTIONS": "auto",
 }
 
 

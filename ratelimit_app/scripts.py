@@ -1,20 +1,26 @@
 """The Lua scripts, read from lua/*.lua and assembled once: the shared pieces (series.lua,
-activity.lua), one file per strategy, then an entry point (decide.lua, live.lua, totals.lua).
+activity.lua), one file per strategy, then an entry point (decide.lua, live.lua, totals.lua ...).
 
-redis-py's Script does EVALSHA and reloads a script by itself after NOSCRIPT.
+Where the server has Redis Functions (Redis >= 7, Valkey) the pieces form one library, loaded with
+FUNCTION LOAD and called with FCALL: the shared tables and the strategies are then built once per
+load rather than at every call. Elsewhere (or with RATELIMIT_REDIS_FUNCTIONS = False) each entry
+point is one script run with EVALSHA through redis-py's Script, which reloads it after NOSCRIPT.
 """
 
 from __future__ import annotations
 
+import hashlib
+import weakref
 from functools import lru_cache
 from importlib import resources
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import redis
 import redis.asyncio
 from redis.commands.core import AsyncScript, Script
-from redis.exceptions import NoScriptError, RedisClusterException
+from redis.exceptions import NoPermissionError, NoScriptError, RedisClusterException, ResponseError
 
+from .conf import get_setting
 from .connection import is_cluster
 
 if TYPE_CHECKING:
@@ -24,37 +30,180 @@ LIBRARY_FILES = ("series.lua", "activity.lua")
 STRATEGY_FILES = ("fixed_window.lua", "sliding_window.lua", "sliding_log.lua", "token_bucket.lua")
 ENTRY_POINTS = ("decide", "live", "totals", "trend", "tally")
 TOTALS_BUCKETS = 60  # at most this many buckets in a policy's totals
+_NAME = "@NAME@"  # stands for the library's name until the source is hashed
 
 
 def _lua(name: str) -> str:
     return resources.files(__package__).joinpath("lua", name).read_text(encoding="utf-8")
 
 
+def _shared() -> list[str]:
+    return ["local strategies = {}"] + [_lua(name) for name in LIBRARY_FILES + STRATEGY_FILES]
+
+
 def _assemble(entry: str) -> str:
-    parts = ["local strategies = {}"] + [_lua(name) for name in LIBRARY_FILES + STRATEGY_FILES] + [_lua(entry)]
-    return "\n".join(parts)
+    """One entry point as a script of its own, for EVAL/EVALSHA."""
+    return "\n".join(_shared() + [_lua(f"{entry}.lua")])
+
+
+def _library() -> tuple[str, str]:
+    """(name, source) of the Functions library: one function per entry point, its file's body wrapped
+    as `function(KEYS, ARGV) ... end`. The name carries a hash of the source, so two versions of the
+    app sharing one Redis load two libraries and never call each other's functions."""
+    registrations = [
+        f"redis.register_function('{_NAME}_{entry}', function(KEYS, ARGV)\n{_lua(f'{entry}.lua')}\nend)"
+        for entry in ENTRY_POINTS
+    ]
+    source = "\n".join([f"#!lua name={_NAME}"] + _shared() + registrations)
+    name = "ratelimit_" + hashlib.sha1(source.encode()).hexdigest()[:12]
+    return name, source.replace(_NAME, name)
+
+
+# --- which command a client uses --------------------------------------------------------------------
+
+_MISSING, _UNSUPPORTED = "missing", "unsupported"
+# Clients whose server answered that it has no Functions (an older Redis, or an ACL that forbids
+# them): EVALSHA from then on, without asking again.
+_without_functions: weakref.WeakSet = weakref.WeakSet()
+
+
+def _uses_functions(client: Any) -> bool:
+    return get_setting("RATELIMIT_REDIS_FUNCTIONS") is not False and client not in _without_functions
+
+
+def _kind(error: BaseException) -> str | None:
+    """Whether a reply says the function is not loaded, or that this server cannot run Functions."""
+    if not isinstance(error, ResponseError):
+        return None
+    text = str(error).lower()
+    if "function not found" in text:
+        return _MISSING
+    if "unknown command" in text:
+        return _UNSUPPORTED
+    if isinstance(error, NoPermissionError) and ("'fcall'" in text or "'function" in text):
+        return _UNSUPPORTED  # an ACL that allows EVALSHA only
+    return None
+
+
+def _give_up_functions(client: Any) -> None:
+    _without_functions.add(client)
+
+
+def _loaded(error: ResponseError, client: Any) -> bool:
+    """After FUNCTION LOAD failed: True if the library is there anyway (another worker loaded it)."""
+    if "already exists" in str(error):
+        return True
+    if _kind(error) == _UNSUPPORTED:
+        _give_up_functions(client)
+        return False
+    raise error
+
+
+def _load(client: redis.Redis, library: str, **options: Any) -> bool:
+    """FUNCTION LOAD (on a cluster: on the node in `options`); False if the server has no Functions."""
+    try:
+        client.execute_command("FUNCTION LOAD", library, **options)
+    except ResponseError as error:
+        return _loaded(error, client)
+    return True
+
+
+async def _aload(client: redis.asyncio.Redis, library: str) -> bool:
+    try:
+        await client.execute_command("FUNCTION LOAD", library)
+    except ResponseError as error:
+        return _loaded(error, client)
+    return True
+
+
+class Entry:
+    """One entry point, called as a redis-py Script is: `entry(keys, args, client)`.
+
+    FCALL where the server has Functions; a server that lacks the library (restarted, FUNCTION
+    FLUSH, a replica promoted without it) is given it and asked again: the refused call ran
+    nothing, so nothing counts twice. Elsewhere EVALSHA, through redis-py's Script.
+    """
+
+    def __init__(self, function: str, library: str, script: Script) -> None:
+        self.function = function
+        self.library = library
+        self.script = script  # the EVALSHA path
+
+    @property
+    def sha(self) -> str:
+        return self.script.sha
+
+    def __call__(self, keys: Sequence = (), args: Sequence = (), client: Any = None) -> Any:
+        if _uses_functions(client):
+            # a cluster client would otherwise ask a node COMMAND GETKEYS to find FCALL's keys
+            options = {"target_nodes": client.get_node_from_key(keys[0])} if keys and is_cluster(client) else {}
+            command = ("FCALL", self.function, len(keys), *keys, *args)
+            try:
+                return client.execute_command(*command, **options)
+            except ResponseError as error:
+                kind = _kind(error)
+                if kind is None:
+                    raise
+                if kind == _UNSUPPORTED:
+                    _give_up_functions(client)
+                elif _load(client, self.library, **options):
+                    return client.execute_command(*command, **options)
+        return self.script(keys, args, client)
+
+
+class AsyncEntry:
+    """Entry for redis-py's asyncio client (pass the client of the running loop at call time)."""
+
+    def __init__(self, function: str, library: str, script: AsyncScript) -> None:
+        self.function = function
+        self.library = library
+        self.script = script
+
+    @property
+    def sha(self) -> str:
+        return self.script.sha
+
+    async def __call__(self, keys: Sequence = (), args: Sequence = (), client: Any = None) -> Any:
+        if _uses_functions(client):
+            command = ("FCALL", self.function, len(keys), *keys, *args)
+            try:
+                return await client.execute_command(*command)
+            except ResponseError as error:
+                kind = _kind(error)
+                if kind is None:
+                    raise
+                if kind == _UNSUPPORTED:
+                    _give_up_functions(client)
+                elif await _aload(client, self.library):
+                    return await client.execute_command(*command)
+        return await self.script(keys, args, client)
 
 
 class _Scripts:
-    """The Script objects, created once with the first client (a Script only needs one for its SHA)."""
+    """The entry points, created once with the first client (a Script only needs one for its SHA)."""
 
     def __init__(self) -> None:
-        self._sources = {name: _assemble(f"{name}.lua") for name in ENTRY_POINTS}
-        self._scripts: dict[str, Script] = {}
-        self._async_scripts: dict[str, AsyncScript] = {}
+        self._sources = {name: _assemble(name) for name in ENTRY_POINTS}
+        self.library_name, self.library = _library()
+        self._entries: dict[str, Entry] = {}
+        self._async_entries: dict[str, AsyncEntry] = {}
 
-    def get(self, name: str, client: redis.Redis) -> Script:
-        script = self._scripts.get(name)
-        if script is None:
-            script = self._scripts[name] = client.register_script(self._sources[name])
-        return script
+    def function(self, name: str) -> str:
+        return f"{self.library_name}_{name}"
 
-    def get_async(self, name: str, client: redis.asyncio.Redis) -> AsyncScript:
-        """The same script for redis-py's asyncio client (pass the client of the running loop at call time)."""
-        script = self._async_scripts.get(name)
-        if script is None:
-            script = self._async_scripts[name] = client.register_script(self._sources[name])
-        return script
+    def get(self, name: str, client: redis.Redis) -> Entry:
+        entry = self._entries.get(name)
+        if entry is None:
+            script = client.register_script(self._sources[name])
+            entry = self._entries[name] = Entry(self.function(name), self.library, script)
+        return entry
+
+    def get_async(self, name: str, client: redis.asyncio.Redis) -> AsyncEntry:
+        entry = self._async_entries.get(name)
+        if entry is None:
+            script = client.register_script(self._sources[name])
+            entry = self._async_entries[name] = AsyncEntry(self.function(name), self.library, script)
+        return entry
 
 
 scripts = _Scripts()
@@ -65,33 +214,57 @@ def now_arg(now: float | None) -> str:
     return "" if now is None else str(int(now * 1000))
 
 
-def run_each(client: redis.Redis, script: Script, calls: Sequence[tuple[Sequence[str], Sequence]]) -> list:
+def run_each(client: redis.Redis, script: Entry, calls: Sequence[tuple[Sequence[str], Sequence]]) -> list:
     """Run `script` once per (keys, args) in one pipeline (on a cluster: every node at once); the replies in order.
 
-    A server that restarted or took over from a failed master may lack the script: it is loaded and
-    only the calls that met NOSCRIPT are sent again (such a call ran nothing, so nothing counts twice).
-    Raises the first Redis error of any call.
+    A server that restarted or took over from a failed master may lack the library or the script:
+    it is loaded (on a cluster: on each node that lacked it) and only the calls that were refused
+    are sent again (such a call ran nothing, so nothing counts twice). Raises the first Redis error
+    of any call.
     """
     # On a cluster, name each call's node (from the client's own slot map): otherwise the pipeline asks
     # a server COMMAND GETKEYS for every script call, one more round trip each.
     node_of = client.get_node_from_key if is_cluster(client) else None
 
-    def send(indexes: list[int]) -> list:
+    def send(indexes: list[int], functions: bool) -> list:
         with client.pipeline(transaction=False) as pipe:
             for i in indexes:
                 keys, args = calls[i]
                 # execute_command: a cluster pipeline refuses its evalsha() method, not the command itself
                 options = {"target_nodes": node_of(keys[0])} if node_of else {}
-                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args, **options)
+                if functions:
+                    pipe.execute_command("FCALL", script.function, len(keys), *keys, *args, **options)
+                else:
+                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args, **options)
             return pipe.execute(raise_on_error=False)
 
+    replies: list = [None] * len(calls)
+    pending = list(range(len(calls)))
     try:
-        replies = send(list(range(len(calls))))
-        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-        if missing:
-            client.script_load(script.script)
-            for i, reply in zip(missing, send(missing)):
+        # at most three sends: FCALL; EVALSHA if the server turns out to have no Functions (or FCALL
+        # once the library is loaded); EVALSHA once the script is loaded
+        for _attempt in range(3):
+            retry, nodes, script_missing = [], {}, False
+            for i, reply in zip(pending, send(pending, _uses_functions(client))):
                 replies[i] = reply
+                kind = _kind(reply)
+                if isinstance(reply, NoScriptError):
+                    script_missing = True
+                elif kind == _MISSING:
+                    node = node_of(calls[i][0][0]) if node_of else None
+                    nodes[node.name if node else None] = node
+                elif kind == _UNSUPPORTED:
+                    _give_up_functions(client)
+                else:
+                    continue
+                retry.append(i)
+            if not retry:
+                break
+            if script_missing:
+                client.script_load(script.script.script)
+            for node in nodes.values():
+                _load(client, script.library, **({"target_nodes": node} if node else {}))
+            pending = retry
     except RedisClusterException as error:  # e.g. a slot no node serves, mid-failover: an outage, not a bug
         raise redis.ConnectionError(f"Redis Cluster: {error}") from error
     for reply in replies:

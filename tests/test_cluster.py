@@ -15,6 +15,7 @@ from redis.cluster import RedisCluster
 
 from ratelimit_app import checks as system_checks
 from ratelimit_app import connection, engine, keys, live, policies, testing, version
+from ratelimit_app.scripts import scripts
 from tests.cluster import LocalCluster, until_limited_again, wait_replicated
 from tests.helpers import check, count_round_trips, in_processes, make_policy, policy, subject
 
@@ -123,6 +124,34 @@ def test_a_request_spanning_shards_sends_each_node_one_call_to_look_and_one_to_c
         assert hit(*checks).allowed
     nodes = {cluster.master_of(keys.counter_key(c.policy, c.subject.key)).port for c in checks}
     assert trips[0] == 2 * len(nodes)  # no COMMAND GETKEYS asked of a server to place a call
+
+
+def test_after_function_flush_every_master_is_given_the_library_and_counts_once(cluster):
+    """Each node that answers that the function is missing is given the library; the refused calls
+    ran nothing, so a request spanning shards still counts once in each."""
+    per_ip, per_user = policy(limit=5), policy(limit=5, key="user")
+    checks = [check(per_ip, who) for who in who_in_other_shards(6)] + [check(per_user)]
+    assert hit(*checks).allowed
+    for master in cluster.masters:  # and their replicas with them
+        master.client.function_flush()
+    verdict = hit(*checks)
+    assert verdict.allowed and {decision.count for decision in verdict.decisions} == {2}
+    used = {cluster.master_of(keys.counter_key(c.policy, c.subject.key)).port for c in checks}
+    holding = {master.port for master in cluster.masters if master.client.function_list(library=scripts.library_name)}
+    assert used <= holding
+    assert hit(*checks).decisions[0].count == 3
+
+
+def test_with_functions_off_the_cluster_is_called_with_evalsha(cluster, settings):
+    settings.RATELIMIT_REDIS_FUNCTIONS = False
+    limited = policy(limit=5)
+    for master in cluster.masters:
+        master.client.script_flush()
+        master.client.config_resetstat()
+    assert [hit(check(limited)).decisions[0].count for _ in range(2)] == [1, 2]
+    stats = [master.client.info("commandstats") for master in cluster.masters]
+    assert sum(s.get("cmdstat_evalsha", {}).get("calls", 0) for s in stats) == 3  # one NOSCRIPT, then two
+    assert not any("cmdstat_fcall" in s for s in stats)
 
 
 def test_a_request_spanning_shards_counts_everywhere_when_all_admit(cluster):

@@ -103,10 +103,12 @@ def test_a_restart_between_requests_reaches_no_request(client, server, limited, 
         back.stop()
 
 
-def test_script_flush_mid_run_reaches_no_request(client, server, limited, settings):
+@pytest.mark.parametrize("functions, flush", [(False, "script_flush"), ("auto", "function_flush")])
+def test_script_or_function_flush_mid_run_reaches_no_request(client, server, limited, settings, functions, flush):
     settings.RATELIMIT_FAIL_OPEN = False
+    settings.RATELIMIT_REDIS_FUNCTIONS = functions
     assert search(client).status_code == 200
-    connection.client().script_flush()
+    getattr(connection.client(), flush)()
     assert search(client).status_code == 429
 
 

@@ -1,0 +1,157 @@
+"""How the Lua code reaches Redis: a Functions library called with FCALL where the server has
+Functions, EVALSHA elsewhere or when RATELIMIT_REDIS_FUNCTIONS is False; both recover by themselves
+when the server lost the code (FUNCTION FLUSH, SCRIPT FLUSH, restart), counting each decision once.
+
+FUNCTION FLUSH and SCRIPT FLUSH empty a whole server, so these tests run against servers of their own.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from project.devredis import PrivateRedis
+from ratelimit_app import connection, engine
+from ratelimit_app.scripts import run_each, scripts
+from tests.helpers import check, count_round_trips, policy
+
+T0 = 1_700_000_000.0
+
+
+def use(settings, server: PrivateRedis) -> None:
+    settings.CACHES = {**settings.CACHES, "own": {**settings.CACHES["default"], "LOCATION": server.url}}
+    settings.RATELIMIT_CACHE = "own"
+
+
+@pytest.fixture
+def server(settings):
+    """A Redis of this test's own, which the app uses."""
+    private = PrivateRedis().start()
+    use(settings, private)
+    yield private
+    private.stop()
+
+
+@pytest.fixture
+def old_server(settings):
+    """A Redis that answers FCALL and FUNCTION as an older server does: unknown commands."""
+    private = PrivateRedis(options=("--rename-command", "FCALL", "", "--rename-command", "FUNCTION", "")).start()
+    use(settings, private)
+    yield private
+    private.stop()
+
+
+def calls(command: str) -> int:
+    return connection.client().info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0)
+
+
+def count_of(verdict) -> int:
+    return verdict.decisions[0].count
+
+
+def test_the_library_is_named_after_its_source():
+    assert re.fullmatch(r"ratelimit_[0-9a-f]{12}", scripts.library_name)
+    assert scripts.library.startswith(f"#!lua name={scripts.library_name}\n")
+    assert f"'{scripts.library_name}_decide'" in scripts.library
+
+
+def test_by_default_a_decision_is_one_fcall_on_a_server_with_functions(server):
+    limited = policy(limit=5)
+    engine.decide([check(limited)])  # loads the library
+    assert connection.client().function_list(library=scripts.library_name)
+    connection.client().config_resetstat()
+    assert count_of(engine.decide([check(limited)])) == 2
+    assert (calls("fcall"), calls("evalsha"), calls("eval")) == (1, 0, 0)
+
+
+def test_with_functions_off_a_decision_is_one_evalsha(server, settings):
+    settings.RATELIMIT_REDIS_FUNCTIONS = False
+    limited = policy(limit=5)
+    engine.decide([check(limited)])  # loads the script
+    connection.client().config_resetstat()
+    assert count_of(engine.decide([check(limited)])) == 2
+    assert (calls("fcall"), calls("evalsha")) == (0, 1)
+
+
+def test_a_decision_after_function_flush_loads_the_library_and_counts_once(server):
+    limited = policy(limit=5)
+    assert count_of(engine.decide([check(limited)])) == 1
+    connection.client().function_flush()
+    connection.client().config_resetstat()
+    assert count_of(engine.decide([check(limited)])) == 2
+    assert (calls("fcall"), calls("function|load")) == (2, 1)  # the one refused, sent again once
+    assert count_of(engine.decide([check(limited)])) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_async_decision_after_function_flush_loads_the_library_and_counts_once(server):
+    limited = policy(limit=5)
+    assert count_of(await engine.adecide([check(limited)])) == 1
+    connection.client().function_flush()
+    connection.client().config_resetstat()
+    assert count_of(await engine.adecide([check(limited)])) == 2
+    assert (calls("fcall"), calls("function|load")) == (2, 1)  # the one refused, sent again once
+
+
+def pipelined(limited, who: list[str]) -> list[int]:
+    client = connection.client()
+    batch = [engine._script_call([check(limited, subject)], T0, False, False) for subject in who]
+    return [reply[4] for reply in run_each(client, scripts.get("decide", client), batch)]
+
+
+def test_a_pipeline_after_function_flush_loads_the_library_once_and_counts_once(server):
+    limited = policy(limit=5)
+    who = ["ip:192.0.2.1", "ip:192.0.2.2"]
+    assert pipelined(limited, who) == [1, 1]
+    connection.client().function_flush()
+    connection.client().config_resetstat()
+    assert pipelined(limited, who) == [2, 2]
+    assert (calls("fcall"), calls("function|load")) == (4, 1)
+
+
+def test_with_functions_off_a_decision_after_script_flush_reloads_the_script_and_counts_once(server, settings):
+    settings.RATELIMIT_REDIS_FUNCTIONS = False
+    limited = policy(limit=5)
+    assert count_of(engine.decide([check(limited)])) == 1
+    connection.client().script_flush()
+    assert count_of(engine.decide([check(limited)])) == 2
+    connection.client().script_flush()
+    assert pipelined(limited, ["ip:192.0.2.1", "ip:192.0.2.2"]) == [1, 1]
+    connection.client().script_flush()
+    assert pipelined(limited, ["ip:192.0.2.1", "ip:192.0.2.2"]) == [2, 2]
+    assert calls("fcall") == 0
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_with_functions_off_an_async_decision_after_script_flush_counts_once(server, settings):
+    settings.RATELIMIT_REDIS_FUNCTIONS = False
+    limited = policy(limit=5)
+    assert count_of(await engine.adecide([check(limited)])) == 1
+    connection.client().script_flush()
+    assert count_of(await engine.adecide([check(limited)])) == 2
+    assert calls("fcall") == 0
+
+
+def test_a_server_without_functions_is_asked_once_then_gets_evalsha(old_server):
+    limited = policy(limit=5)
+    assert count_of(engine.decide([check(limited)])) == 1  # FCALL: unknown command; EVALSHA, NOSCRIPT; loaded
+    connection.client().config_resetstat()
+    with count_round_trips() as trips:
+        assert count_of(engine.decide([check(limited)])) == 2
+        assert pipelined(limited, ["ip:192.0.2.1"]) == [1]
+    assert trips[0] == 2 and calls("evalsha") == 2  # FCALL is not tried again
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_async_client_falls_back_to_evalsha_on_a_server_without_functions(old_server):
+    limited = policy(limit=5)
+    assert count_of(await engine.adecide([check(limited)])) == 1
+    assert count_of(await engine.adecide([check(limited)])) == 2
+
+
+def test_a_user_whose_acl_refuses_functions_gets_evalsha(server):
+    connection.client().execute_command("ACL", "SETUSER", "default", "-fcall", "-function")
+    limited = policy(limit=5)
+    assert [count_of(engine.decide([check(limited)])) for _ in range(2)] == [1, 2]
+    assert calls("evalsha") >= 2
