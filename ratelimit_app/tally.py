@@ -71,6 +71,11 @@ class Tally:
             with self._lock:
                 self._pending.update(pending)
 
+    def discard(self) -> None:
+        """Forget what is pending (tests: what one test counted must not reach the next one's Redis)."""
+        with self._lock:
+            self._pending.clear()
+
     def _forked(self) -> None:
         # a forked child has no flusher thread and must not add its parent's counts a second time
         self._pending, self._lock, self._flushing, self._flusher = Counter(), threading.Lock(), threading.Lock(), None

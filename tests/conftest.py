@@ -10,6 +10,7 @@ from django_redis import get_redis_connection
 
 from project.devredis import PrivateRedis
 from ratelimit_app import connection, policies
+from ratelimit_app.tally import tally
 
 _private: PrivateRedis | None = None
 
@@ -36,6 +37,7 @@ def redis_client():
 @pytest.fixture(autouse=True)
 def empty_redis(redis_client):
     """Every test starts from an empty Redis, a closed circuit and a policy index to be reloaded."""
+    tally.discard()  # counts of the test before, whose totals are gone with its Redis
     redis_client.flushdb()
     connection.breaker.reset()
     policies._state.stale = True
