@@ -203,7 +203,16 @@ def client() -> redis.Redis | RedisCluster:
 
 def is_cluster(redis_client: object) -> bool:
     """Whether every key of one call must share a slot (Redis Cluster), which decides how requests are sent."""
-    return isinstance(redis_client, RedisCluster)
+    kind = type(redis_client)
+    found = _cluster_types.get(kind)
+    if found is None:
+        found = _cluster_types[kind] = issubclass(kind, RedisCluster)
+    return found
+
+
+# by client class: redis-py's classes derive from typing Protocols, whose isinstance() costs about a
+# microsecond, on every request
+_cluster_types: dict[type, bool] = {}
 
 
 def cluster_configured() -> bool:
