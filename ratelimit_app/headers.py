@@ -43,11 +43,11 @@ def _quota(q: int, window: int, limit: int) -> str:
 
 
 def policy_header(decisions: Sequence[Decision]) -> str:
-    return ", ".join(f"{_name(d)};{quota(d)}" for d in decisions)
+    return ", ".join([f"{_name(d)};{quota(d)}" for d in decisions])
 
 
 def ratelimit_header(decisions: Sequence[Decision]) -> str:
-    return ", ".join(f"{_name(d)};r={d.remaining};t={seconds_left(d)}" for d in decisions)
+    return ", ".join([f"{_name(d)};r={d.remaining};t={seconds_left(d)}" for d in decisions])
 
 
 def retry_after(denied: Sequence[Decision]) -> int:
