@@ -217,6 +217,16 @@ _cluster_types: dict[type, bool] = {}
 
 def cluster_configured() -> bool:
     """Whether RATELIMIT_CACHE uses ClusterConnectionFactory (known without connecting)."""
+    global _cluster_configured
+    if _cluster_configured is None:  # asked on every async decision: read once per settings change
+        _cluster_configured = _uses_cluster_factory()
+    return _cluster_configured
+
+
+_cluster_configured: bool | None = None
+
+
+def _uses_cluster_factory() -> bool:
     cache = settings.CACHES.get(get_setting("RATELIMIT_CACHE"), {})
     factory = cache.get("OPTIONS", {}).get("CONNECTION_FACTORY") or getattr(settings, "DJANGO_REDIS_CONNECTION_FACTORY", "")
     if isinstance(factory, str):
@@ -296,7 +306,8 @@ def _async_client_from_cache(cache: dict) -> redis.asyncio.Redis:
 
 @receiver(setting_changed, dispatch_uid="ratelimit_cache_changed")
 def _forget_client(setting: str, **kwargs: object) -> None:
-    global _client
+    global _client, _cluster_configured
+    _cluster_configured = None
     if setting in ("CACHES", "RATELIMIT_CACHE"):
         _client = None
         _async_clients.clear()
