@@ -203,11 +203,30 @@ def client() -> redis.Redis | RedisCluster:
 
 def is_cluster(redis_client: object) -> bool:
     """Whether every key of one call must share a slot (Redis Cluster), which decides how requests are sent."""
-    return isinstance(redis_client, RedisCluster)
+    kind = type(redis_client)
+    found = _cluster_types.get(kind)
+    if found is None:
+        found = _cluster_types[kind] = issubclass(kind, RedisCluster)
+    return found
+
+
+# by client class: redis-py's classes derive from typing Protocols, whose isinstance() costs about a
+# microsecond, on every request
+_cluster_types: dict[type, bool] = {}
 
 
 def cluster_configured() -> bool:
     """Whether RATELIMIT_CACHE uses ClusterConnectionFactory (known without connecting)."""
+    global _cluster_configured
+    if _cluster_configured is None:  # asked on every async decision: read once per settings change
+        _cluster_configured = _uses_cluster_factory()
+    return _cluster_configured
+
+
+_cluster_configured: bool | None = None
+
+
+def _uses_cluster_factory() -> bool:
     cache = settings.CACHES.get(get_setting("RATELIMIT_CACHE"), {})
     factory = cache.get("OPTIONS", {}).get("CONNECTION_FACTORY") or getattr(settings, "DJANGO_REDIS_CONNECTION_FACTORY", "")
     if isinstance(factory, str):
@@ -287,7 +306,8 @@ def _async_client_from_cache(cache: dict) -> redis.asyncio.Redis:
 
 @receiver(setting_changed, dispatch_uid="ratelimit_cache_changed")
 def _forget_client(setting: str, **kwargs: object) -> None:
-    global _client
+    global _client, _cluster_configured
+    _cluster_configured = None
     if setting in ("CACHES", "RATELIMIT_CACHE"):
         _client = None
         _async_clients.clear()

@@ -8,15 +8,11 @@ One item per applicable enforced policy (shadow policies are not shown), keyed b
 
 from __future__ import annotations
 
-import math
+from math import ceil
 from functools import lru_cache
 from typing import Sequence
 
 from .engine import Decision
-
-
-def _name(decision: Decision) -> str:
-    return _quoted(decision.policy.name)
 
 
 @lru_cache(maxsize=1024)  # policy names: a few, on every response
@@ -28,7 +24,7 @@ def _quoted(name: str) -> str:
 def seconds_left(decision: Decision) -> int:
     """`t`: for a decision over its limit, when a request will fit again; otherwise when the quota is back."""
     left = decision.retry_after if decision.exceeded and decision.retry_after is not None else decision.reset_in
-    return max(math.ceil(left), 0)
+    return ceil(left) if left > 0 else 0
 
 
 def quota(decision: Decision) -> str:
@@ -42,12 +38,17 @@ def _quota(q: int, window: int, limit: int) -> str:
     return f"q={q};w={-(-q * window // limit)}"
 
 
+@lru_cache(maxsize=1024)  # a few policies and limits, on every response
+def _policy_item(name: str, q: int, window: int, limit: int) -> str:
+    return f"{_quoted(name)};{_quota(q, window, limit)}"
+
+
 def policy_header(decisions: Sequence[Decision]) -> str:
-    return ", ".join(f"{_name(d)};{quota(d)}" for d in decisions)
+    return ", ".join([_policy_item(d.policy.name, d.policy.capacity(d.limit), d.policy.window, d.limit) for d in decisions])
 
 
 def ratelimit_header(decisions: Sequence[Decision]) -> str:
-    return ", ".join(f"{_name(d)};r={d.remaining};t={seconds_left(d)}" for d in decisions)
+    return ", ".join([f"{_quoted(d.policy.name)};r={d.remaining};t={seconds_left(d)}" for d in decisions])
 
 
 def retry_after(denied: Sequence[Decision]) -> int:

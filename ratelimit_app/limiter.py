@@ -84,9 +84,15 @@ def plan(
         if subject is None:
             continue  # e.g. a `user` policy on an anonymous request does not apply
         override = matching_override(index.overrides.get(policy.id), request) if index.overrides else None
-        limit = policy.limit if override is None else (None if override.exempt else override.limit)
-        planned.append(Planned(policy, subject, override, limit))
+        planned.append(Planned(policy, subject, override, limit_under(policy, override)))
     return planned
+
+
+def limit_under(policy: CompiledPolicy, override: CompiledOverride | None) -> int | None:
+    """The limit in effect under `override` (None: the subject is exempt)."""
+    if override is None:
+        return policy.limit
+    return None if override.exempt else override.limit
 
 
 def checks_for(planned: Iterable[Planned]) -> list[Check]:
@@ -94,25 +100,43 @@ def checks_for(planned: Iterable[Planned]) -> list[Check]:
 
 
 def pending_checks(request, state: RequestState, index: policies.PolicyIndex | None = None) -> list[Check]:
-    """The checks of every policy this request meets (by path and gathered names) not decided yet."""
-    planned = plan(request, state.names, skip=state.decided, index=index)
-    checks = checks_for(planned)
-    if len(checks) < len(planned):
-        for exempt in planned:
-            if exempt.limit is None:
-                metrics.record_exempt(exempt.policy)
+    """The checks of every policy this request meets (by path and gathered names) not decided yet.
+
+    plan() made into checks, without its Planned values: this runs on every request.
+    """
+    index = policies.get_index() if index is None else index
+    checks: list[Check] = []
+    if not index:
+        return checks
+    decided, overrides = state.decided, index.overrides
+    for policy in index.matching(path=request.path_info, names=state.names, method=request.method):
+        if policy.id in decided:
+            continue
+        subject = subject_for(policy.key_spec, request)
+        if subject is None:
+            continue
+        limit = policy.limit if not overrides else limit_under(policy, matching_override(overrides.get(policy.id), request))
+        if limit is None:
+            metrics.record_exempt(policy)
+        else:
+            checks.append(Check(policy, subject, limit))
     return checks
 
 
 def settle(request, state: RequestState, checks: list[Check], verdict: Verdict) -> None:
     """Keep what the engine said on the request; shadow policies that would deny are logged."""
     policies.observe_version(verdict.version)
-    _report_shadow(verdict, request)
     metrics.record_verdict(verdict)
-    state.decided.update(check.policy.id for check in checks)
-    state.decisions.extend(verdict.decisions)
-    state.denied.extend(verdict.denied_by)
-    if state.denied and deny_cache_enabled():
+    for check in checks:
+        state.decided.add(check.policy.id)
+    state.decisions += verdict.decisions
+    denied = state.denied
+    for decision in verdict.decisions:  # one pass: the denials, and the shadow policies that would deny
+        if not decision.allowed:
+            denied.append(decision)
+        elif decision.exceeded:
+            _report_shadow(decision, request)
+    if denied and deny_cache_enabled():
         deny_cache.remember(checks, verdict.decisions)
 
 
@@ -180,14 +204,12 @@ async def resolve_user(request) -> None:
         request.user = await auser()
 
 
-def _report_shadow(verdict: Verdict, request) -> None:
-    for decision in verdict.decisions:
-        if decision.exceeded and not decision.policy.enforce:
-            logger.info(
-                "ratelimit: shadow policy %r would deny %s %s for %s (%d/%d)",
-                decision.policy.name, request.method, request.path_info, decision.subject.display,
-                decision.count, decision.limit,
-            )
+def _report_shadow(decision: Decision, request) -> None:
+    logger.info(
+        "ratelimit: shadow policy %r would deny %s %s for %s (%d/%d)",
+        decision.policy.name, request.method, request.path_info, decision.subject.display,
+        decision.count, decision.limit,
+    )
 
 
 def check(request, action: str) -> Verdict:

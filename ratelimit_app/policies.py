@@ -19,7 +19,9 @@ from typing import Iterable
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
+from django.core.signals import setting_changed
 from django.db import transaction
+from django.dispatch import receiver
 
 from . import registry, version as policy_version
 from .connection import RedisUnavailable
@@ -134,10 +136,13 @@ class PolicyIndex:
 
     def matching(self, *, path: str, names: Iterable[str | None] = (), method: str = "GET") -> list[CompiledPolicy]:
         """The policies for a request to `path` with `method`, known by `names` (URL name, scope, action)."""
-        found = [p for p in self.everywhere if p.applies_to_method(method)]
-        found += [p for p in self.by_prefix if path.startswith(p.action) and p.applies_to_method(method)]
+        # on every request, most often for no policy at all: each kind is skipped when the index has none
+        found = [p for p in self.everywhere if p.applies_to_method(method)] if self.everywhere else []
+        if self.by_prefix:
+            found += [p for p in self.by_prefix if path.startswith(p.action) and p.applies_to_method(method)]
+        by_name = self.by_name
         for name in names:
-            for policy in self.by_name.get(name, ()) if name else ():
+            for policy in by_name.get(name, ()) if name else ():
                 if policy.applies_to_method(method) and policy not in found:
                     found.append(policy)
         return found
@@ -149,8 +154,22 @@ class _IndexState:
         self.version: bytes | None = None
         self.checked_at = 0.0
         self.loaded_at = 0.0
+        # the deadlines the request path compares the clock with, worked out when they move (the
+        # settings they come from are read then, not per request)
+        self.fresh_until = 0.0  # until then, get_index() returns the index without checking anything
+        self.version_due_at = 0.0  # from then on, a decision call brings the version back
         self.stale = True
         self.lock = threading.Lock()
+
+    def checked(self, now: float) -> None:
+        """The version was compared (or the index loaded) at `now`."""
+        self.checked_at = now
+        self.deadlines()
+
+    def deadlines(self) -> None:
+        recheck = get_setting("RATELIMIT_POLICY_RECHECK_SECONDS")
+        self.version_due_at = self.checked_at + recheck / 2
+        self.fresh_until = min(self.checked_at + recheck, self.loaded_at + get_setting("RATELIMIT_POLICY_RELOAD_SECONDS"))
 
 
 _state = _IndexState()
@@ -188,13 +207,15 @@ def _load_overrides(policy_ids: set[int]) -> dict[int, PolicyOverrides]:
 def get_index() -> PolicyIndex:
     """The current index; reloads it when it is stale or the version in Redis moved on."""
     state = _state
+    if time.monotonic() < state.fresh_until and not state.stale:
+        return state.index  # the common case: one clock read, no setting read
     if time.monotonic() - state.loaded_at > get_setting("RATELIMIT_POLICY_RELOAD_SECONDS"):
         state.stale = True  # the safety net: whatever happened to the version, reload now and then
     if not state.stale and time.monotonic() - state.checked_at > get_setting("RATELIMIT_POLICY_RECHECK_SECONDS"):
         try:
             observe_version(policy_version.read_version())
         except RedisUnavailable:
-            state.checked_at = time.monotonic()  # the doors deal with the outage; check again later
+            state.checked(time.monotonic())  # the doors deal with the outage; check again later
     if state.stale or state.index is None:
         _reload()
     return state.index
@@ -203,8 +224,7 @@ def get_index() -> PolicyIndex:
 async def aget_index() -> PolicyIndex:
     """get_index() for async code: the cached index at once; a reload (database) runs in a thread."""
     state = _state
-    fresh = time.monotonic() - state.checked_at <= get_setting("RATELIMIT_POLICY_RECHECK_SECONDS")
-    if state.index is not None and not state.stale and fresh:
+    if time.monotonic() < state.fresh_until and not state.stale:
         return state.index
     return await sync_to_async(get_index)()
 
@@ -222,13 +242,14 @@ def _reload() -> None:
         state.index = load_index()
         deny_cache.clear()  # a reset or a new limit must not wait for the cached retry times
         state.version = version
-        state.checked_at = state.loaded_at = time.monotonic()
+        state.loaded_at = time.monotonic()
+        state.checked(state.loaded_at)
 
 
 def version_due() -> bool:
     """Whether the next decision call should bring the version back: at most every half recheck
     interval, so that under traffic the separate read in get_index is never needed."""
-    return time.monotonic() - _state.checked_at > get_setting("RATELIMIT_POLICY_RECHECK_SECONDS") / 2
+    return time.monotonic() > _state.version_due_at
 
 
 def observe_version(version: bytes | None) -> None:
@@ -236,7 +257,7 @@ def observe_version(version: bytes | None) -> None:
     if version is None:
         return
     state = _state
-    state.checked_at = time.monotonic()
+    state.checked(time.monotonic())
     if version != state.version:
         state.stale = True
 
@@ -245,6 +266,12 @@ def policies_changed() -> None:
     """Mark this process's index stale now and tell the other workers once the change is committed."""
     _state.stale = True
     transaction.on_commit(_publish_change)
+
+
+@receiver(setting_changed, dispatch_uid="ratelimit_policy_deadlines")
+def _setting_changed(setting: str, **kwargs: object) -> None:
+    if setting in ("RATELIMIT_POLICY_RECHECK_SECONDS", "RATELIMIT_POLICY_RELOAD_SECONDS"):
+        _state.deadlines()
 
 
 def _publish_change() -> None:

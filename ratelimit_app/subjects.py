@@ -107,11 +107,22 @@ def _user(request) -> str | None:
 
 
 def _ip(request) -> str | None:
-    address = client_ip(request)
-    if address is None:
+    remote = request.META.get("REMOTE_ADDR")
+    if remote and not _trusted_proxies().networks:
+        value = _direct_ip(remote)  # no proxy is believed: the address is REMOTE_ADDR's (the common case)
+    else:
+        address = client_ip(request)
+        value = None if address is None else f"ip:{address}"
+    if value is None:
         _warn_no_address(request)
-        return None
-    return f"ip:{address}"
+    return value
+
+
+@byte_bounded_cache(1 << 20)  # the same clients come back
+def _direct_ip(remote: str) -> str | None:
+    """The `ip` value of a request from `remote` (REMOTE_ADDR) when no proxy is trusted."""
+    address = _parse_address(remote)
+    return None if address is None else f"ip:{_grouped(address, _prefix_of(address))}"
 
 
 _warned_no_address = False
@@ -302,7 +313,10 @@ def _single(value: str, show: Callable[[str], str]) -> Subject:
 
 @receiver(setting_changed, dispatch_uid="ratelimit_subjects_settings_changed")
 def _forget_subjects(**kwargs: object) -> None:
+    global _trusted
     _single.cache_clear()  # displays depend on RATELIMIT_PLAIN_HEADERS
+    _direct_ip.cache_clear()  # addresses are grouped by RATELIMIT_IPV4_PREFIX and RATELIMIT_IPV6_PREFIX
+    _trusted = None
 
 
 def _hash(canonical: str) -> str:
@@ -330,18 +344,17 @@ class TrustedProxies(NamedTuple):
     unix: bool  # the server's own socket: REMOTE_ADDR is empty and the proxy is on this machine
 
 
-_trusted_cache: dict[tuple, TrustedProxies] = {}
+_trusted: TrustedProxies | None = None  # forgotten whenever a setting changes
 
 
 def _trusted_proxies() -> TrustedProxies:
     """RATELIMIT_TRUSTED_PROXIES, read once: its networks, and whether it holds 'unix'."""
-    configured = tuple(get_setting("RATELIMIT_TRUSTED_PROXIES"))
-    trusted = _trusted_cache.get(configured)
-    if trusted is None:
-        entries = [_proxy_entry(entry) for entry in configured]
+    global _trusted
+    if _trusted is None:
+        entries = [_proxy_entry(entry) for entry in get_setting("RATELIMIT_TRUSTED_PROXIES")]
         networks = tuple(entry for entry in entries if entry is not None and entry != UNIX_SOCKET)
-        trusted = _trusted_cache[configured] = TrustedProxies(networks, UNIX_SOCKET in entries)
-    return trusted
+        _trusted = TrustedProxies(networks, UNIX_SOCKET in entries)
+    return _trusted
 
 
 def _proxy_entry(entry: object) -> IPNetwork | str | None:
@@ -415,8 +428,11 @@ def client_ip(request) -> str | None:
     address = client_address(request)
     if address is None:
         return None
-    prefix = get_setting("RATELIMIT_IPV6_PREFIX" if address.version == 6 else "RATELIMIT_IPV4_PREFIX")
-    return _grouped(address, prefix)
+    return _grouped(address, _prefix_of(address))
+
+
+def _prefix_of(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> int:
+    return get_setting("RATELIMIT_IPV6_PREFIX" if address.version == 6 else "RATELIMIT_IPV4_PREFIX")
 
 
 @lru_cache(maxsize=4096)  # addresses and prefixes: every entry has the same small size
