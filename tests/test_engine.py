@@ -197,7 +197,7 @@ def test_keys_are_short_prefixed_and_hide_the_subject(redis_client, settings):
     assert names and all(name.startswith("site-a:") for name in names)
     assert all(len(name) < 64 and "s3cr3t" not in name for name in names)
     counter = next(name for name in names if "{" in name)
-    assert counter.count("{") == 1 and counter.index("}") - counter.index("{") == 17  # a 16 hex digit tag
+    assert counter.count("{") == 1 and counter.index("}") - counter.index("{") == 12  # the 64-bit hash in base64url
 
 
 # --- memory per subject (MEMORY USAGE) -------------------------------------------------------------

@@ -195,8 +195,9 @@ def test_all_or_nothing_with_other_strategies():
 # --- budgets: memory and server-side commands -------------------------------------------------------
 
 
-def test_one_integer_of_at_most_80_bytes_per_subject(redis_client):
-    limited = bucket(limit=1000, window=3600, burst=100)
+@pytest.mark.parametrize("pk", [7, 123456])  # a site's six-digit policy ids too
+def test_one_integer_of_at_most_80_bytes_per_subject(redis_client, pk):
+    limited = bucket(limit=1000, window=3600, burst=100, pk=pk)
     for i in range(300):
         hit(check(limited), now=T0 + i * 0.05)
     [counter] = redis_client.keys("rl:{*")
