@@ -62,13 +62,13 @@ end
 -- requests are added by the worker (tally.lua), not here
 local function commit(policy)
   local strategy, g = policy.strategy, policy.totals_bucket
-  local before = nil
-  if policy.count > 0 then
-    before = activity.bucket_of(now, strategy.reset(policy.key, now, policy.window, policy.bucket, policy.count, policy.state), g)
-  end
+  local before_reset = nil -- when the counter would have emptied without this request (nil: it was empty)
   if not policy.taken then
-    policy.reset = strategy.commit(policy.key, now, policy.window, policy.bucket, policy.count, policy.state)
+    policy.reset, before_reset = strategy.commit(policy.key, now, policy.window, policy.bucket, policy.count, policy.state, g)
+  elseif policy.count > 0 then
+    before_reset = strategy.reset(policy.key, now, policy.window, policy.bucket, policy.count, policy.state)
   end
+  local before = before_reset and activity.bucket_of(now, before_reset, g) or nil
   policy.count = policy.count + 1
   local after = activity.bucket_of(now, policy.reset, g)
   if after ~= before then

@@ -1,7 +1,8 @@
 -- sliding_log: one sorted set per subject, score = admission time, member = "<time>-<n>" where n
 -- is the number of requests already in the window: unique even within one clock tick (n grows with
 -- every admission at the same time, and the members of that time cannot have left the window).
--- Exact; holds at most `limit` members since only admitted requests are added.
+-- Exact; only admitted requests are added, so it holds at most `limit` members in the window, plus
+-- those that left it during one totals bucket (see commit).
 -- Times are integer milliseconds.
 strategies.sliding_log = {
   peek = function(key, now, window, bucket, limit)
@@ -18,10 +19,20 @@ strategies.sliding_log = {
     local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     return tonumber(newest[2]) + window - now
   end,
-  commit = function(key, now, window, bucket, count, state)
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+  -- count one more request; -> ms until the log empties afterwards, and before (nil: it was empty).
+  -- Only the subject's first request in a bucket of `totals_bucket` ms (the live index's step)
+  -- trims what left the window and moves the key's expiry past every request that bucket may add;
+  -- the others are one ZCOUNT and one ZADD. The log so holds at most its window plus a bucket.
+  commit = function(key, now, window, bucket, count, state, totals_bucket)
+    local b = math.ceil(now / totals_bucket) -- requests in ((b - 1) * totals_bucket, now] share it
+    local first = count == 0 or redis.call('ZCOUNT', key, '(' .. ((b - 1) * totals_bucket), '+inf') == 0
+    local before = window -- another request in this bucket: the index's bucket does not move
+    if first then
+      before = count > 0 and strategies.sliding_log.reset(key, now, window, bucket, count, state) or nil
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+    end
     redis.call('ZADD', key, now, now .. '-' .. count)
-    redis.call('PEXPIRE', key, window)
-    return window
+    if first then redis.call('PEXPIRE', key, b * totals_bucket + window - now) end -- after ZADD made the key
+    return window, before
   end,
 }

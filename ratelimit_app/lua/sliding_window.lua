@@ -12,10 +12,12 @@ strategies.sliding_window = {
   reset = function(key, now, window, bucket, count, state)
     return series.empty_in(state, now, window, bucket)
   end,
+  -- count one more request; -> ms until the counter empties afterwards, and before (nil: it was empty)
   commit = function(key, now, window, bucket, count, state)
+    local before = count > 0 and series.empty_in(state, now, window, bucket) or nil
     series.add(key, state, 1)
     local reset = state.current * bucket + window - now
     if state.newest ~= state.current then redis.call('PEXPIRE', key, reset) end
-    return reset
+    return reset, before
   end,
 }
