@@ -163,7 +163,10 @@ def _runs(shards: list[int]) -> list[tuple[int, int]]:
 
 
 def _batch_size(policy: CompiledPolicy) -> int:
-    """As many counters as fit the budget at worst: a sliding_window counter may read half its buckets."""
+    """As many counters as fit the budget at worst: a sliding_window counter may read half its buckets,
+    a sliding_log takes two sorted-set reads (its count and its newest request: about 10 us)."""
+    if policy.strategy == "sliding_log":
+        return BATCH // 2
     if policy.strategy != "sliding_window":
         return BATCH
     buckets = policy.window_ms // policy.bucket_ms
