@@ -14,6 +14,7 @@ from django.urls import reverse
 
 from bench.common import Results, decide, policy, server, subject
 from bench.measure import recording_commands
+from ratelimit_app import keys
 from ratelimit_app.models import Policy
 from ratelimit_app.subjects import Subject
 
@@ -44,15 +45,17 @@ def seed(compiled, subjects: int) -> float:
         decide([compiled], template)
     command = next(args for _, args in reversed(sent) if any(template.key in str(a) for a in args))
     # the arguments naming the subject (its keys, its live index entry) change; the rest is sent as is
-    varying = [(i, value) for i, value in enumerate(command)
-               if isinstance(value, str) and (template.key in value or template.display in value)]
+    # (a counter key carries the subject hash in its own form: keys.subject_part)
+    marks = (template.key, keys.subject_part(template.key), template.display)
+    varying = [(i, value) for i, value in enumerate(command) if isinstance(value, str) and any(m in value for m in marks)]
     started = time.perf_counter()
     pipe = server().pipeline(transaction=False)
     args = list(command)
     for position, number in enumerate(_arrivals(subjects), 1):
         made = _seeded(number)
         for i, value in varying:
-            args[i] = value.replace(template.key, made.key).replace(template.display, made.display)
+            args[i] = (value.replace(template.key, made.key).replace(keys.subject_part(template.key), keys.subject_part(made.key))
+                       .replace(template.display, made.display))
         pipe.execute_command(*args)
         if position % BATCH == 0:
             pipe.execute()

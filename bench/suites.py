@@ -16,7 +16,7 @@ from bench import e2e, paths, scale
 from bench.common import (HUGE, STRATEGIES, Results, Row, client, decide, decider, policy, request, server, subject,
                           unique)
 from bench.measure import admitted, interleaved_latencies, p50, p99, per_call, throughput
-from ratelimit_app import connection
+from ratelimit_app import connection, keys
 
 MIXES = (3, 10)  # policies per request in the mixed rows
 
@@ -194,7 +194,7 @@ def decisions(results: Results) -> None:
 
 
 def memory(results: Results) -> None:
-    """MEMORY USAGE of the keys carrying one subject's hash, after filling its window."""
+    """MEMORY USAGE of the keys carrying one subject's hash (its counters), after filling its window."""
     redis_client = server()
     cases = [(s, 100, 300) for s in results.decidable()]
     if "sliding_log" in results.decidable():
@@ -204,7 +204,7 @@ def memory(results: Results) -> None:
         who = subject(f"198.51.100.{unique() % 250}")
         for i in range(attempts):  # spread over the window so that the sliding window fills its buckets
             decide([compiled], who, now=1_800_000_000 + i * 59 / attempts)
-        pattern = "*" + "".join(f"[{c}]" if c in "*?[]\\" else c for c in who.key) + "*"
+        pattern = "*" + "".join(f"[{c}]" if c in "*?[]\\" else c for c in keys.subject_part(who.key)) + "*"
         names = [name for name in redis_client.scan_iter(match=pattern, count=1000)]
         size = sum(redis_client.memory_usage(name, samples=0) or 0 for name in names)
         entries = sum(_entries(redis_client, name) for name in names)

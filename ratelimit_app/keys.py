@@ -48,7 +48,7 @@ def counter_key_parts(policy: CompiledPolicy, shard: int, key_prefix: str | None
     return f"{key_prefix or prefix()}:{{{shard}}}:", f":{tail}"
 
 
-def _in_key(subject_key: str) -> str:
+def subject_part(subject_key: str) -> str:
     """A subject hash as a counter key carries it: its 8 bytes in base64url (11 characters rather than 16
     hex digits), so that a counter's key stays under 30 characters and its value within Redis' 72-byte
     allocation; a custom subject key as it is."""
@@ -60,14 +60,14 @@ def _in_key(subject_key: str) -> str:
 
 def counter_key(policy: CompiledPolicy, subject_key: str, key_prefix: str | None = None) -> str:
     head, tail = counter_key_parts(policy, shard_of(subject_key), key_prefix)
-    return head + _in_key(subject_key) + tail
+    return head + subject_part(subject_key) + tail
 
 
 def decision_keys(policy: CompiledPolicy, subject_key: str, key_prefix: str | None = None) -> tuple[str, str, str]:
     """The keys one decision touches: the subject's counter, and the live index and totals of its shard."""
     shard = shard_of(subject_key)
     head, tail = counter_key_parts(policy, shard, key_prefix)
-    return head + _in_key(subject_key) + tail, live_key(policy, shard, key_prefix), totals_key(policy, shard, key_prefix)
+    return head + subject_part(subject_key) + tail, live_key(policy, shard, key_prefix), totals_key(policy, shard, key_prefix)
 
 
 def live_key(policy: CompiledPolicy, shard: int, key_prefix: str | None = None) -> str:

@@ -46,7 +46,7 @@ for i = 1, n do
   -- refused, the remaining policies only look.
   -- a strategy whose count is compared with something other than the limit returns it (a token bucket: its burst)
   if strategy.take and not dry_run and not denied then
-    policy.count, policy.retry, policy.state, policy.capacity, policy.taken, policy.reset =
+    policy.count, policy.retry, policy.state, policy.capacity, policy.taken, policy.reset, policy.before_reset =
       strategy.take(policy.key, now, policy.window, policy.bucket, policy.limit)
     policy.exceeded = not policy.taken
   else
@@ -62,11 +62,9 @@ end
 -- requests are added by the worker (tally.lua), not here
 local function commit(policy)
   local strategy, g = policy.strategy, policy.totals_bucket
-  local before_reset = nil -- when the counter would have emptied without this request (nil: it was empty)
+  local before_reset = policy.before_reset -- when the counter emptied without this request (nil: it was empty)
   if not policy.taken then
     policy.reset, before_reset = strategy.commit(policy.key, now, policy.window, policy.bucket, policy.count, policy.state, g)
-  elseif policy.count > 0 then
-    before_reset = strategy.reset(policy.key, now, policy.window, policy.bucket, policy.count, policy.state)
   end
   local before = before_reset and activity.bucket_of(now, before_reset, g) or nil
   policy.count = policy.count + 1

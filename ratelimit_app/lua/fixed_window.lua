@@ -27,8 +27,8 @@ do
       return (period + 1) * window - now
     end,
     -- count one request if the window has room: -> requests counted before it, ms until one more
-    -- fits (when at the limit), state, nil (the limit is the capacity), whether it was counted, and
-    -- then ms until every counted request has left the window
+    -- fits (when at the limit), state, nil (the limit is the capacity), whether it was counted, ms
+    -- until every counted request has left the window, and the same before it (nil: none was counted)
     take = function(key, now, window, bucket, limit)
       local period, reset = period_reset(now, window)
       local stored = redis.call('INCRBY', key, PACK)
@@ -42,9 +42,9 @@ do
       end
       if count > limit then
         redis.call('INCRBY', key, -PACK) -- at the limit: given back, nothing counted
-        return count - 1, reset, period, nil, false, reset
+        return count - 1, reset, period, nil, false, reset, reset
       end
-      return count - 1, 0, period, nil, true, reset
+      return count - 1, 0, period, nil, true, reset, count > 1 and reset or nil
     end,
     -- take back a request take() counted (another policy refused the request)
     undo = function(key, now, period)

@@ -1,6 +1,8 @@
 -- token_bucket: GCRA (the generic cell rate algorithm). One integer per subject: the theoretical
--- arrival time (TAT) in microseconds, the moment the bucket is full again. The key outlives it a
--- little (see lifetime); a TAT in the past, or no key, means a full bucket.
+-- arrival time (TAT) in microseconds, the moment the bucket is full again. The key outlives it by
+-- the time to fill the bucket (see lifetime), so that a subject within its rate
+-- finds its last TAT and the live index sees it stay where it was; a TAT in the past, or no key,
+-- means a full bucket.
 --
 -- limit per window is the sustained rate: one request every T = window / limit, in whole
 -- microseconds, rounded up so the rate is never exceeded; `bucket` carries the burst B (0: the
@@ -25,13 +27,10 @@ do  -- the helpers stay local to this file
     return count, whole_ms(ahead - interval * (capacity - 1))
   end
 
-  -- how long from `now` (ms) a key holding `tat` lives: until at least one whole grid cell after the
-  -- TAT, the cell being the time to fill the whole bucket, so that the expiry moves only when the TAT
-  -- enters the next cell (once every `capacity` requests at most) rather than with every request; in
-  -- ms, relative (a caller's `now` may be off the server's clock)
+  -- how long from `now` a key holding `tat` lives, in ms: until the time to fill the whole bucket has
+  -- passed once more after the TAT (relative: a caller's `now` may be off the server's clock)
   local function lifetime(tat, now, interval, capacity)
-    local cell = interval * capacity
-    return math.ceil((math.floor(tat / cell) + 2) * cell / 1000) - now
+    return whole_ms(tat + interval * capacity) - now
   end
 
   strategies.token_bucket = {
@@ -48,36 +47,34 @@ do  -- the helpers stay local to this file
       return whole_ms(state.tat - now * 1000)
     end,
     -- admit one request if the burst allows: -> burst in use before it, ms until one more fits (when
-    -- the burst is used up), state, capacity, whether it was counted, ms until the bucket is full.
-    -- One INCRBY by T in the steady state: it reads the TAT and moves it on at once. A TAT in the
-    -- past (a full bucket: the key outlives its TAT, see expiry) is written afresh as now + T.
+    -- the burst is used up), state, capacity, whether it was counted, ms until the bucket is full,
+    -- and the same before it (nil: no key; at most 0: the bucket was full). One SET ... GET writes
+    -- now + T and reads the TAT: all a subject within its rate costs. A subject using its burst
+    -- costs one more SET (to TAT + T, or back to the TAT when the burst is used up).
     take = function(key, now, window, bucket, limit)
       local interval, capacity = sizes(window, bucket, limit)
       local now_us = now * 1000
-      local tat = redis.call('INCRBY', key, interval) - interval -- no key: 0
-      if tat < now_us then
-        local fresh = now_us + interval
-        redis.call('SET', key, string.format('%.0f', fresh), 'PX', lifetime(fresh, now, interval, capacity))
-        return 0, 0, {tat = now_us, interval = interval}, capacity, true, whole_ms(interval)
-      end
-      local state = {tat = tat, interval = interval, moved = true}
+      local fresh = now_us + interval
+      local stored = redis.call('SET', key, string.format('%.0f', fresh), 'PX', lifetime(fresh, now, interval, capacity), 'GET')
+      local tat = tonumber(stored)
+      local state = {tat = tat or now_us, interval = interval, capacity = capacity, stored = stored}
+      local before = tat and whole_ms(tat - now_us) or nil
+      if not tat or tat <= now_us then return 0, 0, state, capacity, true, whole_ms(interval), before end
       local count, retry = in_use(tat - now_us, interval, capacity)
       if count >= capacity then
-        redis.call('INCRBY', key, -interval) -- the burst is used up: given back, nothing counted
-        return count, retry, state, capacity, false, whole_ms(tat - now_us)
+        redis.call('SET', key, stored, 'PX', lifetime(tat, now, interval, capacity)) -- used up: as it was
+        return count, retry, state, capacity, false, before, before
       end
       local moved_to = tat + interval
-      if math.floor(moved_to / (interval * capacity)) ~= math.floor(tat / (interval * capacity)) then
-        redis.call('PEXPIRE', key, lifetime(moved_to, now, interval, capacity))
-      end
-      return count, 0, state, capacity, true, whole_ms(moved_to - now_us)
+      redis.call('SET', key, string.format('%.0f', moved_to), 'PX', lifetime(moved_to, now, interval, capacity))
+      return count, 0, state, capacity, true, whole_ms(moved_to - now_us), before
     end,
-    -- give back a request take() admitted (another policy refused the request)
+    -- give back a request take() admitted (another policy refused the request): the TAT it found
     undo = function(key, now, state)
-      if state.moved then
-        redis.call('INCRBY', key, -state.interval)
+      if state.stored then
+        redis.call('SET', key, state.stored, 'PX', lifetime(state.tat, now, state.interval, state.capacity))
       else
-        redis.call('DEL', key) -- the bucket was full: as it is without a key
+        redis.call('DEL', key)
       end
     end,
   }
