@@ -5,7 +5,7 @@
 --                             KEYS[3i]   totals of the policy (activity.lua)
 --       KEYS[3n+1]            policy version (read only, piggy-backed for the workers' caches); left out
 --                             on Redis Cluster, where it lives in another slot (then never wanted)
--- ARGV[1] now in milliseconds, or '' to use the server's TIME
+-- ARGV[1] now in milliseconds, or '' to use the server's TIME (to the microsecond)
 -- ARGV[2] '1' to decide without counting anything (dry run), then '+' when the version is wanted
 -- ARGV[3] how many subjects a live index keeps
 -- ARGV[4] n, then per policy 7 values: strategy, limit, window (ms), bucket (ms; a token bucket's burst, 0 = the limit),
@@ -16,9 +16,13 @@
 -- Returns {version or 0, now, denied, then per policy: exceeded, count, reset (ms), retry after (ms)}.
 
 local now = tonumber(ARGV[1])
-if not now then
+local now_us -- the same moment to the microsecond (a token bucket's interval may be shorter than 1 ms)
+if now then
+  now_us = now * 1000
+else
   local time = redis.call('TIME')
   now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
 end
 local dry_run = string.sub(ARGV[2], 1, 1) == '1'
 local version_wanted = string.sub(ARGV[2], 2, 2) == '+'
@@ -47,11 +51,11 @@ for i = 1, n do
   -- a strategy whose count is compared with something other than the limit returns it (a token bucket: its burst)
   if strategy.take and not dry_run and not denied then
     policy.count, policy.retry, policy.state, policy.capacity, policy.taken, policy.reset, policy.before_reset =
-      strategy.take(policy.key, now, policy.window, policy.bucket, policy.limit)
+      strategy.take(policy.key, now, policy.window, policy.bucket, policy.limit, now_us)
     policy.exceeded = not policy.taken
   else
     policy.count, policy.retry, policy.state, policy.capacity =
-      strategy.peek(policy.key, now, policy.window, policy.bucket, policy.limit)
+      strategy.peek(policy.key, now, policy.window, policy.bucket, policy.limit, now_us)
     policy.exceeded = policy.count >= (policy.capacity or policy.limit)
   end
   if policy.exceeded and policy.enforce then denied = true end

@@ -29,50 +29,51 @@ do  -- the helpers stay local to this file
 
   -- how long from `now` a key holding `tat` lives, in ms: until the time to fill the whole bucket has
   -- passed once more after the TAT (relative: a caller's `now` may be off the server's clock)
-  local function lifetime(tat, now, interval, capacity)
-    return whole_ms(tat + interval * capacity) - now
+  local function lifetime(tat, now_us, interval, capacity)
+    return whole_ms(tat + interval * capacity - now_us)
   end
 
   strategies.token_bucket = {
     -- -> burst in use, ms until one more fits (when the burst is used up), state, capacity
-    peek = function(key, now, window, bucket, limit)
+    -- (`now_us`: the same moment to the microsecond, when the caller has it)
+    peek = function(key, now, window, bucket, limit, now_us)
       local interval, capacity = sizes(window, bucket, limit)
-      local now_us = now * 1000
+      now_us = now_us or now * 1000
       local tat = math.max(tonumber(redis.call('GET', key)) or now_us, now_us)
       local count, retry = in_use(tat - now_us, interval, capacity)
-      return count, retry, {tat = tat, interval = interval}, capacity
+      return count, retry, {tat = tat, interval = interval, now_us = now_us}, capacity
     end,
     -- ms until the bucket is full
     reset = function(key, now, window, bucket, count, state)
-      return whole_ms(state.tat - now * 1000)
+      return whole_ms(state.tat - state.now_us)
     end,
     -- admit one request if the burst allows: -> burst in use before it, ms until one more fits (when
     -- the burst is used up), state, capacity, whether it was counted, ms until the bucket is full,
     -- and the same before it (nil: no key; at most 0: the bucket was full). One SET ... GET writes
     -- now + T and reads the TAT: all a subject within its rate costs. A subject using its burst
     -- costs one more SET (to TAT + T, or back to the TAT when the burst is used up).
-    take = function(key, now, window, bucket, limit)
+    take = function(key, now, window, bucket, limit, now_us)
       local interval, capacity = sizes(window, bucket, limit)
-      local now_us = now * 1000
+      now_us = now_us or now * 1000
       local fresh = now_us + interval
-      local stored = redis.call('SET', key, string.format('%.0f', fresh), 'PX', lifetime(fresh, now, interval, capacity), 'GET')
+      local stored = redis.call('SET', key, string.format('%.0f', fresh), 'PX', lifetime(fresh, now_us, interval, capacity), 'GET')
       local tat = tonumber(stored)
-      local state = {tat = tat or now_us, interval = interval, capacity = capacity, stored = stored}
+      local state = {tat = tat or now_us, interval = interval, capacity = capacity, stored = stored, now_us = now_us}
       local before = tat and whole_ms(tat - now_us) or nil
       if not tat or tat <= now_us then return 0, 0, state, capacity, true, whole_ms(interval), before end
       local count, retry = in_use(tat - now_us, interval, capacity)
       if count >= capacity then
-        redis.call('SET', key, stored, 'PX', lifetime(tat, now, interval, capacity)) -- used up: as it was
+        redis.call('SET', key, stored, 'PX', lifetime(tat, now_us, interval, capacity)) -- used up: as it was
         return count, retry, state, capacity, false, before, before
       end
       local moved_to = tat + interval
-      redis.call('SET', key, string.format('%.0f', moved_to), 'PX', lifetime(moved_to, now, interval, capacity))
+      redis.call('SET', key, string.format('%.0f', moved_to), 'PX', lifetime(moved_to, now_us, interval, capacity))
       return count, 0, state, capacity, true, whole_ms(moved_to - now_us), before
     end,
     -- give back a request take() admitted (another policy refused the request): the TAT it found
     undo = function(key, now, state)
       if state.stored then
-        redis.call('SET', key, state.stored, 'PX', lifetime(state.tat, now, state.interval, state.capacity))
+        redis.call('SET', key, state.stored, 'PX', lifetime(state.tat, state.now_us, state.interval, state.capacity))
       else
         redis.call('DEL', key)
       end
