@@ -116,6 +116,18 @@ async def _aload(client: redis.asyncio.Redis, library: str) -> bool:
     return True
 
 
+def _to_load(error: ResponseError, client: Any) -> bool:
+    """After FCALL failed: True if the server lacks the library (load it, send again), False if it has
+    no Functions (EVALSHA from now on); any other error is raised."""
+    kind = _kind(error)
+    if kind is None:
+        raise error
+    if kind == _UNSUPPORTED:
+        _give_up_functions(client)
+        return False
+    return True
+
+
 class Entry:
     """One entry point, called as a redis-py Script is: `entry(keys, args, client)`.
 
@@ -141,12 +153,7 @@ class Entry:
             try:
                 return client.execute_command(*command, **options)
             except ResponseError as error:
-                kind = _kind(error)
-                if kind is None:
-                    raise
-                if kind == _UNSUPPORTED:
-                    _give_up_functions(client)
-                elif _load(client, self.library, **options):
+                if _to_load(error, client) and _load(client, self.library, **options):
                     return client.execute_command(*command, **options)
         return self.script(keys, args, client)
 
@@ -169,12 +176,7 @@ class AsyncEntry:
             try:
                 return await client.execute_command(*command)
             except ResponseError as error:
-                kind = _kind(error)
-                if kind is None:
-                    raise
-                if kind == _UNSUPPORTED:
-                    _give_up_functions(client)
-                elif await _aload(client, self.library):
+                if _to_load(error, client) and await _aload(client, self.library):
                     return await client.execute_command(*command)
         return await self.script(keys, args, client)
 
