@@ -206,6 +206,7 @@ def _verdict(checks: Sequence[Check], reply: list[int], dry_run: bool) -> Verdic
     version, now_ms, denied = reply[0], reply[1], reply[2]
     counted = not (dry_run or denied)  # every policy below its limit counted the request
     decisions = []
+    admitted = []  # the script leaves the totals of what it counted to the worker (tally.py)
     for i, (policy, subject, limit) in enumerate(checks):
         exceeded, count, reset_ms, retry_ms = reply[3 + 4 * i : 7 + 4 * i]
         capacity = policy.capacity(limit)  # a token bucket's count is compared with its burst
@@ -216,8 +217,10 @@ def _verdict(checks: Sequence[Check], reply: list[int], dry_run: bool) -> Verdic
                 capacity - count if count < capacity else 0, reset_ms / 1000, retry_ms / 1000 if exceeded else None,
             )
         )
-        if counted and not exceeded:  # the script left the policy's totals to the worker
-            tally.add(policy, keys.shard_of(subject.key), "a", now_ms // totals_bucket_ms(policy))
+        if counted and not exceeded:
+            admitted.append((policy, keys.shard_of(subject.key), "a", now_ms // totals_bucket_ms(policy)))
+    if admitted:
+        tally.add(admitted)
     return Verdict(not denied, tuple(decisions), None if version == 0 else version)
 
 

@@ -16,7 +16,7 @@ import multiprocessing.util
 import os
 import threading
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 import redis
 
@@ -40,9 +40,10 @@ class Tally:
         self._flushing = threading.Lock()  # a reader's flush waits for the one under way, then sees its counts
         self._flusher: threading.Timer | None = None
 
-    def add(self, policy: CompiledPolicy, shard: int, series: str, bucket: int, amount: int = 1) -> None:
+    def add(self, counts: Iterable[tuple[CompiledPolicy, int, str, int]]) -> None:
+        """One more request for each (policy, shard, series, totals bucket number or NOW)."""
         with self._lock:
-            self._pending[policy, shard, series, bucket] += amount
+            self._pending.update(counts)
             if self._flusher is None:
                 self._flusher = threading.Timer(FLUSH_SECONDS, self.flush)
                 self._flusher.daemon = True
