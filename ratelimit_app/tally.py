@@ -80,6 +80,8 @@ class Tally:
     def _forked(self) -> None:
         # a forked child has no flusher thread and must not add its parent's counts a second time
         self._pending, self._lock, self._flushing, self._flusher = Counter(), threading.Lock(), threading.Lock(), None
+
+    def _multiprocessing_child(self) -> None:
         # a multiprocessing child ends with os._exit, past atexit: its own exit hook flushes
         multiprocessing.util.Finalize(None, self.flush, exitpriority=10)
 
@@ -87,3 +89,4 @@ class Tally:
 tally = Tally()
 atexit.register(tally.flush)
 os.register_at_fork(after_in_child=tally._forked)
+multiprocessing.util.register_after_fork(tally, Tally._multiprocessing_child)
