@@ -11,8 +11,10 @@
 -- ARGV[4] n, then per policy 7 values: strategy, limit, window (ms), bucket (ms; a token bucket's burst, 0 = the limit),
 --         enforce ('1'/'0'), live member, totals bucket (ms)
 --
--- If any enforcing policy is at its limit, nothing is written to any counter; otherwise every policy
--- below its limit counts the request once. A shadow policy at its limit is reported, never counted.
+-- If any enforcing policy is at its limit, nothing stays counted anywhere (a count taken before the
+-- refusal was known is given back in the same call); otherwise every policy below its limit counts
+-- the request once. A shadow policy at its limit is reported, never counted. The totals of admitted
+-- requests are left to the worker (tally.lua); refusals are counted here.
 -- Returns {version or 0, now, denied, then per policy: exceeded, count, reset (ms), retry after (ms)}.
 
 local now = tonumber(ARGV[1])
