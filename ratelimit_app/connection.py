@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import threading
 import time
@@ -125,6 +126,9 @@ class CircuitBreaker:
             self.failures += 1
             self.cause = describe(error)
             self.open_until = time.monotonic() + get_setting("RATELIMIT_BREAKER_SECONDS")
+        # the threads' kept connections are taken from the pool again, which finds the server anew
+        # (a Sentinel's new master: a kept connection reconnects to the address it had)
+        unpin()
         events.breaker_opened(error)
 
     def _closed(self) -> None:
@@ -147,6 +151,7 @@ class CircuitBreaker:
             pool = getattr(client(), "connection_pool", None)
             if pool is not None:
                 pool.disconnect(inuse_connections=False)
+            unpin()  # and each thread's kept connection, at its next call
 
     def reset(self) -> None:
         """Close the circuit, and log the next error at once (tests start from here)."""
@@ -199,6 +204,77 @@ def client() -> redis.Redis | RedisCluster:
     if _client is None:
         _client = get_redis_connection(get_setting("RATELIMIT_CACHE"))
     return _client
+
+
+class _Pinned(threading.local):
+    generation = -1  # the _generation the client was made in
+    client: redis.Redis | RedisCluster | None = None
+
+
+_pinned = _Pinned()
+_generation = 0  # moves on when the cache settings change, after an outage or a failover (see unpin)
+
+
+def decision_client() -> redis.Redis | RedisCluster:
+    """The client of the request path's one call: client() made to keep one pooled connection for
+    this thread (redis-py's single_connection_client).
+
+    A command through the pool takes a connection and puts it back, checking it each time: about
+    a sixth of the client's time for a decision. Each thread that decides keeps one connection
+    instead, as long as the thread lives (given back to the pool when it ends), while at most half
+    of the pool's max_connections are kept so: the other threads' calls, and everything else that
+    uses the pool, go through client(). A cluster client has a pool per node: it is used as it is.
+    After an outage every thread takes its connection from the pool again (see unpin).
+    """
+    if _pinned.generation == _generation:
+        return _pinned.client
+    return _pin()
+
+
+# the clients keeping a connection, by pool: a client leaves when its thread ends
+_kept: weakref.WeakKeyDictionary[object, weakref.WeakSet] = weakref.WeakKeyDictionary()
+_kept_lock = threading.Lock()
+
+
+def _pin() -> redis.Redis | RedisCluster:
+    shared = client()
+    pool = getattr(shared, "connection_pool", None)
+    _drop_pinned()
+    kept = shared
+    if pool is not None and not is_cluster(shared):
+        with _kept_lock:  # one thread at a time: the count of kept connections stays exact
+            keeping = _kept.setdefault(pool, weakref.WeakSet())
+            if len(keeping) < pool.max_connections // 2:
+                # takes a connection from the pool and connects: an outage raises here, inside the breaker
+                kept = redis.Redis(connection_pool=pool, single_connection_client=True)
+                keeping.add(kept)
+    _pinned.client, _pinned.generation = kept, _generation
+    return kept
+
+
+def _drop_pinned() -> None:
+    """Give this thread's kept connection back, closed: after a failover it may point at a replica."""
+    old, _pinned.client = _pinned.client, None
+    connection = getattr(old, "connection", None)
+    if connection is not None:
+        connection.disconnect()
+        old.close()
+
+
+def unpin() -> None:
+    """Every thread takes its kept connection from the pool again at its next decision: the cache
+    settings changed, Redis did not answer (the pool finds the server anew, a Sentinel's new master
+    included), or a failover turned the server the kept connections reach into a replica."""
+    global _generation
+    _generation += 1
+
+
+def _forked() -> None:
+    # a forked child must not share its parent's socket: it makes its own at its first decision
+    _pinned.__dict__.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def is_cluster(redis_client: object) -> bool:
@@ -311,6 +387,7 @@ def _forget_client(setting: str, **kwargs: object) -> None:
     if setting in ("CACHES", "RATELIMIT_CACHE"):
         _client = None
         _async_clients.clear()
+        unpin()
 
 
 def retries_timeouts(pool_kwargs: dict) -> bool:

@@ -11,7 +11,7 @@ from asgiref.sync import sync_to_async
 
 from . import keys, metrics
 from .conf import get_setting
-from .connection import RedisUnavailable, aclient, breaker, client, cluster_configured, is_cluster
+from .connection import RedisUnavailable, aclient, breaker, cluster_configured, decision_client, is_cluster
 from .scripts import now_arg, run_each, scripts, totals_bucket_ms
 from .tally import tally
 
@@ -70,8 +70,8 @@ def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool =
     if not checks:
         return NO_POLICIES
     started = perf_counter()
-    # client() inside the breaker's call: a cluster client connects as it is created, and may fail to
-    verdict = breaker.call(lambda: _decide(client(), checks, now, dry_run, version))
+    # the client is made inside the breaker's call: it connects as it is made, and that may fail too
+    verdict = breaker.call(lambda: _decide(decision_client(), checks, now, dry_run, version))
     metrics.record_call(perf_counter() - started)
     return verdict
 

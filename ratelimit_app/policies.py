@@ -61,6 +61,11 @@ class CompiledPolicy:
     # the engine's KEYS and ARGV for a (subject, limit), made once: the same clients come back
     script_parts: dict = field(default_factory=dict, hash=False, compare=False, repr=False)
 
+    def __hash__(self) -> int:
+        # equal policies share their id: this spares hashing every field, for every policy of every
+        # request (the worker's tallies and caches are keyed by policy)
+        return self.id
+
     def applies_to_method(self, method: str) -> bool:
         return not self.methods or method in self.methods
 

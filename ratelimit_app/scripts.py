@@ -62,13 +62,19 @@ def _library() -> tuple[str, str]:
 # --- which command a client uses --------------------------------------------------------------------
 
 _MISSING, _UNSUPPORTED = "missing", "unsupported"
-# Clients whose server answered that it has no Functions (an older Redis, or an ACL that forbids
-# them): EVALSHA from then on, without asking again.
+# Servers that answered that they have no Functions (an older Redis, or an ACL that forbids them),
+# by the connection pool that reaches them (every client of one pool: the shared one, the threads'
+# decision clients), or by the client where it has no single pool (a cluster): EVALSHA from then
+# on, without asking again.
 _without_functions: weakref.WeakSet = weakref.WeakSet()
 
 
+def _server_of(client: Any) -> Any:
+    return getattr(client, "connection_pool", client)
+
+
 def _uses_functions(client: Any) -> bool:
-    return get_setting("RATELIMIT_REDIS_FUNCTIONS") is not False and client not in _without_functions
+    return get_setting("RATELIMIT_REDIS_FUNCTIONS") is not False and _server_of(client) not in _without_functions
 
 
 def _kind(error: BaseException) -> str | None:
@@ -86,7 +92,7 @@ def _kind(error: BaseException) -> str | None:
 
 
 def _give_up_functions(client: Any) -> None:
-    _without_functions.add(client)
+    _without_functions.add(_server_of(client))
 
 
 def _loaded(error: ResponseError, client: Any) -> bool:

@@ -23,11 +23,13 @@ if now then
   now_us = now * 1000
 else
   local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-  now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
+  local seconds, microseconds = tonumber(time[1]), tonumber(time[2])
+  now = seconds * 1000 + math.floor(microseconds / 1000)
+  now_us = seconds * 1000000 + microseconds
 end
-local dry_run = string.sub(ARGV[2], 1, 1) == '1'
-local version_wanted = string.sub(ARGV[2], 2, 2) == '+'
+local flags = ARGV[2]
+local dry_run = flags == '1' or flags == '1+'
+local version_wanted = flags == '0+' or flags == '1+'
 local index_size = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
 
@@ -45,6 +47,9 @@ for i = 1, n do
     key = KEYS[3 * i - 2],
     live = KEYS[3 * i - 1],
     totals = KEYS[3 * i],
+    -- what the strategy answers, named here so that the table is allocated once at its full size
+    count = false, retry = false, state = false, capacity = false, taken = false, reset = false,
+    before_reset = false, exceeded = false,
   }
   local strategy = policy.strategy
   -- a strategy that can count in the same command that reads (take) does, and gives the request back

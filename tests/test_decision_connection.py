@@ -1,0 +1,101 @@
+"""The request path's connection: each thread that decides keeps one of the pool's connections
+(connection.decision_client), and that never costs a decision its answer: forked workers, many
+threads, a pool with few connections, a changed cache setting."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from project.devredis import PrivateRedis
+from ratelimit_app import connection, engine
+from tests.helpers import check, in_processes, policy
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def private():
+    server = PrivateRedis().start()
+    yield server
+    server.stop()
+
+
+def _counts(compiled, times: int) -> list[int]:
+    return [engine.decide([check(compiled)]).decisions[0].count for _ in range(times)]
+
+
+def _decide_in_child(compiled, start, results):
+    start.wait()
+    results.put(_counts(compiled, 300))
+
+
+def test_forked_workers_decide_on_connections_of_their_own():
+    compiled = policy(limit=10**6)
+    assert _counts(compiled, 1) == [1]  # this thread keeps a connection before the fork
+    per_child = in_processes(_decide_in_child, (compiled,), processes=3)
+    # a socket shared with the parent or a sibling would mix up replies: counts out of order or lost
+    assert all(counts == sorted(counts) for counts in per_child)
+    assert sorted(c for counts in per_child for c in counts) == list(range(2, 902))
+
+
+def test_threads_deciding_at_once_admit_exactly_the_limit():
+    compiled = policy(limit=100)
+    start, admitted, errors = threading.Barrier(8), [], []
+
+    def worker():
+        start.wait()
+        try:
+            admitted.append(sum(engine.decide([check(compiled)]).allowed for _ in range(50)))
+        except Exception as error:  # noqa: BLE001 - any failure is the test's failure, reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and sum(admitted) == 100
+
+
+def test_a_pool_with_few_connections_keeps_room_for_its_other_users(settings, private):
+    cache = settings.CACHES["default"]
+    options = {**cache["OPTIONS"], "CONNECTION_POOL_KWARGS": {**cache["OPTIONS"].get("CONNECTION_POOL_KWARGS", {}),
+                                                                 "max_connections": 2}}
+    settings.CACHES = {**settings.CACHES, "small": {**cache, "LOCATION": private.url, "OPTIONS": options}}
+    settings.RATELIMIT_CACHE = "small"
+    compiled = policy(limit=10**6)
+    ready, done, errors = threading.Barrier(3), threading.Event(), []
+
+    def worker():
+        try:
+            engine.decide([check(compiled)])
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+        ready.wait()
+        done.wait()  # alive, as a server's threads are between requests
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    ready.wait()
+    try:
+        # two threads decided, and live on: the pool still has a connection for this one
+        assert engine.decide([check(compiled)]).decisions[0].count == 3
+        assert connection.client().ping()
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+
+
+def test_a_changed_cache_setting_reaches_a_thread_that_decided_before(settings, private, redis_client):
+    compiled = policy(limit=10**6)
+    assert _counts(compiled, 2) == [1, 2]  # counted on the default server, through this thread's connection
+    settings.CACHES = {**settings.CACHES, "other": {**settings.CACHES["default"], "LOCATION": private.url}}
+    settings.RATELIMIT_CACHE = "other"
+    assert _counts(compiled, 1) == [1]  # the other server: a counter of its own
+    settings.RATELIMIT_CACHE = "default"
+    assert _counts(compiled, 1) == [3]
