@@ -152,7 +152,7 @@ async def amiddleware_request(request):
     state = _enter(request, index)
     if state is None or state.awaiting:
         return None
-    return refusal(request, _refuse_if_denied(await adecide(request, state)))
+    return refusal(request, _refuse_if_denied(await adecide(request, state, index)))
 
 
 async def amiddleware_response(request, response):

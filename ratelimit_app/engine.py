@@ -12,7 +12,7 @@ from asgiref.sync import sync_to_async
 from . import keys, metrics
 from .conf import get_setting
 from .connection import RedisUnavailable, aclient, breaker, cluster_configured, decision_client, is_cluster
-from .scripts import now_arg, run_each, scripts, totals_bucket_ms
+from .scripts import now_arg, run_each, scripts
 from .tally import tally
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ def _check_parts(policy: CompiledPolicy, subject: Subject, limit: int, key_prefi
         tuple(keys.decision_keys(policy, subject.key, key_prefix)),
         (
             policy.strategy, limit, policy.window_ms, policy.bucket_ms, "1" if policy.enforce else "0",
-            live_member(subject, limit, policy), totals_bucket_ms(policy),
+            live_member(subject, limit, policy), policy.totals_bucket_ms,
         ),
     )
     if len(policy.script_parts) >= MAX_PARTS:
@@ -218,7 +218,7 @@ def _verdict(checks: Sequence[Check], reply: list[int], dry_run: bool) -> Verdic
             )
         )
         if counted and not exceeded:
-            admitted.append((policy, keys.shard_of(subject.key), "a", now_ms // totals_bucket_ms(policy)))
+            admitted.append((policy, keys.shard_of(subject.key), "a", now_ms // policy.totals_bucket_ms))
     if admitted:
         tally.add(admitted)
     return Verdict(not denied, tuple(decisions), None if version == 0 else version)

@@ -178,9 +178,10 @@ def decide(request, state: RequestState, index: policies.PolicyIndex | None = No
     return state
 
 
-async def adecide(request, state: RequestState) -> RequestState:
+async def adecide(request, state: RequestState, index: policies.PolicyIndex | None = None) -> RequestState:
     """decide() for async views: the index and the user are read without blocking the event loop."""
-    index = await policies.aget_index()
+    if index is None:
+        index = await policies.aget_index()
     if index.needs_user:
         await resolve_user(request)
     denied_before = len(state.denied)

@@ -18,7 +18,7 @@ from .conf import get_setting
 from .deny_cache import deny_cache
 from .version import bump_version
 from .policies import compile_policy
-from .scripts import now_arg, run_each, scripts, totals_bucket_ms
+from .scripts import now_arg, run_each, scripts
 from .tally import tally
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def policy_totals(policy: CompiledPolicy, *, now: float | None = None) -> tuple[
     summed over its shards (a subject lives in one shard)."""
     tally.flush()  # what this process counted counts too
     script = scripts.get("totals", admin_client())
-    args = [now_arg(now), policy.window_ms, totals_bucket_ms(policy)]
+    args = [now_arg(now), policy.window_ms, policy.totals_bucket_ms]
     calls = [([keys.totals_key(policy, shard)], args) for shard in range(keys.shards())]
     replies = admin_call(lambda client: run_each(client, script, calls))
     allowed, denied, active = (sum(reply[i] for reply in replies) for i in (1, 2, 3))
@@ -251,7 +251,7 @@ def policy_activity(policies: Sequence) -> dict[int, PolicyActivity | None]:
     script = scripts.get("totals", admin_client())
     shards = keys.shards()
     calls = [
-        ([keys.totals_key(policy, shard)], ["", policy.window_ms, totals_bucket_ms(policy)])
+        ([keys.totals_key(policy, shard)], ["", policy.window_ms, policy.totals_bucket_ms])
         for policy in compiled
         for shard in range(shards)
     ]
@@ -301,7 +301,7 @@ def policy_trends(policies: Sequence, *, now: float | None = None) -> dict[int, 
     script = scripts.get("trend", admin_client())
     shards = keys.shards()
     calls = [
-        ([keys.totals_key(policy, shard)], [now_arg(now), policy.window_ms, totals_bucket_ms(policy), trend_windows(policy.window)])
+        ([keys.totals_key(policy, shard)], [now_arg(now), policy.window_ms, policy.totals_bucket_ms, trend_windows(policy.window)])
         for policy in compiled
         for shard in range(shards)
     ]

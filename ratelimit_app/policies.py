@@ -57,6 +57,7 @@ class CompiledPolicy:
     bucket_ms: int  # the scripts' bucket slot: sliding_window's bucket in ms; token_bucket's burst (0: the limit)
     shape: str  # part of the counter key: a change of strategy, window or bucket starts fresh counters
     enforce: bool  # mode == enforce, kept as a plain bool for the hot path
+    totals_bucket_ms: int  # the bucket of the policy's totals (see totals_bucket_ms)
     counts_users: bool  # whether the subject depends on who is logged in
     # the engine's KEYS and ARGV for a (subject, limit), made once: the same clients come back
     script_parts: dict = field(default_factory=dict, hash=False, compare=False, repr=False)
@@ -104,8 +105,26 @@ def compile_policy(row: Policy) -> CompiledPolicy:
         bucket_ms=(burst or 0) if row.strategy == Strategy.TOKEN_BUCKET else bucket_ms,
         shape=_shape(row, bucket, bucket_ms),
         enforce=row.mode == Mode.ENFORCE,
+        totals_bucket_ms=totals_bucket_ms(row.strategy, row.window * 1000, bucket_ms),
         counts_users=any(part.label in ("user", "user_or_ip") for part in key_spec),
     )
+
+
+TOTALS_BUCKETS = 60  # at most this many buckets in a policy's totals
+
+
+def totals_bucket_ms(strategy: str, window_ms: int, bucket_ms: int) -> int:
+    """The bucket of a policy's totals, so that they cover the window its counters use: the window
+    of a fixed_window, the buckets of a sliding_window (whole groups of them past 60 buckets, so a
+    read of the totals stays short); sliding_log and token_bucket have no buckets of their own:
+    their totals slide in at most 60 steps (a window in ms always has 40 or 50 among its divisors).
+    """
+    if strategy == "fixed_window":
+        return window_ms
+    if strategy == "sliding_window":  # the policy's own buckets, grouped when there are over 60
+        buckets = window_ms // bucket_ms
+        return next(window_ms // count for count in range(min(buckets, TOTALS_BUCKETS), 0, -1) if buckets % count == 0)
+    return next(window_ms // count for count in range(TOTALS_BUCKETS, 0, -1) if window_ms % count == 0)
 
 
 def _shape(row: Policy, bucket: int | None, bucket_ms: int) -> str:

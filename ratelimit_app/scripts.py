@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import weakref
-from functools import lru_cache
 from importlib import resources
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import redis
 import redis.asyncio
@@ -23,13 +22,9 @@ from redis.exceptions import NoPermissionError, NoScriptError, RedisClusterExcep
 from .conf import get_setting
 from .connection import is_cluster
 
-if TYPE_CHECKING:
-    from .policies import CompiledPolicy
-
 LIBRARY_FILES = ("series.lua", "activity.lua")
 STRATEGY_FILES = ("fixed_window.lua", "sliding_window.lua", "sliding_log.lua", "token_bucket.lua")
 ENTRY_POINTS = ("decide", "live", "totals", "trend", "tally")
-TOTALS_BUCKETS = 60  # at most this many buckets in a policy's totals
 _NAME = "@NAME@"  # stands for the library's name until the source is hashed
 
 
@@ -279,22 +274,3 @@ def run_each(client: redis.Redis, script: Entry, calls: Sequence[tuple[Sequence[
         if isinstance(reply, Exception):
             raise reply
     return replies
-
-
-def totals_bucket_ms(policy: CompiledPolicy) -> int:
-    return _totals_bucket_ms(policy.strategy, policy.window_ms, policy.bucket_ms)
-
-
-@lru_cache(maxsize=256)  # asked for every policy of every request
-def _totals_bucket_ms(strategy: str, window_ms: int, bucket_ms: int) -> int:
-    """The bucket of a policy's totals, so that they cover the window its counters use: the window
-    of a fixed_window, the buckets of a sliding_window (whole groups of them past 60 buckets, so a
-    read of the totals stays short); sliding_log and token_bucket have no buckets of their own:
-    their totals slide in at most 60 steps (a window in ms always has 40 or 50 among its divisors).
-    """
-    if strategy == "fixed_window":
-        return window_ms
-    if strategy == "sliding_window":  # the policy's own buckets, grouped when there are over 60
-        buckets = window_ms // bucket_ms
-        return next(window_ms // count for count in range(min(buckets, TOTALS_BUCKETS), 0, -1) if buckets % count == 0)
-    return next(window_ms // count for count in range(TOTALS_BUCKETS, 0, -1) if window_ms % count == 0)

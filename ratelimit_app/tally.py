@@ -22,7 +22,7 @@ import redis
 
 from . import keys
 from .connection import client
-from .scripts import run_each, scripts, totals_bucket_ms
+from .scripts import run_each, scripts
 
 if TYPE_CHECKING:
     from .policies import CompiledPolicy
@@ -65,7 +65,7 @@ class Tally:
         for (policy, shard, series, bucket), amount in pending.items():
             totals, args = by_shard.setdefault(shard, ([], [""]))
             totals.append(keys.totals_key(policy, shard))
-            args += (series, "" if bucket == NOW else bucket, amount, policy.window_ms, totals_bucket_ms(policy))
+            args += (series, "" if bucket == NOW else bucket, amount, policy.window_ms, policy.totals_bucket_ms)
         try:
             redis_client = client()  # a cluster client connects as it is created: inside the try
             run_each(redis_client, scripts.get("tally", redis_client), list(by_shard.values()))
