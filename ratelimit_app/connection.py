@@ -77,41 +77,38 @@ class CircuitBreaker:
         self._error_logged_at = 0.0
 
     def call(self, operation: Callable[[], T]) -> T:
-        if not self.open_until:
-            return self._attempt(operation)
-        if time.monotonic() < self.open_until or not self._probe.acquire(blocking=False):
-            raise RedisUnavailable(self.cause)
-        try:  # half-open: this call is the only probe
-            return self._attempt(operation)
-        finally:
-            self._probe.release()
-
-    def _attempt(self, operation: Callable[[], T]) -> T:
+        probing = self._admit()
         try:
             result = operation()
         except redis.RedisError as error:
             self._failed(error)
+        finally:
+            if probing:
+                self._probe.release()
         self._closed()
         return result
 
     async def acall(self, operation: Callable[[], Awaitable[T]]) -> T:
         """call() for the asyncio client: the same circuit, shared by sync and async requests."""
-        if not self.open_until:
-            return await self._aattempt(operation)
-        if time.monotonic() < self.open_until or not self._probe.acquire(blocking=False):
-            raise RedisUnavailable(self.cause)
-        try:  # half-open: this call is the only probe
-            return await self._aattempt(operation)
-        finally:
-            self._probe.release()
-
-    async def _aattempt(self, operation: Callable[[], Awaitable[T]]) -> T:
+        probing = self._admit()
         try:
             result = await operation()
         except redis.RedisError as error:
             self._failed(error)
+        finally:
+            if probing:
+                self._probe.release()
         self._closed()
         return result
+
+    def _admit(self) -> bool:
+        """Whether this call may go to Redis (raises RedisUnavailable if not); True when it is the
+        half-open circuit's one probe, which holds the probe lock until it has an answer."""
+        if not self.open_until:
+            return False
+        if time.monotonic() < self.open_until or not self._probe.acquire(blocking=False):
+            raise RedisUnavailable(self.cause)
+        return True
 
     def _failed(self, error: redis.RedisError) -> NoReturn:
         if is_outage(error):
