@@ -234,7 +234,8 @@ def _command_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
         if row is None:
             yield label, f"engine cannot decide {strategy} yet", NA
         elif budget is not None:
-            yield label, f"{row.commands:.1f}", _verdict(row.commands <= budget)
+            # two decimals: a rare write (a new totals bucket, a busier subject re-scored) shows, as it counts
+            yield label, f"{row.commands:.2f}", _verdict(row.commands <= budget)
 
 
 def _door_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
@@ -279,7 +280,7 @@ def _end_to_end_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
     base = results.e2e[0].rate
     idle = served.get("ratelimit_app middleware, no policy matching")
     if idle:
-        yield ("end to end: no policy matching >= 0.98x no middleware", f"{idle.rate / base:.2f}x",
+        yield ("end to end: no policy matching >= 0.98x no middleware", f"{idle.rate / base:.3f}x",
                _verdict(idle.rate >= 0.98 * base))
     ours = served.get("ratelimit_app middleware, 1 policy")
     for peer in ("django-ratelimit decorator", "DRF UserRateThrottle"):
