@@ -82,3 +82,25 @@ def in_processes(target, args: tuple = (), processes: int = 8, timeout: float = 
     for worker in workers:
         worker.join(timeout=10)
     return collected
+
+
+def in_threads(target, threads: int = 8) -> tuple[list, list[Exception]]:
+    """Run `target()` in threads that start together (a barrier). Returns what the calls returned and
+    the errors they raised."""
+    import threading
+
+    start, results, errors = threading.Barrier(threads), [], []
+
+    def run() -> None:
+        start.wait()
+        try:
+            results.append(target())
+        except Exception as error:  # noqa: BLE001 - handed to the test, which says what it expects
+            errors.append(error)
+
+    workers = [threading.Thread(target=run) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return results, errors

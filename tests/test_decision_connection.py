@@ -10,7 +10,7 @@ import pytest
 
 from project.devredis import PrivateRedis
 from ratelimit_app import connection, engine
-from tests.helpers import check, in_processes, policy
+from tests.helpers import check, in_processes, in_threads, policy
 
 pytestmark = pytest.mark.django_db
 
@@ -42,20 +42,7 @@ def test_forked_workers_decide_on_connections_of_their_own():
 
 def test_threads_deciding_at_once_admit_exactly_the_limit():
     compiled = policy(limit=100)
-    start, admitted, errors = threading.Barrier(8), [], []
-
-    def worker():
-        start.wait()
-        try:
-            admitted.append(sum(engine.decide([check(compiled)]).allowed for _ in range(50)))
-        except Exception as error:  # noqa: BLE001 - any failure is the test's failure, reported below
-            errors.append(error)
-
-    threads = [threading.Thread(target=worker) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    admitted, errors = in_threads(lambda: sum(engine.decide([check(compiled)]).allowed for _ in range(50)), threads=8)
     assert errors == [] and sum(admitted) == 100
 
 

@@ -15,7 +15,7 @@ from project.devredis import PrivateRedis
 from ratelimit_app import connection, engine, keys
 from ratelimit_app.connection import RedisUnavailable
 from ratelimit_app.models import Policy
-from tests.helpers import check, count_round_trips, make_policy, policy, subject
+from tests.helpers import check, count_round_trips, in_threads, make_policy, policy, subject
 
 pytestmark = pytest.mark.django_db
 IP = "203.0.113.7"
@@ -201,21 +201,8 @@ def test_when_the_circuit_half_opens_one_call_probes_and_the_others_fail_fast(se
         engine.decide([check(compiled)])  # one timeout opens the circuit
     time.sleep(0.35)  # half-open
     failures = connection.breaker.failures
-    start = threading.Barrier(16)
-    refused = []
-
-    def attempt() -> None:
-        start.wait()
-        try:
-            engine.decide([check(compiled)])
-        except RedisUnavailable as error:
-            refused.append(error)
-
-    threads = [threading.Thread(target=attempt) for _ in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _, errors = in_threads(lambda: engine.decide([check(compiled)]), threads=16)
+    refused = [error for error in errors if isinstance(error, RedisUnavailable)]
     sleeping.join()
     assert len(refused) == 16
     assert connection.breaker.failures - failures == 1  # only the probe met the hung server
