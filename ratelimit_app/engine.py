@@ -108,25 +108,22 @@ async def adecide(
     return _verdict(checks, reply, dry_run)
 
 
-def _script_call(
-    checks: Sequence[Check], now: float | None, dry_run: bool, version: bool, *, version_key: bool = True
-) -> tuple[list[str], list[str | int]]:
+def _script_call(checks: Sequence[Check], now: float | None, dry_run: bool, version: bool) -> tuple[list[str], list[str]]:
     """The KEYS and ARGV of decide.lua for these checks (`version`: bring the policy version back too;
-    without `version_key` on a cluster, where the version lives in another slot)."""
+    never on a cluster, where the version lives in another slot)."""
     key_prefix = keys.prefix()
     script_keys: list[str] = []
-    flags = ("1" if dry_run else "0") + ("+" if version else "")
+    args = [("d" if dry_run else "") + now_arg(now)]
     # the shards share the bound of a policy's index (on one shard: the setting itself)
     shard_count = keys.shards()  # part of the keys: a changed setting makes new parts
     index_size = -(-get_setting("RATELIMIT_LIVE_INDEX_SIZE") // shard_count)
-    args: list[str | int] = [now_arg(now), flags, index_size, len(checks)]
     for policy, subject, limit in checks:
-        parts = policy.script_parts.get((subject, limit, key_prefix, shard_count))
+        parts = policy.script_parts.get((subject, limit, key_prefix, shard_count, index_size))
         if parts is None:
-            parts = _check_parts(policy, subject, limit, key_prefix, shard_count)
+            parts = _check_parts(policy, subject, limit, key_prefix, shard_count, index_size)
         script_keys += parts[0]
         args += parts[1]
-    if version_key:
+    if version:
         script_keys.append(keys.version_key(key_prefix))
     return script_keys, args
 
@@ -134,18 +131,17 @@ def _script_call(
 MAX_PARTS = 4096  # (subject, limit) pairs whose script parts a policy keeps
 
 
-def _check_parts(policy: CompiledPolicy, subject: Subject, limit: int, key_prefix: str, shard_count: int) -> tuple[tuple, tuple]:
+def _check_parts(
+    policy: CompiledPolicy, subject: Subject, limit: int, key_prefix: str, shard_count: int, index_size: int
+) -> tuple[tuple, tuple]:
     """The KEYS and ARGV one check adds to decide.lua's call, kept on the compiled policy for next time."""
     parts = (
         tuple(keys.decision_keys(policy, subject.key, key_prefix)),
-        (
-            policy.strategy, limit, policy.window_ms, policy.bucket_ms, "1" if policy.enforce else "0",
-            live_member(subject, limit, policy), policy.totals_bucket_ms,
-        ),
+        (policy_terms(policy, limit, index_size), live_member(subject, limit, policy)),
     )
     if len(policy.script_parts) >= MAX_PARTS:
         policy.script_parts.clear()  # bounded: a flood of new subjects only costs building them again
-    policy.script_parts[(subject, limit, key_prefix, shard_count)] = parts
+    policy.script_parts[(subject, limit, key_prefix, shard_count, index_size)] = parts
     return parts
 
 
@@ -188,7 +184,7 @@ def _decide_across_shards(
 def _pipelined(redis_client, groups: dict[int, list[Check]], now: float | None, *, dry_run: bool) -> dict[int, Verdict]:
     """One decide call per shard group, sent in one pipeline (on a cluster: to each node at once)."""
     script = scripts.get("decide", redis_client)
-    calls = [_script_call(group, now, dry_run, False, version_key=False) for group in groups.values()]
+    calls = [_script_call(group, now, dry_run, False) for group in groups.values()]
     replies = run_each(redis_client, script, calls)
     return {shard: _verdict(group, reply, dry_run) for (shard, group), reply in zip(groups.items(), replies)}
 
@@ -202,26 +198,35 @@ def _merged(checks: Sequence[Check], groups: dict[int, list[Check]], verdicts: d
     return Verdict(all(verdict.allowed for verdict in verdicts.values()), decisions, None)
 
 
-def _verdict(checks: Sequence[Check], reply: list[int], dry_run: bool) -> Verdict:
-    version, now_ms, denied = reply[0], reply[1], reply[2]
-    counted = not (dry_run or denied)  # every policy below its limit counted the request
+def _verdict(checks: Sequence[Check], reply: list, dry_run: bool) -> Verdict:
+    now_ms = reply[0]
     decisions = []
     admitted = []  # the script leaves the totals of what it counted to the worker (tally.py)
+    denied = False
     for i, (policy, subject, limit) in enumerate(checks):
-        exceeded, count, reset_ms, retry_ms = reply[3 + 4 * i : 7 + 4 * i]
+        exceeded, count, reset_ms, retry_ms = reply[1 + 4 * i : 5 + 4 * i]
+        allowed = not (exceeded and policy.enforce)
+        denied = denied or not allowed
         capacity = policy.capacity(limit)  # a token bucket's count is compared with its burst
         # positional: this runs for every policy of every request
         decisions.append(
             Decision(
-                policy, subject, not (exceeded and policy.enforce), bool(exceeded), count, limit,
+                policy, subject, allowed, bool(exceeded), count, limit,
                 capacity - count if count < capacity else 0, reset_ms / 1000, retry_ms / 1000 if exceeded else None,
             )
         )
-        if counted and not exceeded:
+        if not exceeded:
             admitted.append((policy, keys.shard_of(subject.key), "a", now_ms // policy.totals_bucket_ms))
-    if admitted:
+    if admitted and not (dry_run or denied):  # every policy below its limit counted the request
         tally.add(admitted)
-    return Verdict(not denied, tuple(decisions), None if version == 0 else version)
+    asked = 1 + 4 * len(checks)  # the version follows the figures when it was asked for
+    return Verdict(not denied, tuple(decisions), reply[asked] if len(reply) > asked else None)
+
+
+def policy_terms(policy: CompiledPolicy, limit: int, index_size: int) -> str:
+    """A policy's terms as decide.lua reads them (terms.lua): one argument, the same for every subject at `limit`."""
+    enforce = "1" if policy.enforce else "0"
+    return f"{policy.strategy} {limit} {policy.window_ms} {policy.bucket_ms} {enforce} {policy.totals_bucket_ms} {index_size}"
 
 
 def live_member(subject: Subject, limit: int, policy: CompiledPolicy) -> str:

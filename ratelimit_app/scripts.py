@@ -22,7 +22,7 @@ from redis.exceptions import NoPermissionError, NoScriptError, RedisClusterExcep
 from .conf import get_setting
 from .connection import is_cluster
 
-LIBRARY_FILES = ("series.lua", "activity.lua")
+LIBRARY_FILES = ("series.lua", "activity.lua", "terms.lua")
 STRATEGY_FILES = ("fixed_window.lua", "sliding_window.lua", "sliding_log.lua", "token_bucket.lua")
 ENTRY_POINTS = ("decide", "live", "totals", "trend", "tally")
 _NAME = "@NAME@"  # stands for the library's name until the source is hashed

@@ -199,6 +199,27 @@ function activity.trend(totals, now, window, bucket, windows)
 end
 
 -- the bucket in which a counter empties, `reset` ms from now
-function activity.bucket_of(now, reset, bucket)
+local function bucket_of(now, reset, bucket)
   return math.ceil((now + reset) / bucket)
+end
+
+-- a subject's counter went up to `count` for a policy of these `terms` (terms.lua) and now empties
+-- `reset` ms from now (before: `before_reset` ms from now; nil: it was empty): its entry in the live
+-- index `live` and the totals' count of active subjects follow, when the bucket in which it empties
+-- moves, or the count doubles
+function activity.counted(live, totals, member, terms, now, count, before_reset, reset)
+  local bucket, window = terms.totals_bucket, terms.window
+  local before = before_reset and bucket_of(now, before_reset, bucket) or nil
+  local after = bucket_of(now, reset, bucket)
+  if after ~= before or activity.busier(count) then
+    activity.index(live, member, activity.score(after, bucket, count), terms.index_size, now, window, bucket)
+  end
+  if after ~= before then activity.moved(totals, before, after, now, window, bucket) end
+end
+
+-- a request over the limit: the subject is marked blocked in the index and the refusal counted
+function activity.refused(live, totals, member, terms, now, reset)
+  local bucket, window = terms.totals_bucket, terms.window
+  activity.index(live, member, BLOCKED + bucket_of(now, reset, bucket) * bucket, terms.index_size, now, window, bucket)
+  activity.count(totals, 'd', now, window, bucket)
 end

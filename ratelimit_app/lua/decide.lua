@@ -3,21 +3,27 @@
 -- KEYS, for policy i = 1..n:  KEYS[3i-2] counter of (policy, subject)
 --                             KEYS[3i-1] live index of the policy (activity.lua)
 --                             KEYS[3i]   totals of the policy (activity.lua)
---       KEYS[3n+1]            policy version (read only, piggy-backed for the workers' caches); left out
---                             on Redis Cluster, where it lives in another slot (then never wanted)
--- ARGV[1] now in milliseconds, or '' to use the server's TIME (to the microsecond)
--- ARGV[2] '1' to decide without counting anything (dry run), then '+' when the version is wanted
--- ARGV[3] how many subjects a live index keeps
--- ARGV[4] n, then per policy 7 values: strategy, limit, window (ms), bucket (ms; a token bucket's burst, 0 = the limit),
---         enforce ('1'/'0'), live member, totals bucket (ms)
+--       KEYS[3n+1]            policy version, only when the caller wants it back (read only,
+--                             piggy-backed for the workers' caches; never on Redis Cluster, where it
+--                             lives in another slot)
+-- ARGV[1]      when: '' to decide now by the server's TIME (to the microsecond), or a time in
+--              milliseconds; prefixed with 'd' to decide without counting anything (a dry run)
+-- ARGV[2i]     policy i's terms (terms.lua): strategy, limit, window (ms), bucket (ms; a token
+--              bucket's burst, 0 = the limit), enforce, totals bucket (ms), live index size
+-- ARGV[2i + 1] policy i's member in the live index
 --
 -- If any enforcing policy is at its limit, nothing stays counted anywhere (a count taken before the
 -- refusal was known is given back in the same call); otherwise every policy below its limit counts
 -- the request once. A shadow policy at its limit is reported, never counted. The totals of admitted
 -- requests are left to the worker (tally.lua); refusals are counted here.
--- Returns {version or 0, now, denied, then per policy: exceeded, count, reset (ms), retry after (ms)}.
+-- Returns {now, then per policy: exceeded, count, reset (ms), retry after (ms); then the version
+-- token ('' when Redis holds none) if it was asked for}.
 
-local now = tonumber(ARGV[1])
+local when, dry_run, now = ARGV[1], false, nil
+if when ~= '' then
+  dry_run = string.byte(when) == 100 -- 'd'
+  now = tonumber(dry_run and string.sub(when, 2) or when)
+end
 local now_us -- the same moment to the microsecond (a token bucket's interval may be shorter than 1 ms)
 if now then
   now_us = now * 1000
@@ -27,92 +33,57 @@ else
   now = seconds * 1000 + math.floor(microseconds / 1000)
   now_us = seconds * 1000000 + microseconds
 end
-local flags = ARGV[2]
-local dry_run = flags == '1' or flags == '1+'
-local version_wanted = flags == '0+' or flags == '1+'
-local index_size = tonumber(ARGV[3])
-local n = tonumber(ARGV[4])
+local n = (#ARGV - 1) / 2
 
 local policies, denied = {}, false
 for i = 1, n do
-  local at = 4 + (i - 1) * 7
-  local policy = {
-    strategy = strategies[ARGV[at + 1]],
-    limit = tonumber(ARGV[at + 2]),
-    window = tonumber(ARGV[at + 3]),
-    bucket = tonumber(ARGV[at + 4]),
-    enforce = ARGV[at + 5] == '1',
-    member = ARGV[at + 6],
-    totals_bucket = tonumber(ARGV[at + 7]),
-    key = KEYS[3 * i - 2],
-    live = KEYS[3 * i - 1],
-    totals = KEYS[3 * i],
-    -- what the strategy answers, named here so that the table is allocated once at its full size
-    count = false, retry = false, state = false, capacity = false, taken = false, reset = false,
-    before_reset = false, exceeded = false,
-  }
-  local strategy = policy.strategy
+  local terms = terms(ARGV[2 * i])
+  local strategy, key, limit = terms.strategy, KEYS[3 * i - 2], terms.limit
+  local count, retry, state, capacity, taken, reset, before_reset, exceeded
   -- a strategy that can count in the same command that reads (take) does, and gives the request back
   -- if another policy refuses it; the others look first and count below. Once the request is
   -- refused, the remaining policies only look.
-  -- a strategy whose count is compared with something other than the limit returns it (a token bucket: its burst)
   if strategy.take and not dry_run and not denied then
-    policy.count, policy.retry, policy.state, policy.capacity, policy.taken, policy.reset, policy.before_reset =
-      strategy.take(policy.key, now, policy.window, policy.bucket, policy.limit, now_us)
-    policy.exceeded = not policy.taken
+    count, retry, state, capacity, taken, reset, before_reset =
+      strategy.take(key, now, terms.window, terms.bucket, limit, now_us)
+    exceeded = not taken
   else
-    policy.count, policy.retry, policy.state, policy.capacity =
-      strategy.peek(policy.key, now, policy.window, policy.bucket, policy.limit, now_us)
-    policy.exceeded = policy.count >= (policy.capacity or policy.limit)
+    -- a strategy whose count is compared with something other than the limit returns it (a token bucket: its burst)
+    count, retry, state, capacity = strategy.peek(key, now, terms.window, terms.bucket, limit, now_us)
+    exceeded = count >= (capacity or limit)
   end
-  if policy.exceeded and policy.enforce then denied = true end
-  policies[i] = policy
+  if exceeded and terms.enforce then denied = true end
+  policies[i] = {
+    terms = terms, count = count, retry = retry, state = state, taken = taken, reset = reset,
+    before_reset = before_reset, exceeded = exceeded,
+  }
 end
 
--- count one request for the policy and keep the operator's index up to date; the totals of admitted
--- requests are added by the worker (tally.lua), not here
-local function commit(policy)
-  local strategy, g = policy.strategy, policy.totals_bucket
-  local before_reset = policy.before_reset -- when the counter emptied without this request (nil: it was empty)
-  if not policy.taken then
-    policy.reset, before_reset = strategy.commit(policy.key, now, policy.window, policy.bucket, policy.count, policy.state, g)
-  end
-  local before = before_reset and activity.bucket_of(now, before_reset, g) or nil
-  policy.count = policy.count + 1
-  local after = activity.bucket_of(now, policy.reset, g)
-  if after ~= before then
-    activity.index(policy.live, policy.member, activity.score(after, g, policy.count), index_size, now, policy.window, g)
-    activity.moved(policy.totals, before, after, now, policy.window, g)
-  elseif activity.busier(policy.count) then
-    activity.index(policy.live, policy.member, activity.score(after, g, policy.count), index_size, now, policy.window, g)
-  end
-end
-
--- a request over the limit: the subject is marked blocked in the index and the refusal counted
-local function refuse(policy)
-  local g = policy.totals_bucket
-  local score = activity.BLOCKED + activity.bucket_of(now, policy.reset, g) * g
-  activity.index(policy.live, policy.member, score, index_size, now, policy.window, g)
-  activity.count(policy.totals, 'd', now, policy.window, g)
-end
-
--- the version token ('' when Redis holds none), or 0 when the caller did not ask for it
-local version = version_wanted and (redis.call('GET', KEYS[3 * n + 1]) or '') or 0
-local result = {version, now, denied and 1 or 0}
+local result = {now}
 for i, policy in ipairs(policies) do
+  local terms = policy.terms
+  local strategy, key, live, totals, member = terms.strategy, KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], ARGV[2 * i + 1]
   if policy.taken and denied then
-    policy.strategy.undo(policy.key, now, policy.state)
+    strategy.undo(key, now, policy.state)
     policy.taken = false
   end
   if not dry_run and not denied and not policy.exceeded then
-    commit(policy)
+    -- count the request (if take did not) and keep the operator's index up to date; the totals of
+    -- admitted requests are added by the worker (tally.lua), not here
+    local before_reset = policy.before_reset -- when the counter emptied without this request (nil: it was empty)
+    if not policy.taken then
+      policy.reset, before_reset =
+        strategy.commit(key, now, terms.window, terms.bucket, policy.count, policy.state, terms.totals_bucket)
+    end
+    policy.count = policy.count + 1
+    activity.counted(live, totals, member, terms, now, policy.count, before_reset, policy.reset)
   else
-    policy.reset = policy.strategy.reset(policy.key, now, policy.window, policy.bucket, policy.count, policy.state)
-    if policy.exceeded and not dry_run then refuse(policy) end
+    policy.reset = strategy.reset(key, now, terms.window, terms.bucket, policy.count, policy.state)
+    if policy.exceeded and not dry_run then activity.refused(live, totals, member, terms, now, policy.reset) end
   end
-  result[#result + 1] = policy.exceeded and 1 or 0
-  result[#result + 1] = policy.count
-  result[#result + 1] = policy.reset
-  result[#result + 1] = policy.retry
+  local at = 4 * i - 2 -- the policy's four figures follow now and those of the policies before
+  result[at], result[at + 1], result[at + 2], result[at + 3] =
+    policy.exceeded and 1 or 0, policy.count, policy.reset, policy.retry
 end
+if KEYS[3 * n + 1] then result[4 * n + 2] = redis.call('GET', KEYS[3 * n + 1]) or '' end
 return result

@@ -7,6 +7,8 @@
 -- INCR then EXPIRE. Times are integer milliseconds.
 do
   local PACK = 1000000
+  -- as redis.call sends them: a number argument would be formatted at every call
+  local ONE, GIVE_BACK = '1000000', '-1000000' -- PACK and -PACK
 
   local function period_reset(now, window)
     local period = math.floor(now / window)
@@ -31,7 +33,7 @@ do
     -- until every counted request has left the window, and the same before it (nil: none was counted)
     take = function(key, now, window, bucket, limit)
       local period, reset = period_reset(now, window)
-      local stored = redis.call('INCRBY', key, PACK)
+      local stored = redis.call('INCRBY', key, ONE)
       local count = math.floor(stored / PACK)
       if count == 1 or stored % PACK ~= period % PACK then
         -- the window's first request (the key was empty, or left from an earlier window). A second of
@@ -41,14 +43,14 @@ do
         return 0, 0, period, nil, true, reset
       end
       if count > limit then
-        redis.call('INCRBY', key, -PACK) -- at the limit: given back, nothing counted
+        redis.call('INCRBY', key, GIVE_BACK) -- at the limit: given back, nothing counted
         return count - 1, reset, period, nil, false, reset, reset
       end
       return count - 1, 0, period, nil, true, reset, count > 1 and reset or nil
     end,
     -- take back a request take() counted (another policy refused the request)
     undo = function(key, now, period)
-      redis.call('INCRBY', key, -PACK)
+      redis.call('INCRBY', key, GIVE_BACK)
     end,
   }
 end
