@@ -20,7 +20,7 @@ from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoPermissionError, NoScriptError, RedisClusterException, ResponseError
 
 from .conf import get_setting
-from .connection import is_cluster
+from .connection import execute, is_cluster
 
 LIBRARY_FILES = ("series.lua", "activity.lua", "terms.lua")
 STRATEGY_FILES = ("fixed_window.lua", "sliding_window.lua", "sliding_log.lua", "token_bucket.lua")
@@ -152,10 +152,10 @@ class Entry:
             options = {"target_nodes": client.get_node_from_key(keys[0])} if keys and is_cluster(client) else {}
             command = ("FCALL", self.function, len(keys), *keys, *args)
             try:
-                return client.execute_command(*command, **options)
+                return execute(client, *command, **options)
             except ResponseError as error:
                 if _to_load(error, client) and _load(client, self.library, **options):
-                    return client.execute_command(*command, **options)
+                    return execute(client, *command, **options)
         return self.script(keys, args, client)
 
 

@@ -209,8 +209,9 @@ end
 -- moves, or the count doubles
 function activity.counted(live, totals, member, terms, now, count, before_reset, reset)
   local bucket, window = terms.totals_bucket, terms.window
-  local before = before_reset and bucket_of(now, before_reset, bucket) or nil
   local after = bucket_of(now, reset, bucket)
+  local before = after -- the same reset (a fixed window's repeat request) needs no second bucket
+  if before_reset ~= reset then before = before_reset and bucket_of(now, before_reset, bucket) or nil end
   if after ~= before or activity.busier(count) then
     activity.index(live, member, activity.score(after, bucket, count), terms.index_size, now, window, bucket)
   end

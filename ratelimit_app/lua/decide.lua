@@ -28,10 +28,9 @@ local now_us -- the same moment to the microsecond (a token bucket's interval ma
 if now then
   now_us = now * 1000
 else
-  local time = redis.call('TIME')
-  local seconds, microseconds = tonumber(time[1]), tonumber(time[2])
-  now = seconds * 1000 + math.floor(microseconds / 1000)
-  now_us = seconds * 1000000 + microseconds
+  local time = redis.call('TIME') -- seconds and microseconds, as text (arithmetic reads them)
+  now_us = time[1] * 1000000 + time[2]
+  now = math.floor(now_us / 1000)
 end
 local n = (#ARGV - 1) / 2
 
@@ -59,8 +58,9 @@ for i = 1, n do
   }
 end
 
-local result = {now}
-for i, policy in ipairs(policies) do
+local result = {now, false, false, false, false} -- sized for one policy (most requests): more grow it
+for i = 1, n do
+  local policy = policies[i]
   local terms = policy.terms
   local strategy, key, live, totals, member = terms.strategy, KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], ARGV[2 * i + 1]
   if policy.taken and denied then
