@@ -1,6 +1,7 @@
 """The request path's connection: each thread that decides keeps one of the pool's connections
 (connection.decision_client), and that never costs a decision its answer: forked workers, many
-threads, a pool with few connections, a changed cache setting."""
+threads, a pool with few connections, a changed cache setting, more subjects than a thread keeps
+packed commands for."""
 
 from __future__ import annotations
 
@@ -44,6 +45,16 @@ def test_threads_deciding_at_once_admit_exactly_the_limit():
     compiled = policy(limit=100)
     admitted, errors = in_threads(lambda: sum(engine.decide([check(compiled)]).allowed for _ in range(50)), threads=8)
     assert errors == [] and sum(admitted) == 100
+
+
+def test_more_subjects_than_the_packed_commands_kept_each_get_their_own_answer():
+    compiled = policy(limit=2)
+    subjects = [f"ip:198.51.100.{i % 250}" if i < 250 else f"ip:2001:db8::{i:x}" for i in range(connection.MAX_PACKED + 50)]
+    answers = {who: [] for who in subjects}
+    for _round in range(3):  # each subject's repeat request finds its own command, or packs it again
+        for who in subjects:
+            answers[who].append(engine.decide([check(compiled, who)]).allowed)
+    assert all(seen == [True, True, False] for seen in answers.values())
 
 
 def test_a_pool_with_few_connections_keeps_room_for_its_other_users(settings, private):
