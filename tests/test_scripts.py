@@ -164,3 +164,15 @@ def test_a_user_whose_acl_refuses_functions_gets_evalsha(server):
     limited = policy(limit=5)
     assert [count_of(engine.decide([check(limited)])) for _ in range(2)] == [1, 2]
     assert calls("evalsha") >= 2
+
+
+def test_more_terms_than_the_library_keeps_each_decide_at_their_own_limit(redis_client):
+    # a policy's terms (one text per limit) are read once per library load and kept, up to a bound
+    # after which the library starts over: each limit must still be the one that decides
+    limited = policy(limit=5)
+    seen = []
+    for limit in [*range(1, 1101), 1, 2]:  # past terms.lua's KEEP, then the first ones again
+        who = f"ip:terms-{len(seen)}"
+        seen.append([engine.decide([check(limited, who, limit=limit)], now=T0).allowed for _ in range(2)])
+    assert seen[0] == seen[-2] == [True, False] and seen[1] == seen[-1] == [True, True]
+    assert all(answers == [True, True] for answers in seen[1:-2])
