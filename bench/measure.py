@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import inspect
 import multiprocessing
 import os
 import statistics
@@ -94,35 +95,69 @@ def interleaved_latencies(operations: dict[str, Callable[[], object]], count: in
     return samples
 
 
+def _command_calls() -> list[tuple[object, str]]:
+    """Where a command call starts: redis-py's execute_command (sync and asyncio clients), and the
+    engine's own call on a thread's kept connection (ratelimit_app.connection.execute, also as the
+    scripts module imported it), which sends through the connection without execute_command."""
+    from ratelimit_app import connection, scripts
+
+    return [(redis.Redis, "execute_command"), (redis.asyncio.Redis, "execute_command"), (connection, "execute"),
+            (scripts, "execute")]
+
+
+@contextlib.contextmanager
+def _observing_commands(observe: Callable[[object, tuple, float], None]) -> Iterator[None]:
+    """Meanwhile, observe(client, args, seconds) after each outermost command call (see
+    _command_calls): a call made inside another (the engine's call on a shared client goes through
+    execute_command) is part of it, never observed twice."""
+    depth = [0]
+    clock = time.perf_counter
+
+    def wrap(original):
+        if inspect.iscoroutinefunction(original):
+            async def observed_async(client, *args, **options):
+                depth[0] += 1
+                started = clock()
+                try:
+                    return await original(client, *args, **options)
+                finally:
+                    depth[0] -= 1
+                    if depth[0] == 0:
+                        observe(client, args, clock() - started)
+            return observed_async
+
+        def observed(client, *args, **options):
+            depth[0] += 1
+            started = clock()
+            try:
+                return original(client, *args, **options)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    observe(client, args, clock() - started)
+        return observed
+
+    originals = [(owner, name, getattr(owner, name)) for owner, name in _command_calls()]
+    for owner, name, original in originals:
+        setattr(owner, name, wrap(original))
+    try:
+        yield
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+
+
 @contextlib.contextmanager
 def timing_redis() -> Iterator[list[float]]:
-    """Seconds spent inside redis-py's command calls (sync and asyncio clients): packing, the network,
-    Redis and parsing. Whatever a path spends outside them is the Python it adds around Redis."""
+    """Seconds spent inside command calls (see _command_calls): packing, the network, Redis and
+    parsing. Whatever a path spends outside them is the Python it adds around Redis."""
     inside = [0.0]
-    sync_original = redis.Redis.execute_command
-    async_original = redis.asyncio.Redis.execute_command
 
-    def timed(self, *args, **options):
-        started = time.perf_counter()
-        try:
-            return sync_original(self, *args, **options)
-        finally:
-            inside[0] += time.perf_counter() - started
+    def add(_client, _args, seconds: float) -> None:
+        inside[0] += seconds
 
-    async def timed_async(self, *args, **options):
-        started = time.perf_counter()
-        try:
-            return await async_original(self, *args, **options)
-        finally:
-            inside[0] += time.perf_counter() - started
-
-    redis.Redis.execute_command = timed
-    redis.asyncio.Redis.execute_command = timed_async
-    try:
+    with _observing_commands(add):
         yield inside
-    finally:
-        redis.Redis.execute_command = sync_original
-        redis.asyncio.Redis.execute_command = async_original
 
 
 def outside_redis(operation: Callable[[], object], count: int, warmup: int = 200) -> tuple[float, float]:
@@ -168,19 +203,10 @@ def async_outside_redis(operations: dict[str, Callable[[], Awaitable[object]]], 
 
 @contextlib.contextmanager
 def recording_commands() -> Iterator[list[tuple]]:
-    """The commands sent through redis-py's sync client meanwhile, as (client, args) pairs."""
+    """The commands sent through the command calls meanwhile (see _command_calls), as (client, args) pairs."""
     sent: list[tuple] = []
-    original = redis.Redis.execute_command
-
-    def recording(self, *args, **options):
-        sent.append((self, args))
-        return original(self, *args, **options)
-
-    redis.Redis.execute_command = recording
-    try:
+    with _observing_commands(lambda client, args, _seconds: sent.append((client, args))):
         yield sent
-    finally:
-        redis.Redis.execute_command = original
 
 
 def cpu_per_call(operation: Callable[[], object], count: int, warmup: int = 200) -> float:
