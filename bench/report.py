@@ -87,7 +87,7 @@ def _overhead(results: Results) -> list[str]:
     lines = [
         "", "## Python overhead (microseconds per request)", "",
         "Measured three ways over the same fresh requests. *Outside Redis*: per call, wall time of the path minus "
-        "the time spent inside redis-py's command calls (packing, network, Redis, parsing), i.e. the Python the path "
+        "the time spent inside the command calls (redis-py's execute_command, or the engine's send on its thread's kept connection: packing, network, Redis, parsing), i.e. the Python the path "
         "adds around its one round trip; the median over the calls is the budget's figure (the mean, beside it, "
         "also carries the calls preempted by other processes). *User CPU*: os.times per call (10 ms ticks, "
         "noisier). *p50*: wall clock including the round trip, for reference.",
@@ -97,7 +97,7 @@ def _overhead(results: Results) -> list[str]:
     ]
     for name, label in (("middleware", "middleware around a trivial view, one matching policy"),
                         ("view", "the trivial view alone"), ("throttle", "DRF PolicyThrottle.allow_request"),
-                        ("raw", "the same decision command replayed through redis-py, no door")):
+                        ("raw", "the same decision command replayed as the engine sends it, no door")):
         lines.append(f"| {label} | {o[name + '_outside']:.1f} | {o[name + '_mean']:.1f} | {o[name + '_cpu']:.1f} | "
                      f"{o[name + '_p50']:.1f} |")
     for name, label in (("middleware", "async: middleware around a trivial async view (as under ASGI)"),
