@@ -7,7 +7,8 @@ import concurrent.futures
 import urllib.request
 
 import pytest
-from asgiref.sync import iscoroutinefunction
+from asgiref.sync import iscoroutinefunction, sync_to_async
+from django.db import connections
 from django.test import AsyncClient, RequestFactory
 
 import ratelimit_app
@@ -41,6 +42,14 @@ def client_at(address: str) -> AsyncClient:
 @pytest.fixture
 def aclient():
     return client_at(IP)
+
+
+@pytest.fixture(autouse=True)
+async def _worker_thread_connections_closed():
+    """Async views read the database in asgiref's one worker thread, whose connection would outlive
+    the test (PostgreSQL then refuses to drop the test database at the end of the run)."""
+    yield
+    await sync_to_async(connections.close_all)()
 
 
 def test_the_middleware_runs_async_on_an_async_stack():
