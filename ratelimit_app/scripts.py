@@ -1,5 +1,5 @@
 """The Lua scripts, read from lua/*.lua and assembled once: the shared pieces (series.lua,
-activity.lua), one file per strategy, then an entry point (decide.lua, live.lua, totals.lua ...).
+activity.lua, terms.lua), one file per strategy, then an entry point (decide.lua, live.lua, totals.lua ...).
 
 Where the server has Redis Functions (Redis >= 7, Valkey) the pieces form one library, loaded with
 FUNCTION LOAD and called with FCALL: the shared tables and the strategies are then built once per
