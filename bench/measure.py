@@ -111,30 +111,32 @@ def _observing_commands(observe: Callable[[object, tuple, float], None]) -> Iter
     _command_calls): a call made inside another (the engine's call on a shared client goes through
     execute_command) is part of it, never observed twice."""
     depth = [0]
-    clock = time.perf_counter
+
+    def begin() -> float:
+        depth[0] += 1
+        return time.perf_counter()
+
+    def end(client, args: tuple, started: float) -> None:
+        depth[0] -= 1
+        if depth[0] == 0:
+            observe(client, args, time.perf_counter() - started)
 
     def wrap(original):
         if inspect.iscoroutinefunction(original):
             async def observed_async(client, *args, **options):
-                depth[0] += 1
-                started = clock()
+                started = begin()
                 try:
                     return await original(client, *args, **options)
                 finally:
-                    depth[0] -= 1
-                    if depth[0] == 0:
-                        observe(client, args, clock() - started)
+                    end(client, args, started)
             return observed_async
 
         def observed(client, *args, **options):
-            depth[0] += 1
-            started = clock()
+            started = begin()
             try:
                 return original(client, *args, **options)
             finally:
-                depth[0] -= 1
-                if depth[0] == 0:
-                    observe(client, args, clock() - started)
+                end(client, args, started)
         return observed
 
     originals = [(owner, name, getattr(owner, name)) for owner, name in _command_calls()]

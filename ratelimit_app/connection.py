@@ -206,7 +206,7 @@ def client() -> redis.Redis | RedisCluster:
 class _Pinned(threading.local):
     generation = -1  # the _generation the client was made in
     client: redis.Redis | RedisCluster | None = None
-    packed: dict | None = None  # commands sent through the kept connection, as redis-py packed them
+    packed: dict = {}  # commands sent through the kept connection, as redis-py packed them (each _pin makes its own)
 
 
 MAX_PACKED = 256  # packed commands a thread keeps: a subject's repeat requests send the same command
@@ -252,8 +252,8 @@ def _round_trip(kept: redis.Connection, command: tuple) -> object:
     # a subject's repeat request sends the same command as before: packed once (a tenth of the
     # client's time for a decision), then sent again as it was
     packed = _pinned.packed
-    if packed is None or len(packed) >= MAX_PACKED:
-        packed = _pinned.packed = {}
+    if len(packed) >= MAX_PACKED:
+        packed.clear()
     message = packed.get(command)
     if message is None:
         message = packed[command] = kept.pack_command(*command)
@@ -278,7 +278,7 @@ def _pin() -> redis.Redis | RedisCluster:
                 # takes a connection from the pool and connects: an outage raises here, inside the breaker
                 kept = redis.Redis(connection_pool=pool, single_connection_client=True)
                 keeping.add(kept)
-    _pinned.client, _pinned.generation, _pinned.packed = kept, _generation, None
+    _pinned.client, _pinned.generation, _pinned.packed = kept, _generation, {}
     return kept
 
 
