@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+
+import redis
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 from django.core.exceptions import ValidationError
@@ -70,31 +73,42 @@ def check_timeouts(app_configs: object = None, **kwargs: object) -> list:
     ]
 
 
+RECOMMENDED_RETRY = ("'CONNECTION_POOL_KWARGS': {'retry': Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))} "
+                     "(from redis.retry and redis.backoff), without retry_on_error or retry_on_timeout")
+
+
 @register()
 def check_retries(app_configs: object = None, **kwargs: object) -> list:
-    from .connection import retries_timeouts
+    from .connection import pool_retry, retries, uses_cluster_factory
 
     alias = get_setting("RATELIMIT_CACHE")
     cache = settings.CACHES.get(alias, {})
-    if not cache.get("BACKEND", "").startswith("django_redis."):
-        return []
+    if not cache.get("BACKEND", "").startswith("django_redis.") or uses_cluster_factory():
+        return []  # a cluster client retries by its own rules (connect_cluster)
     pool_kwargs = cache.get("OPTIONS", {}).get("CONNECTION_POOL_KWARGS", {})
     try:
-        retried = retries_timeouts(pool_kwargs)
+        retry = pool_retry(pool_kwargs)
     except (TypeError, ValueError, AttributeError) as error:
         return [Error(f"The cache {alias!r} has CONNECTION_POOL_KWARGS redis-py refuses: {error}", id="ratelimit_app.E004")]
-    if not retried:
-        return []
-    return [
-        Warning(
-            f"The cache {alias!r} retries commands that timed out: a stalled Redis costs each request two "
-            "timeouts, and runs the command twice when it wakes up (a request counted twice).",
-            hint="Retry only a broken connection: 'CONNECTION_POOL_KWARGS': {'retry': Retry(NoBackoff(), 1, "
-            "supported_errors=(redis.ConnectionError,))} (from redis.retry and redis.backoff), without "
-            "retry_on_error or retry_on_timeout.",
-            id="ratelimit_app.W003",
-        )
-    ]
+    if retries(retry, redis.TimeoutError, socket.timeout):
+        return [
+            Warning(
+                f"The cache {alias!r} retries commands that timed out: a stalled Redis costs each request two "
+                "timeouts, and runs the command twice when it wakes up (a request counted twice).",
+                hint=f"Retry only a broken connection: {RECOMMENDED_RETRY}.",
+                id="ratelimit_app.W003",
+            )
+        ]
+    if not retries(retry, redis.ConnectionError):
+        return [
+            Warning(
+                f"The cache {alias!r} never retries a broken connection: a connection that Redis or a proxy "
+                "closed (idle timeout, restart, failover) costs the request that finds it an outage.",
+                hint=f"Retry a broken connection once: {RECOMMENDED_RETRY}.",
+                id="ratelimit_app.W006",
+            )
+        ]
+    return []
 
 
 RATELIMIT_MIDDLEWARE = "ratelimit_app.middleware.RateLimitMiddleware"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import socket
@@ -13,7 +14,11 @@ from typing import Awaitable, Callable, NoReturn, TypeVar
 
 import redis
 import redis.asyncio
+import redis.asyncio.retry
+import redis.asyncio.sentinel
+import redis.sentinel
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django_redis import get_redis_connection
@@ -245,7 +250,19 @@ def execute(redis_client: redis.Redis | RedisCluster, *command: object, **option
     kept = getattr(redis_client, "connection", None)
     if kept is None or options:
         return redis_client.execute_command(*command, **options)
-    return kept.retry.call_with_retry(lambda: _round_trip(kept, command), lambda _error: kept.disconnect())
+    return kept.retry.call_with_retry(lambda: _on_live_connection(kept, command), lambda _error: kept.disconnect())
+
+
+def _on_live_connection(kept: redis.Connection, command: tuple) -> object:
+    """The round trip, on a new connection if Redis or a proxy closed the one kept (idle timeout,
+    CLIENT KILL, restart): the pool checks a connection before lending it, we learn it on use."""
+    if kept._sock is None:  # not connected yet, or dropped after a failure: no stale socket to replace
+        return _round_trip(kept, command)
+    try:
+        return _round_trip(kept, command)
+    except redis.ConnectionError:
+        kept.disconnect()
+        return _round_trip(kept, command)
 
 
 def _round_trip(kept: redis.Connection, command: tuple) -> object:
@@ -325,14 +342,14 @@ def cluster_configured() -> bool:
     """Whether RATELIMIT_CACHE uses ClusterConnectionFactory (known without connecting)."""
     global _cluster_configured
     if _cluster_configured is None:  # asked on every async decision: read once per settings change
-        _cluster_configured = _uses_cluster_factory()
+        _cluster_configured = uses_cluster_factory()
     return _cluster_configured
 
 
 _cluster_configured: bool | None = None
 
 
-def _uses_cluster_factory() -> bool:
+def uses_cluster_factory() -> bool:
     cache = settings.CACHES.get(get_setting("RATELIMIT_CACHE"), {})
     factory = cache.get("OPTIONS", {}).get("CONNECTION_FACTORY") or getattr(settings, "DJANGO_REDIS_CONNECTION_FACTORY", "")
     if isinstance(factory, str):
@@ -385,29 +402,65 @@ def connect_cluster(url: str, options: dict) -> RedisCluster:
 
 # asyncio connections belong to the event loop that opened them: one client per loop
 _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, redis.asyncio.Redis] = weakref.WeakKeyDictionary()
-ASYNC_POOL_KWARGS = ("max_connections", "retry_on_error", "health_check_interval", "socket_keepalive", "client_name")
 
 
 def aclient() -> redis.asyncio.Redis:
-    """An asyncio client for the running loop, built from the same cache settings (same server, same keys)."""
+    """An asyncio client for the running loop, to the server the sync client reaches, logged in the same way."""
     loop = asyncio.get_running_loop()
     found = _async_clients.get(loop)
     if found is None:
-        found = _async_clients[loop] = _async_client_from_cache(settings.CACHES[get_setting("RATELIMIT_CACHE")])
+        options = settings.CACHES[get_setting("RATELIMIT_CACHE")].get("OPTIONS", {})
+        found = _async_clients[loop] = async_twin(client(), options.get("REDIS_CLIENT_KWARGS", {}))
     return found
 
 
-def _async_client_from_cache(cache: dict) -> redis.asyncio.Redis:
-    location = cache["LOCATION"]
-    url = location[0] if isinstance(location, (list, tuple)) else location.split(",")[0]
-    options = cache.get("OPTIONS", {})
-    kwargs = {name: value for name, value in options.get("CONNECTION_POOL_KWARGS", {}).items() if name in ASYNC_POOL_KWARGS}
-    if options.get("PASSWORD"):
-        kwargs["password"] = options["PASSWORD"]
-    for option, name in (("SOCKET_TIMEOUT", "socket_timeout"), ("SOCKET_CONNECT_TIMEOUT", "socket_connect_timeout")):
-        if options.get(option) is not None:
-            kwargs[name] = options[option]
-    return redis.asyncio.Redis.from_url(url, **kwargs)
+_ASYNC_CONNECTIONS = {
+    redis.Connection: redis.asyncio.Connection,
+    redis.SSLConnection: redis.asyncio.SSLConnection,
+    redis.UnixDomainSocketConnection: redis.asyncio.UnixDomainSocketConnection,
+}
+
+
+def async_twin(shared: redis.Redis, client_kwargs: dict) -> redis.asyncio.Redis:
+    """An asyncio client built from the pool django-redis made for `shared`, so that whatever the cache
+    accepts (Sentinel, USERNAME, SSL, CONNECTION_POOL_KWARGS, REDIS_CLIENT_KWARGS) holds for both."""
+    pool = shared.connection_pool
+    client_kwargs = _accepted(redis.asyncio.Redis, client_kwargs)
+    if isinstance(pool, redis.sentinel.SentinelConnectionPool):
+        manager = pool.sentinel_manager
+        addresses = [(s.connection_pool.connection_kwargs["host"], s.connection_pool.connection_kwargs["port"])
+                     for s in manager.sentinels]
+        sentinel_kwargs = _async_connection_kwargs(redis.asyncio.Connection, manager.sentinel_kwargs)
+        connection_kwargs = _async_connection_kwargs(redis.asyncio.sentinel.SentinelManagedConnection,
+                                                     pool.connection_kwargs)
+        found = redis.asyncio.sentinel.Sentinel(addresses, manager.min_other_sentinels, sentinel_kwargs, **connection_kwargs)
+        pick = found.master_for if pool.is_master else found.slave_for
+        return pick(pool.service_name, max_connections=pool.max_connections, **client_kwargs)
+    connection_class = _ASYNC_CONNECTIONS.get(pool.connection_class)
+    if connection_class is None:
+        raise ImproperlyConfigured(f"ratelimit_app has no asyncio counterpart of {pool.connection_class.__name__}")
+    async_pool = redis.asyncio.ConnectionPool(
+        connection_class=connection_class, max_connections=pool.max_connections,
+        **_async_connection_kwargs(connection_class, pool.connection_kwargs),
+    )
+    return redis.asyncio.Redis(connection_pool=async_pool, **client_kwargs)
+
+
+def _async_connection_kwargs(connection_class: type, kwargs: dict) -> dict:
+    """A sync connection's options for an asyncio one: the same values, but its own parser and retry type."""
+    own = ("parser_class", "connection_pool")  # the sync parser; a Sentinel pool's link to itself
+    converted = _accepted(connection_class, {name: value for name, value in kwargs.items() if name not in own})
+    retry = converted.get("retry")
+    if retry is not None and not isinstance(retry, redis.asyncio.retry.Retry):
+        converted["retry"] = redis.asyncio.retry.Retry(retry._backoff, retry._retries, retry._supported_errors)
+    return converted
+
+
+def _accepted(cls: type, kwargs: dict) -> dict:
+    """The keyword arguments that `cls` (or a base class it passes **kwargs to) takes."""
+    names = {name for klass in cls.__mro__ if "__init__" in vars(klass)
+             for name in inspect.signature(klass.__init__).parameters}
+    return {name: value for name, value in kwargs.items() if name in names}
 
 
 @receiver(setting_changed, dispatch_uid="ratelimit_cache_changed")
@@ -420,6 +473,18 @@ def _forget_client(setting: str, **kwargs: object) -> None:
         unpin()
 
 
+def pool_retry(pool_kwargs: dict) -> Retry:
+    """The Retry redis-py makes of these CONNECTION_POOL_KWARGS (its own rules for combining `retry`,
+    `retry_on_error` and `retry_on_timeout`)."""
+    options = {name: pool_kwargs[name] for name in ("retry", "retry_on_error", "retry_on_timeout") if name in pool_kwargs}
+    return redis.Connection(**options).retry
+
+
+def retries(retry: Retry, *errors: type[Exception]) -> bool:
+    """Whether `retry` sends a command again after one of `errors`."""
+    return retry.get_retries() > 0 and any(issubclass(error, retry._supported_errors) for error in errors)  # no public accessor
+
+
 def retries_timeouts(pool_kwargs: dict) -> bool:
     """Whether redis-py, given these CONNECTION_POOL_KWARGS, sends a command again after a timeout.
 
@@ -427,9 +492,4 @@ def retries_timeouts(pool_kwargs: dict) -> bool:
     `retry_on_error=[ConnectionError]` alone retries timeouts. A stalled Redis then costs two
     timeouts, and executes the command twice once it wakes up.
     """
-    options = {name: pool_kwargs[name] for name in ("retry", "retry_on_error", "retry_on_timeout") if name in pool_kwargs}
-    retry = redis.Connection(**options).retry  # redis-py's own rules for combining the three
-    if retry.get_retries() == 0:
-        return False
-    retried = retry._supported_errors  # no public accessor in redis-py
-    return any(issubclass(timeout, retried) for timeout in (redis.TimeoutError, socket.timeout))
+    return retries(pool_retry(pool_kwargs), redis.TimeoutError, socket.timeout)

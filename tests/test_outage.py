@@ -185,6 +185,17 @@ def test_a_configuration_retrying_timeouts_is_reported_by_a_system_check(setting
     assert warned({"retry_on_error": 5}, id="ratelimit_app.E004")  # not a list: said, never a crash
 
 
+def test_a_cache_that_never_retries_a_broken_connection_is_reported_by_a_system_check(settings):
+    def warned(pool_kwargs):
+        options = {**settings.CACHES["default"]["OPTIONS"], "CONNECTION_POOL_KWARGS": pool_kwargs}
+        settings.CACHES = {"default": {**settings.CACHES["default"], "OPTIONS": options}}
+        return "ratelimit_app.W006" in [message.id for message in run_checks()]
+
+    assert warned({})  # redis-py's default for a pool: no retry at all
+    assert warned({"retry": Retry(NoBackoff(), 0)})
+    assert not warned({"retry": Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))})
+
+
 def test_the_recommended_settings_do_not_retry_timeouts(settings):
     assert not connection.retries_timeouts(settings.CACHES["default"]["OPTIONS"]["CONNECTION_POOL_KWARGS"])
 

@@ -1,0 +1,123 @@
+"""The request path's clients as production Redis set-ups use them: Sentinel and ACL users reach sync
+and async decisions alike, and a connection Redis closed (idle timeout, CLIENT KILL) is replaced on
+the spot instead of being reported as an outage."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+
+from project.devredis import PrivateRedis
+from ratelimit_app import connection, engine
+from tests.cluster import LocalSentinel, wait_for
+from tests.helpers import check, policy
+from tests.test_sentinel import sentinel_cache
+
+pytestmark = pytest.mark.django_db
+TIMEOUTS = {"SOCKET_CONNECT_TIMEOUT": 0.25, "SOCKET_TIMEOUT": 0.25}
+
+
+@pytest.fixture
+def no_outage():
+    """Asserts, after the test, that no decision found Redis unavailable."""
+    before = connection.breaker.failures
+    yield
+    assert connection.breaker.failures == before
+
+
+@pytest.fixture
+def private():
+    server = PrivateRedis().start()
+    yield server
+    server.stop()
+
+
+def use_cache(settings, cache: dict) -> None:
+    settings.CACHES = {**settings.CACHES, "limits": cache}
+    settings.RATELIMIT_CACHE = "limits"
+
+
+def plain_cache(url: str, **options: object) -> dict:
+    """The README's cache: timeouts, and nothing else (no retry option)."""
+    return {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": url, "OPTIONS": {**TIMEOUTS, **options}}
+
+
+def sync_answers(compiled, times: int) -> list[bool]:
+    return [engine.decide([check(compiled)]).allowed for _ in range(times)]
+
+
+def async_answers(compiled, times: int) -> list[bool]:
+    async def decide_all() -> list[bool]:
+        return [(await engine.adecide([check(compiled)])).allowed for _ in range(times)]
+
+    return asyncio.run(decide_all())
+
+
+@pytest.fixture
+def sentinel(settings):
+    started = LocalSentinel()
+    use_cache(settings, sentinel_cache(started))
+    yield started
+    started.stop()
+    connection.breaker.reset()
+
+
+def test_async_decisions_reach_the_master_through_the_sentinel(sentinel, no_outage):
+    assert async_answers(policy(limit=2), 4) == [True, True, False, False]
+    assert sync_answers(policy(limit=2, name="other"), 3) == [True, True, False]
+
+
+@pytest.fixture
+def acl_user(private):
+    """The server's default user has another password; the cache logs in as a user of its own."""
+    admin = redis.Redis(port=private.port)
+    admin.acl_setuser("limiter", enabled=True, passwords=["+limiter-secret"], keys=["*"], commands=["+@all"])
+    admin.config_set("requirepass", "someone-elses")
+    yield private
+    admin.close()
+
+
+def test_async_and_sync_decisions_log_in_as_the_caches_acl_user(settings, acl_user, no_outage):
+    use_cache(settings, plain_cache(acl_user.url, USERNAME="limiter", PASSWORD="limiter-secret"))
+    compiled = policy(limit=2)
+    assert async_answers(compiled, 4) == [True, True, False, False]
+    assert sync_answers(compiled, 1) == [False]  # the same counter: the same server, the same user
+
+
+def test_async_connections_take_the_pool_options_of_the_cache(settings, private):
+    use_cache(settings, plain_cache(private.url, CONNECTION_POOL_KWARGS={"client_name": "limiter-async"}))
+    assert async_answers(policy(limit=1), 2) == [True, False]
+    names = [client["name"] for client in redis.Redis(port=private.port).client_list()]
+    assert "limiter-async" in names
+
+
+def _kept_connections_closed(server: PrivateRedis) -> bool:
+    """Whether the server has closed every connection but the one asking."""
+    return len(redis.Redis(port=server.port).client_list()) == 1
+
+
+def test_a_connection_redis_closed_while_idle_is_replaced_not_an_outage(settings, private, no_outage):
+    use_cache(settings, plain_cache(private.url))
+    compiled = policy(limit=3)
+    assert sync_answers(compiled, 1) == [True]  # this thread now keeps a connection
+    redis.Redis(port=private.port).config_set("timeout", 1)
+    wait_for(lambda: _kept_connections_closed(private), 10, "Redis to close the idle connection")
+    assert sync_answers(compiled, 3) == [True, True, False]
+
+
+@pytest.mark.parametrize("fail_open", [True, False])
+def test_a_killed_connection_is_replaced_under_either_failure_rule(client, settings, private, fail_open, no_outage):
+    from tests.helpers import make_policy
+
+    use_cache(settings, plain_cache(private.url))
+    settings.RATELIMIT_FAIL_OPEN = fail_open
+    make_policy(name="search-per-ip", action="demo:search", limit=3, window=3600)
+
+    def search() -> int:
+        return client.get("/demo/search/?q=a", REMOTE_ADDR="203.0.113.7").status_code
+
+    assert search() == 200
+    redis.Redis(port=private.port).client_kill_filter(_type="normal")
+    assert [search() for _ in range(3)] == [200, 200, 429]
