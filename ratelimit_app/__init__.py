@@ -2,10 +2,19 @@
 
 For code that is not a view: `ratelimit_app.check(request, action)` tells what would happen
 without counting; `ratelimit_app.hit(request, action)` counts the request. Both return a Verdict;
-`acheck` and `ahit` are the same for async code.
+`acheck` and `ahit` are the same for async code. `ratelimit_app.ratelimit` is the view decorator.
 """
 
 from __future__ import annotations
+
+
+def __getattr__(name: str):
+    # the decorator imports Django's machinery: loaded when asked for, not with the package
+    if name == "ratelimit":
+        from .decorators import ratelimit
+
+        return ratelimit
+    raise AttributeError(f"module 'ratelimit_app' has no attribute {name!r}")
 
 
 def check(request, action: str):

@@ -15,25 +15,13 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from . import live, registry, tester
+from . import operations, registry, tester
 from .connection import RedisUnavailable
 from .models import Mode, Override, Policy
-from .policies import CompiledPolicy, compile_policy
-from .rates import EXAMPLES, format_rate, parse_rate
-from .subjects import SubjectTextError, subject_from_text
+from .rates import EXAMPLES, format_rate, human_window, parse_rate
 
-LIVE_ROWS = 100
 UNKNOWN = "?"  # shown in the list when Redis cannot tell
 INVALID = "invalid"  # shown in the list for a row that fails validation (it is not enforced)
-SUBJECT_KEY = re.compile(r"[0-9a-f]{16}")  # what subjects.Subject.key holds
-
-
-def human_window(seconds: int) -> str:
-    """60 -> '1 min', 3600 -> '1 h', 90 -> '90 s'."""
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
-        if seconds % size == 0:
-            return f"{seconds // size} {unit}"
-    return f"{seconds} s"
 
 
 class OverrideInline(admin.TabularInline):
@@ -134,7 +122,7 @@ class PolicyAdmin(admin.ModelAdmin):
     def get_changelist_instance(self, request):
         changelist = super().get_changelist_instance(request)
         try:
-            activity = live.policy_activity(list(changelist.result_list))
+            activity = operations.policy_activity(list(changelist.result_list))
         except RedisUnavailable:
             activity = {}
             messages.warning(request, "Redis is unreachable: current activity is not shown.")
@@ -148,7 +136,7 @@ class PolicyAdmin(admin.ModelAdmin):
 
     def _attach_trends(self, policies) -> None:
         try:
-            trends = live.policy_trends(list(policies))
+            trends = operations.policy_trends(list(policies))
         except RedisUnavailable:
             trends = {}  # the activity columns already say that Redis is unreachable
         for policy in policies:
@@ -195,7 +183,7 @@ class PolicyAdmin(admin.ModelAdmin):
     def reset_counts(self, request, queryset):
         reset = 0
         for policy in queryset:
-            reset_all(policy)
+            operations.reset_all(policy)
             self.log_change(request, policy, "Reset the counts of every subject.")
             reset += 1
         self.message_user(request, f"Counts reset for {reset} policies.", messages.SUCCESS)
@@ -296,8 +284,8 @@ class PolicyAdmin(admin.ModelAdmin):
 
     def live_view(self, request, pk: int):
         policy = self._policy_for(request, pk)
-        data, status = live_data(policy, rows=_rows(request))
-        data["trend"] = [] if "error" in data else trend_data(policy)
+        data, status = operations.live_snapshot(policy, rows=_rows(request))
+        data["trend"] = [] if "error" in data else operations.trend_data(policy)
         if request.GET.get("format") == "json":
             return JsonResponse(data, status=status)
         context = {
@@ -320,12 +308,10 @@ class PolicyAdmin(admin.ModelAdmin):
         subject = request.POST.get("subject", "").strip()
         try:
             if subject:
-                compiled = compile_policy(policy)
-                subject_key, typed = subject_key_of(compiled, subject)
-                shown = live.reset_subjects(compiled, [subject_key])  # as the server knows it, not as typed
-                message = f"Counts of subject {' / '.join(shown) or typed} reset for {policy.name}."
+                shown, _had_counts = operations.reset_subject(policy, subject)  # as the server knows it
+                message = f"Counts of subject {shown} reset for {policy.name}."
             else:
-                reset_all(policy)
+                operations.reset_all(policy)
                 message = f"Counts of every subject reset for {policy.name}."
         except RedisUnavailable as error:
             self.message_user(request, f"Nothing was reset: Redis is unreachable ({error}).", messages.ERROR)
@@ -384,75 +370,14 @@ class OverrideAdmin(admin.ModelAdmin):
         return "exempt" if override.exempt else f"limit {override.limit}"
 
 
-def reset_all(policy: Policy) -> None:
-    """Start every subject of the policy afresh: counters carry the generation, old ones just expire."""
-    policy.generation += 1
-    policy.save(update_fields=["generation", "updated"])
-
-
 def _rows(request) -> int:
     try:
-        return max(1, min(int(request.GET.get("limit", LIVE_ROWS)), 1000))
+        return max(1, min(int(request.GET.get("limit", operations.LIVE_ROWS)), 1000))
     except ValueError:
-        return LIVE_ROWS
-
-
-def live_data(policy: Policy, rows: int = LIVE_ROWS) -> tuple[dict, int]:
-    """The live page's data in the JSON shape of DESIGN.md, and the HTTP status to answer with."""
-    data: dict = {
-        "policy": {
-            "id": policy.pk, "name": policy.name, "action": policy.action, "limit": policy.limit,
-            "window": policy.window, "strategy": policy.strategy, "key": policy.key, "mode": policy.mode,
-        },
-        "subjects": [],
-        "totals": {"allowed": 0, "denied": 0},
-        "active": 0,
-        "shown": 0,
-        "blocked": 0,
-    }
-    try:
-        usage = live.live_usage(compile_policy(policy), rows=rows)
-    except ValidationError as error:
-        return {**data, "error": f"This policy is invalid and not enforced: {'; '.join(error.messages)}"}, 200
-    except RedisUnavailable as error:
-        return {**data, "error": f"Redis is unreachable, live usage cannot be shown: {error}"}, 503
-    data["subjects"] = [
-        {
-            "subject": s.display, "key": s.key, "count": s.count, "limit": s.limit,
-            "remaining": max(s.limit - s.count, 0), "reset_in": round(s.reset_in, 1),
-            "blocked": s.count >= s.limit, "overridden": s.overridden,
-        }
-        for s in usage.subjects
-    ]
-    data["totals"] = {"allowed": usage.allowed, "denied": usage.denied}
-    # the listed subjects are all the active ones unless the index was full: then the totals say how many
-    data["shown"] = usage.shown
-    data["active"] = usage.active if usage.index_full else usage.shown
-    data["blocked"] = usage.blocked
-    return data, 200
-
-
-def subject_key_of(policy: CompiledPolicy, text: str) -> tuple[str, str]:
-    """The subject key and how to show it, from a key as the live page sends it or a subject as a
-    person writes it (ip:203.0.113.7, user:alice); ValidationError saying why when it is neither."""
-    if SUBJECT_KEY.fullmatch(text):
-        return text, text
-    try:
-        subject = subject_from_text(policy.key_spec, text)
-    except SubjectTextError as error:
-        raise ValidationError(str(error)) from None
-    return subject.key, subject.display
+        return operations.LIVE_ROWS
 
 
 # --- trends: the live page's chart and the list's sparkline --------------------------------------
-
-
-def trend_data(policy: Policy) -> list[dict]:
-    """Allowed and denied per window, oldest first, for the live page's chart ([] when Redis cannot say)."""
-    try:
-        return [point._asdict() for point in live.policy_trend(policy)]
-    except RedisUnavailable:
-        return []
 
 
 def sparkline(values: list[int], title: str) -> str:

@@ -9,4 +9,9 @@ class RateLimitConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.core.signals import request_started
+
         from . import checks, registry, signals  # noqa: F401  (system checks, invalidation, code policies after migrate)
+
+        # declarations of settings and code are written at a process's first request, never while its index loads
+        request_started.connect(registry.sync_pending, dispatch_uid="ratelimit_registry_pending")

@@ -16,7 +16,7 @@ from .conf import get_setting
 from .tally import NOW, tally
 
 if TYPE_CHECKING:
-    from .engine import Check, Decision
+    from .values import Check, Decision
 
 MAX_ENTRIES = 10_000  # subjects over a limit at once in one process; beyond that, the oldest are forgotten
 

@@ -4,7 +4,7 @@ Lua script (lua/decide.lua, assembled by scripts.py)."""
 from __future__ import annotations
 
 from time import perf_counter
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import Sequence
 
 import redis
 from asgiref.sync import sync_to_async
@@ -14,45 +14,12 @@ from .conf import get_setting
 from .connection import RedisUnavailable, aclient, breaker, cluster_configured, decision_client, is_cluster
 from .scripts import now_arg, run_each, scripts
 from .tally import tally
+from .values import NO_POLICIES, Check, CompiledPolicy, Decision, Subject, Verdict
 
-if TYPE_CHECKING:
-    from .policies import CompiledPolicy
-    from .subjects import Subject
 
 __all__ = ["Check", "Decision", "Verdict", "NO_POLICIES", "RedisUnavailable", "decide", "adecide", "live_member"]
 
 
-class Check(NamedTuple):
-    """One policy to decide for one subject, with the limit in effect for that subject."""
-
-    policy: CompiledPolicy
-    subject: Subject
-    limit: int
-
-
-class Decision(NamedTuple):
-    policy: CompiledPolicy
-    subject: Subject
-    allowed: bool  # this policy lets the request through (a shadow policy always does)
-    exceeded: bool  # the request was over the limit (for a shadow policy: it would have been denied)
-    count: int  # requests counted in the window, this one included when it was counted
-    limit: int
-    remaining: int
-    reset_in: float  # seconds until every counted request has left the window
-    retry_after: float | None  # seconds until a request would be admitted again, when exceeded
-
-
-class Verdict(NamedTuple):
-    allowed: bool
-    decisions: tuple[Decision, ...]
-    version: bytes | None  # the policy version token read in the same call (None when not read)
-
-    @property
-    def denied_by(self) -> tuple[Decision, ...]:
-        return tuple(decision for decision in self.decisions if not decision.allowed)
-
-
-NO_POLICIES = Verdict(True, (), None)
 
 
 # --- deciding ----------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from . import metrics
 if TYPE_CHECKING:
     from django.http import HttpRequest
 
-    from .engine import Decision
+    from .values import Decision
 
 logger = logging.getLogger("ratelimit_app")
 

@@ -12,7 +12,7 @@ from math import ceil
 from functools import lru_cache
 from typing import Sequence
 
-from .engine import Decision
+from .values import Decision
 
 
 @lru_cache(maxsize=1024)  # policy names: a few, on every response

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from .conf import get_setting
 
 if TYPE_CHECKING:
-    from .policies import CompiledPolicy
+    from .values import CompiledPolicy
 
 
 def prefix() -> str:

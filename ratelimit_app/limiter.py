@@ -13,10 +13,9 @@ from .conf import get_setting
 from .connection import outage
 from .deny_cache import deny_cache
 from .deny_cache import enabled as deny_cache_enabled
-from .engine import Check, Decision, Verdict
 from .overrides import CompiledOverride, matching_override
-from .policies import CompiledPolicy
-from .subjects import Subject, subject_for
+from .subjects import subject_for
+from .values import Check, CompiledPolicy, Decision, Subject, Verdict
 
 logger = logging.getLogger("ratelimit_app")
 STATE_ATTRIBUTE = "_ratelimit"

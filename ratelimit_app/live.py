@@ -22,7 +22,7 @@ from .scripts import now_arg, run_each, scripts
 from .tally import tally
 
 if TYPE_CHECKING:
-    from .policies import CompiledPolicy
+    from .values import CompiledPolicy
 
 INDEX_PAGE = 500  # live index entries read per ZREVRANGE
 BATCH = 200  # counters read per call of live.lua

@@ -19,8 +19,7 @@ except ImportError:  # the optional extra is not installed: metrics stay off
     prometheus_client = None
 
 if TYPE_CHECKING:
-    from .engine import Verdict
-    from .policies import CompiledPolicy
+    from .values import CompiledPolicy, Verdict
 
 # Seconds; a decision on a healthy local Redis takes ~0.1-0.5 ms, a socket timeout 0.25 s.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)

@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Iterable
 
 from asgiref.sync import sync_to_async
@@ -23,56 +22,18 @@ from django.core.signals import setting_changed
 from django.db import transaction
 from django.dispatch import receiver
 
-from . import registry, version as policy_version
+from . import version as policy_version
 from .connection import RedisUnavailable
 from .conf import get_setting
 from .deny_cache import deny_cache
 from .models import Mode, Override, Policy, Strategy
 from .overrides import PolicyOverrides, compile_overrides
-from .subjects import KeySpec, parse_key_spec
+from .subjects import parse_key_spec
+from .values import CompiledPolicy
 
 logger = logging.getLogger("ratelimit_app")
 
 SHAPE_LETTER = {Strategy.FIXED_WINDOW: "f", Strategy.SLIDING_WINDOW: "s", Strategy.SLIDING_LOG: "l", Strategy.TOKEN_BUCKET: "t"}
-
-
-@dataclass(frozen=True, slots=True)
-class CompiledPolicy:
-    """A validated, immutable snapshot of one Policy row, with what the hot path needs precomputed."""
-
-    id: int
-    name: str
-    action: str
-    limit: int
-    window: int
-    strategy: str
-    key: str
-    key_spec: KeySpec
-    methods: frozenset[str]
-    mode: str
-    bucket_size: int | None
-    generation: int
-    burst: int | None  # token_bucket: requests allowed at once, at most the limit in effect; None: that limit
-    window_ms: int
-    bucket_ms: int  # the scripts' bucket slot: sliding_window's bucket in ms; token_bucket's burst (0: the limit)
-    shape: str  # part of the counter key: a change of strategy, window or bucket starts fresh counters
-    enforce: bool  # mode == enforce, kept as a plain bool for the hot path
-    totals_bucket_ms: int  # the bucket of the policy's totals (see totals_bucket_ms)
-    counts_users: bool  # whether the subject depends on who is logged in
-    # the engine's KEYS and ARGV for a (subject, limit), made once: the same clients come back
-    script_parts: dict = field(default_factory=dict, hash=False, compare=False, repr=False)
-
-    def __hash__(self) -> int:
-        # equal policies share their id: this spares hashing every field, for every policy of every
-        # request (the worker's tallies and caches are keyed by policy)
-        return self.id
-
-    def applies_to_method(self, method: str) -> bool:
-        return not self.methods or method in self.methods
-
-    def capacity(self, limit: int) -> int:
-        """What a subject's count is compared with under `limit`: the limit, or a token bucket's burst."""
-        return limit if self.burst is None or self.burst > limit else self.burst
 
 
 def with_head(methods: frozenset[str]) -> frozenset[str]:
@@ -201,7 +162,6 @@ _state = _IndexState()
 
 def load_index() -> PolicyIndex:
     """Read the enabled policies and their overrides; a bad row is skipped with a logged error."""
-    registry.sync()  # policies declared in code become rows first (database errors are logged there)
     compiled = []
     for row in Policy.objects.filter(enabled=True).order_by("pk"):
         try:
@@ -286,10 +246,10 @@ def observe_version(version: bytes | None) -> None:
         state.stale = True
 
 
-def policies_changed() -> None:
+def policies_changed(using: str = "default") -> None:
     """Mark this process's index stale now and tell the other workers once the change is committed."""
     _state.stale = True
-    transaction.on_commit(_publish_change)
+    transaction.on_commit(_publish_change, using=using)
 
 
 @receiver(setting_changed, dispatch_uid="ratelimit_policy_deadlines")

@@ -52,3 +52,11 @@ def format_rate(limit: int, window: int) -> str:
             count = window // size
             return f"{limit}/{'' if count == 1 else count}{unit}"
     return f"{limit}/{window}s"  # unreachable: every window divides by 1
+
+
+def human_window(seconds: int) -> str:
+    """60 -> '1 min', 3600 -> '1 h', 90 -> '90 s'."""
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
+        if seconds % size == 0:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"

@@ -15,15 +15,15 @@ from typing import Any, Callable, Iterable, Sequence
 from django.core.checks import Error, register
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DatabaseError, transaction
+from django.core.signals import setting_changed
 from django.db.models.signals import post_migrate
 from django.dispatch import receiver
 from django.utils import timezone
 
 from .conf import get_setting
-from .connection import RedisUnavailable
 from .models import Mode, Policy, Source, Strategy
 from .rates import format_rate, parse_rate
-from .version import bump_version
+from .policies import policies_changed
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -143,6 +143,7 @@ class _Registry:
         # functions returning declarations read from settings at each sync (so override_settings works)
         self.providers: list[Callable[[], list[CodePolicy]]] = []
         self.synced: set[str] = set()  # names written to the database with their current values
+        self.pending = True  # the providers' declarations are to be written (at startup, after a settings change)
         self.lock = threading.Lock()
 
 
@@ -159,6 +160,7 @@ def register_policy(policy: CodePolicy) -> CodePolicy:
             return known
         _registry.declared[policy.name] = policy
         _registry.synced.discard(policy.name)
+        _registry.pending = True
     return policy
 
 
@@ -216,25 +218,40 @@ def _from_setting(entry: Any, origin: str) -> CodePolicy:
 def sync(policies: Sequence[CodePolicy] | None = None, *, using: str = "default") -> int:
     """Create or update the rows of declared policies; returns how many rows were written.
 
-    Rows are written without the save signals, so that the policy index, which calls this before
-    reading the rows, is not marked stale by its own load; other workers hear of it once committed.
-    A database error is logged, not raised: requests go on with the policies already loaded.
+    Written after `migrate`, at a process's first request and for a declaration first seen later:
+    never while the policy index loads. A database error is logged, not raised: requests go on
+    with the policies already loaded.
     """
-    policies = declared_policies() if policies is None else list(policies)
-    if not policies:
-        return 0
+    everything = policies is None
+    policies = declared_policies() if everything else list(policies)
     try:
         with transaction.atomic(using=using):
             rows = {row.name: row for row in Policy.objects.using(using).filter(name__in=[p.name for p in policies])}
             written = sum(_sync_row(policy, rows.get(policy.name), using) for policy in policies)
             if written:
-                transaction.on_commit(_announce, using=using)
+                policies_changed(using)  # this process reloads now, the others once committed
     except DatabaseError as error:
         logger.error("ratelimit: could not write the policies declared in code to the database: %s", error)
         return 0
     with _registry.lock:
         _registry.synced.update(p.name for p in policies if _registry.declared.get(p.name) is p)
+        if everything:
+            _registry.pending = False
     return written
+
+
+def sync_pending(**kwargs: object) -> None:
+    """At a request's start: write the declarations not written yet (the first request of a process,
+    after a settings change); a flag test for every other request."""
+    if _registry.pending:
+        sync()
+
+
+def forget_synced() -> None:
+    """Write every declaration again at the next request (a test's database was rolled back)."""
+    with _registry.lock:
+        _registry.synced.clear()
+        _registry.pending = True
 
 
 def is_synced(policy: CodePolicy) -> bool:
@@ -242,11 +259,9 @@ def is_synced(policy: CodePolicy) -> bool:
 
 
 def ensure_synced(policy: CodePolicy) -> None:
-    """Write a declaration made after the policy index loaded (a view module imported late); cheap after."""
-    if policy.name not in _registry.synced and sync([policy]):
-        from .policies import policies_changed  # policies imports this module
-
-        policies_changed()  # this process reloads its index now
+    """Write a declaration first seen after the process started (a view module imported late); cheap after."""
+    if policy.name not in _registry.synced:
+        sync([policy])
 
 
 def _sync_row(policy: CodePolicy, row: Policy | None, using: str) -> bool:
@@ -277,13 +292,6 @@ def _sync_row(policy: CodePolicy, row: Policy | None, using: str) -> bool:
         return False
     Policy.objects.using(using).filter(pk=row.pk).update(code_values=policy.values, updated=timezone.now(), **merged)
     return True
-
-
-def _announce() -> None:
-    try:
-        bump_version()
-    except RedisUnavailable as error:
-        logger.warning("ratelimit: could not announce the policies declared in code to other workers: %s", error)
 
 
 def _merge(row: Policy, declared: dict[str, Any]) -> dict[str, Any]:
@@ -330,6 +338,12 @@ def revert(row: Policy) -> list[str]:
     if changed:
         row.save()
     return changed
+
+
+@receiver(setting_changed, dispatch_uid="ratelimit_registry_settings")
+def _settings_changed(setting: str, **kwargs: object) -> None:
+    if setting in ("RATELIMIT_POLICIES", "REST_FRAMEWORK"):  # what the providers read
+        _registry.pending = True
 
 
 @receiver(post_migrate, dispatch_uid="ratelimit_registry_sync")

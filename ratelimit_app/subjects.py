@@ -23,6 +23,7 @@ from django.utils.module_loading import import_string
 
 from .conf import get_setting
 from .lru import byte_bounded_cache
+from .values import KeyPart, KeySpec, Subject
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -33,25 +34,10 @@ KINDS = "ip, user, user_or_ip, header:<Name>, param:<name>, get:<name>, post:<na
 UNIX_SOCKET = "unix"  # in RATELIMIT_TRUSTED_PROXIES: the server's own socket (REMOTE_ADDR empty) is a proxy
 
 
-class Subject(NamedTuple):
-    key: str  # 16 hex digits of blake2b(canonical subject): what Redis keys carry
-    display: str  # readable, at most 100 characters, secrets masked: what the admin shows
-
-
 class KeySpecError(ValueError):
     """A key spec that cannot be used; the message says what is wrong."""
 
 
-class KeyPart(NamedTuple):
-    """One part of a key spec: its canonical label and how to read its value from a request."""
-
-    label: str
-    read: Callable[[object], str | None]  # request -> canonical value, or None when it cannot be computed
-    show: Callable[[str], str]  # canonical value -> display
-    reads_user: bool = False  # may read request.user (async views load the user before computing it)
-
-
-KeySpec = tuple[KeyPart, ...]
 
 
 # --- reading a spec ------------------------------------------------------------------------------

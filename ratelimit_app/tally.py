@@ -25,7 +25,7 @@ from .connection import client
 from .scripts import run_each, scripts
 
 if TYPE_CHECKING:
-    from .policies import CompiledPolicy
+    from .values import CompiledPolicy
 
 logger = logging.getLogger("ratelimit_app")
 FLUSH_SECONDS = 0.25

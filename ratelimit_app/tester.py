@@ -11,10 +11,11 @@ from django.contrib.auth.models import AnonymousUser
 from django.test import RequestFactory
 
 from . import engine
-from .engine import Check, Decision
+from .values import Check, Decision
 from .limiter import Planned, plan
 from .doors import route_of
-from .policies import CompiledPolicy, get_index
+from .policies import get_index
+from .values import CompiledPolicy
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 

@@ -12,7 +12,7 @@ from rest_framework.test import APIRequestFactory
 from ratelimit_app import connection
 from ratelimit_app.compat.drf import AnonRateThrottle, UserRateThrottle
 from ratelimit_app.models import Override, Policy
-from ratelimit_app.policies import get_index
+from ratelimit_app import registry
 from ratelimit_app import engine
 from ratelimit_app.policies import compile_policy
 from tests.helpers import check, count_round_trips, declarations_forgotten, in_processes, make_policy
@@ -38,7 +38,7 @@ def two_throttles():
 
 @override_settings(REST_FRAMEWORK=RATES)
 def test_every_rate_of_the_settings_shows_in_the_admin_as_a_policy_from_code(admin_client):
-    get_index()
+    registry.sync_pending()  # as at a process's first request
     rows = {row.name: row for row in Policy.objects.filter(source="code", name__startswith="drf-")}
     assert (rows["drf-anon"].limit, rows["drf-anon"].window, rows["drf-anon"].key) == (3, 60, "ip")
     assert (rows["drf-items"].limit, rows["drf-items"].key, rows["drf-items"].strategy) == (5, "user_or_ip", "sliding_log")
@@ -63,7 +63,7 @@ def test_responses_carry_the_ratelimit_headers_through_the_middleware(client):
 
 @override_settings(REST_FRAMEWORK=RATES)
 def test_the_operators_limit_in_the_admin_wins_over_the_settings(client):
-    get_index()
+    registry.sync_pending()  # as at a process's first request
     Policy.objects.filter(name="drf-anon").update(limit=1)
     Policy.objects.get(name="drf-anon").save()  # as the admin saves: every worker reloads
     assert [client.get("/items/").status_code for _ in range(2)] == [200, 429]
@@ -71,7 +71,7 @@ def test_the_operators_limit_in_the_admin_wins_over_the_settings(client):
 
 @override_settings(REST_FRAMEWORK=RATES)
 def test_shadow_mode_and_disabling_in_the_admin_stop_denying(client):
-    get_index()
+    registry.sync_pending()  # as at a process's first request
     anon = Policy.objects.get(name="drf-anon")
     anon.mode = "shadow"
     anon.save()
@@ -83,7 +83,7 @@ def test_shadow_mode_and_disabling_in_the_admin_stop_denying(client):
 
 @override_settings(REST_FRAMEWORK=RATES)
 def test_an_override_exempts_an_address(client):
-    get_index()
+    registry.sync_pending()  # as at a process's first request
     for name in ("drf-anon", "drf-items"):
         Override.objects.create(policy=Policy.objects.get(name=name), kind="ip", network="203.0.113.0/24", exempt=True)
     assert {client.get("/items/", REMOTE_ADDR="203.0.113.9").status_code for _ in range(8)} == {200}
@@ -114,7 +114,7 @@ def test_a_throttle_class_with_its_own_rate_shows_in_the_admin_before_any_reques
         scope = "uploads"
         rate = "20/h"
 
-    get_index()
+    registry.sync_pending()  # as at a process's first request
     row = Policy.objects.get(name="drf-uploads-uploads")
     assert (row.source, row.limit, row.window, row.key) == ("code", 20, 3600, "user_or_ip")
 

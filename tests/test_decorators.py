@@ -75,3 +75,13 @@ def test_an_action_without_policies_is_always_allowed_and_costs_nothing():
     with count_round_trips() as trips:
         assert ratelimit_app.hit(request(), "no-such-action").allowed
     assert trips[0] == 0
+
+
+def test_the_decorator_is_exported_by_the_package_too():
+    import ratelimit_app
+    from ratelimit_app import ratelimit as exported
+    from ratelimit_app.decorators import ratelimit as decorator
+
+    assert exported is decorator
+    with pytest.raises(AttributeError):
+        ratelimit_app.no_such_name  # noqa: B018

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from ratelimit_app import engine, keys, policies, version
-from ratelimit_app.admin import reset_all
+from ratelimit_app.operations import reset_all
 from ratelimit_app.models import Policy
 from tests.helpers import check, make_policy
 

@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth.models import AnonymousUser, User
 from django.test import RequestFactory
 
-from ratelimit_app.admin import SUBJECT_KEY
+from ratelimit_app.operations import SUBJECT_KEY
 from ratelimit_app.subjects import KeySpecError, client_ip, parse_key_spec, subject_for
 
 

@@ -7,11 +7,12 @@ from typing import NamedTuple, Sequence
 
 from .. import engine, limiter, policies, registry
 from ..doors import inner_door
-from ..engine import Check, Decision
+from ..values import Check, Decision
 from ..limiter import state_of
 from ..overrides import matching_override
 from ..registry import CodePolicy
-from ..subjects import Subject, _bounded, _hash
+from ..subjects import _bounded, _hash
+from ..values import Subject
 
 
 class Want(NamedTuple):

@@ -10,11 +10,10 @@ import math
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from ratelimit_app import live
-from ratelimit_app.admin import human_window, live_data, reset_all, subject_key_of
+from ratelimit_app import operations
 from ratelimit_app.connection import RedisUnavailable
 from ratelimit_app.models import Mode, Policy
-from ratelimit_app.policies import compile_policy
+from ratelimit_app.rates import human_window
 from ratelimit_app.tester import TesterForm
 
 logger = logging.getLogger("ratelimit_app")
@@ -54,7 +53,7 @@ class Command(BaseCommand):
     def handle_status(self, *, as_json: bool, **options) -> None:
         rows = list(Policy.objects.order_by("name"))
         try:
-            activity = live.policy_activity([row for row in rows if row.window and row.window > 0])
+            activity = operations.policy_activity([row for row in rows if row.window and row.window > 0])
             error = None
         except RedisUnavailable as unavailable:
             activity, error = {}, f"Redis is unreachable, activity is not shown: {unavailable}"
@@ -82,7 +81,7 @@ class Command(BaseCommand):
         if not 1 <= limit <= 1000:
             raise CommandError("--limit must be between 1 and 1000.")
         row = _policy(policy)
-        data, _ = live_data(row, rows=limit)
+        data, _ = operations.live_snapshot(row, rows=limit)
         if "error" in data:
             raise CommandError(data["error"])
         if as_json:
@@ -113,13 +112,11 @@ class Command(BaseCommand):
         if all == bool(subject):
             raise CommandError("Give either a SUBJECT (e.g. ip:203.0.113.7) or --all, not both.")
         if all:
-            reset_all(row)
+            operations.reset_all(row)
             self._done(f"Counts of every subject reset for {row.name}.")
             return
         try:
-            compiled = compile_policy(row)
-            subject_key, shown = subject_key_of(compiled, subject.strip())
-            existed = live.reset_subjects(compiled, [subject_key])
+            shown, existed = operations.reset_subject(row, subject)
         except ValidationError as error:
             raise CommandError(f"Nothing was reset: {' '.join(error.messages)}") from None
         except RedisUnavailable as error:
@@ -179,7 +176,7 @@ def _policy(name: str) -> Policy:
     return row
 
 
-def _status_entry(row: Policy, activity: live.PolicyActivity | None) -> dict:
+def _status_entry(row: Policy, activity: operations.PolicyActivity | None) -> dict:
     entry = {
         "name": row.name, "action": row.action, "limit": row.limit, "window": row.window, "strategy": row.strategy,
         "key": row.key, "mode": row.mode, "enabled": row.enabled,

@@ -1,0 +1,90 @@
+"""What an operator does, for the admin's views and the `ratelimit` command alike: the live snapshot
+of a policy, its trend, resetting subjects, finding a subject from what a person typed."""
+
+from __future__ import annotations
+
+import re
+
+from django.core.exceptions import ValidationError
+
+from . import live
+from .connection import RedisUnavailable
+from .live import PolicyActivity, policy_activity, policy_trends  # noqa: F401  (the policy list's columns)
+from .models import Policy
+from .policies import compile_policy
+from .subjects import SubjectTextError, subject_from_text
+from .values import CompiledPolicy
+
+LIVE_ROWS = 100
+SUBJECT_KEY = re.compile(r"[0-9a-f]{16}")  # what values.Subject.key holds
+
+
+def reset_all(policy: Policy) -> None:
+    """Start every subject of the policy afresh: counters carry the generation, old ones just expire."""
+    policy.generation += 1
+    policy.save(update_fields=["generation", "updated"])
+
+
+def reset_subject(policy: Policy, text: str) -> tuple[str, bool]:
+    """Start one subject afresh (a key from the live page, or `ip:203.0.113.7` as typed): the subject
+    as the server knows it, and whether it had counts. ValidationError when the text names none."""
+    compiled = compile_policy(policy)
+    subject_key, typed = subject_key_of(compiled, text.strip())
+    shown = live.reset_subjects(compiled, [subject_key])
+    return " / ".join(shown) or typed, bool(shown)
+
+
+def live_snapshot(policy: Policy, rows: int = LIVE_ROWS) -> tuple[dict, int]:
+    """The live page's data in the JSON shape of DESIGN.md, and the HTTP status to answer with."""
+    data: dict = {
+        "policy": {
+            "id": policy.pk, "name": policy.name, "action": policy.action, "limit": policy.limit,
+            "window": policy.window, "strategy": policy.strategy, "key": policy.key, "mode": policy.mode,
+        },
+        "subjects": [],
+        "totals": {"allowed": 0, "denied": 0},
+        "active": 0,
+        "shown": 0,
+        "blocked": 0,
+    }
+    try:
+        usage = live.live_usage(compile_policy(policy), rows=rows)
+    except ValidationError as error:
+        return {**data, "error": f"This policy is invalid and not enforced: {'; '.join(error.messages)}"}, 200
+    except RedisUnavailable as error:
+        return {**data, "error": f"Redis is unreachable, live usage cannot be shown: {error}"}, 503
+    data["subjects"] = [
+        {
+            "subject": s.display, "key": s.key, "count": s.count, "limit": s.limit,
+            "remaining": max(s.limit - s.count, 0), "reset_in": round(s.reset_in, 1),
+            "blocked": s.count >= s.limit, "overridden": s.overridden,
+        }
+        for s in usage.subjects
+    ]
+    data["totals"] = {"allowed": usage.allowed, "denied": usage.denied}
+    # the listed subjects are all the active ones unless the index was full: then the totals say how many
+    data["shown"] = usage.shown
+    data["active"] = usage.active if usage.index_full else usage.shown
+    data["blocked"] = usage.blocked
+    return data, 200
+
+
+def subject_key_of(policy: CompiledPolicy, text: str) -> tuple[str, str]:
+    """The subject key and how to show it, from a key as the live page sends it or a subject as a
+    person writes it (ip:203.0.113.7, user:alice); ValidationError saying why when it is neither."""
+    if SUBJECT_KEY.fullmatch(text):
+        return text, text
+    try:
+        subject = subject_from_text(policy.key_spec, text)
+    except SubjectTextError as error:
+        raise ValidationError(str(error)) from None
+    return subject.key, subject.display
+
+
+
+def trend_data(policy: Policy) -> list[dict]:
+    """Allowed and denied per window, oldest first, for the live page's chart ([] when Redis cannot say)."""
+    try:
+        return [point._asdict() for point in live.policy_trend(policy)]
+    except RedisUnavailable:
+        return []

@@ -1,0 +1,95 @@
+"""The values a decision is made of and gives back: no I/O, no Django models, nothing imported from above."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
+
+
+class Subject(NamedTuple):
+    key: str  # 16 hex digits of blake2b(canonical subject): what Redis keys carry
+    display: str  # readable, at most 100 characters, secrets masked: what the admin shows
+
+
+class KeyPart(NamedTuple):
+    """One part of a key spec: its canonical label and how to read its value from a request."""
+
+    label: str
+    read: Callable[[object], str | None]  # request -> canonical value, or None when it cannot be computed
+    show: Callable[[str], str]  # canonical value -> display
+    reads_user: bool = False  # may read request.user (async views load the user before computing it)
+
+
+KeySpec = tuple[KeyPart, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledPolicy:
+    """A validated, immutable snapshot of one Policy row, with what the hot path needs precomputed."""
+
+    id: int
+    name: str
+    action: str
+    limit: int
+    window: int
+    strategy: str
+    key: str
+    key_spec: KeySpec
+    methods: frozenset[str]
+    mode: str
+    bucket_size: int | None
+    generation: int
+    burst: int | None  # token_bucket: requests allowed at once, at most the limit in effect; None: that limit
+    window_ms: int
+    bucket_ms: int  # the scripts' bucket slot: sliding_window's bucket in ms; token_bucket's burst (0: the limit)
+    shape: str  # part of the counter key: a change of strategy, window or bucket starts fresh counters
+    enforce: bool  # mode == enforce, kept as a plain bool for the hot path
+    totals_bucket_ms: int  # the bucket of the policy's totals (see totals_bucket_ms)
+    counts_users: bool  # whether the subject depends on who is logged in
+    # the engine's KEYS and ARGV for a (subject, limit), made once: the same clients come back
+    script_parts: dict = field(default_factory=dict, hash=False, compare=False, repr=False)
+
+    def __hash__(self) -> int:
+        # equal policies share their id: this spares hashing every field, for every policy of every
+        # request (the worker's tallies and caches are keyed by policy)
+        return self.id
+
+    def applies_to_method(self, method: str) -> bool:
+        return not self.methods or method in self.methods
+
+    def capacity(self, limit: int) -> int:
+        """What a subject's count is compared with under `limit`: the limit, or a token bucket's burst."""
+        return limit if self.burst is None or self.burst > limit else self.burst
+
+
+class Check(NamedTuple):
+    """One policy to decide for one subject, with the limit in effect for that subject."""
+
+    policy: CompiledPolicy
+    subject: Subject
+    limit: int
+
+
+class Decision(NamedTuple):
+    policy: CompiledPolicy
+    subject: Subject
+    allowed: bool  # this policy lets the request through (a shadow policy always does)
+    exceeded: bool  # the request was over the limit (for a shadow policy: it would have been denied)
+    count: int  # requests counted in the window, this one included when it was counted
+    limit: int
+    remaining: int
+    reset_in: float  # seconds until every counted request has left the window
+    retry_after: float | None  # seconds until a request would be admitted again, when exceeded
+
+
+class Verdict(NamedTuple):
+    allowed: bool
+    decisions: tuple[Decision, ...]
+    version: bytes | None  # the policy version token read in the same call (None when not read)
+
+    @property
+    def denied_by(self) -> tuple[Decision, ...]:
+        return tuple(decision for decision in self.decisions if not decision.allowed)
+
+
+NO_POLICIES = Verdict(True, (), None)
