@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.models import LogEntry

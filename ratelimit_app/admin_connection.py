@@ -9,8 +9,6 @@ from __future__ import annotations
 from typing import Callable, TypeVar
 
 import redis
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 from django_redis import get_redis_connection
 
 from .conf import get_setting
@@ -40,11 +38,10 @@ def admin_client() -> redis.Redis:
     return _client
 
 
-@receiver(setting_changed, dispatch_uid="ratelimit_admin_client_changed")
-def _forget_client(setting: str, **kwargs: object) -> None:
+def forget_client() -> None:
+    """The cache settings changed: the next admin read makes a client from them."""
     global _client
-    if setting in ("CACHES", "RATELIMIT_CACHE", "RATELIMIT_ADMIN_TIMEOUT"):
-        _client = None
+    _client = None
 
 
 def admin_call(operation: Callable[[redis.Redis], T]) -> T:

@@ -11,7 +11,7 @@ class RateLimitConfig(AppConfig):
     def ready(self) -> None:
         from django.core.signals import request_started
 
-        from . import checks, registry, signals  # noqa: F401  (system checks, invalidation, code policies after migrate)
+        from . import checks, registry, runtime, signals  # noqa: F401  (system checks, settings, invalidation, code policies)
 
         # declarations of settings and code are written at a process's first request, never while its index loads
         request_started.connect(registry.sync_pending, dispatch_uid="ratelimit_registry_pending")

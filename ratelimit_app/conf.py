@@ -6,8 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 
 DEFAULTS: dict[str, Any] = {
     # Master switch: False turns every door into a no-op (no Redis call at all).
@@ -71,6 +69,5 @@ def get_setting(name: str) -> Any:
         return value
 
 
-@receiver(setting_changed, dispatch_uid="ratelimit_settings_changed")
-def forget_settings(**kwargs: Any) -> None:
+def forget_settings() -> None:
     _cache.clear()

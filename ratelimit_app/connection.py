@@ -19,8 +19,6 @@ import redis.asyncio.sentinel
 import redis.sentinel
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 from django_redis import get_redis_connection
 from django_redis.pool import ConnectionFactory
 from redis.backoff import NoBackoff
@@ -463,14 +461,14 @@ def _accepted(cls: type, kwargs: dict) -> dict:
     return {name: value for name, value in kwargs.items() if name in names}
 
 
-@receiver(setting_changed, dispatch_uid="ratelimit_cache_changed")
-def _forget_client(setting: str, **kwargs: object) -> None:
+def forget_clients() -> None:
+    """The cache settings changed: every client, kept connection and circuit starts from them anew."""
     global _client, _cluster_configured
     _cluster_configured = None
-    if setting in ("CACHES", "RATELIMIT_CACHE"):
-        _client = None
-        _async_clients.clear()
-        unpin()
+    _client = None
+    _async_clients.clear()
+    unpin()
+    breaker.reset()
 
 
 def pool_retry(pool_kwargs: dict) -> Retry:

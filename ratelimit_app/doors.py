@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 from django.urls import Resolver404, resolve
 
 from . import headers, policies
@@ -83,10 +81,9 @@ def route_of(request) -> Route:
     return _resolve_route(request.path_info, getattr(request, "urlconf", None))
 
 
-@receiver(setting_changed, dispatch_uid="ratelimit_urlconf_changed")
-def _forget_routes(setting: str, **kwargs: object) -> None:
-    if setting == "ROOT_URLCONF":
-        _resolve_route.cache_clear()
+def forget_routes() -> None:
+    """The URLconf changed: views are resolved again."""
+    _resolve_route.cache_clear()
 
 
 # --- the middleware: first in, last out ---------------------------------------------------------

@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 
 from .conf import get_setting
@@ -69,11 +67,9 @@ def enabled() -> bool:
     return _on
 
 
-@receiver(setting_changed, dispatch_uid="ratelimit_metrics_setting_changed")
-def _setting_changed(setting: str, **kwargs: object) -> None:
+def forget_settings() -> None:
     global _on
-    if setting == "RATELIMIT_METRICS":
-        _on = _switched_on()
+    _on = _switched_on()
 
 
 def _child(metric: Any, *labels: str) -> Any:

@@ -18,9 +18,7 @@ from typing import Iterable
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.core.signals import setting_changed
 from django.db import transaction
-from django.dispatch import receiver
 
 from . import version as policy_version
 from .connection import RedisUnavailable
@@ -252,10 +250,9 @@ def policies_changed(using: str = "default") -> None:
     transaction.on_commit(_publish_change, using=using)
 
 
-@receiver(setting_changed, dispatch_uid="ratelimit_policy_deadlines")
-def _setting_changed(setting: str, **kwargs: object) -> None:
-    if setting in ("RATELIMIT_POLICY_RECHECK_SECONDS", "RATELIMIT_POLICY_RELOAD_SECONDS"):
-        _state.deadlines()
+def forget_settings() -> None:
+    """The recheck and reload intervals changed: the deadlines move with them."""
+    _state.deadlines()
 
 
 def _publish_change() -> None:

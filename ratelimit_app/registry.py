@@ -15,7 +15,6 @@ from typing import Any, Callable, Iterable, Sequence
 from django.core.checks import Error, register
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DatabaseError, transaction
-from django.core.signals import setting_changed
 from django.db.models.signals import post_migrate
 from django.dispatch import receiver
 from django.utils import timezone
@@ -248,7 +247,8 @@ def sync_pending(**kwargs: object) -> None:
 
 
 def forget_synced() -> None:
-    """Write every declaration again at the next request (a test's database was rolled back)."""
+    """Write every declaration again at the next request (the settings that providers read changed,
+    or a test's database was rolled back)."""
     with _registry.lock:
         _registry.synced.clear()
         _registry.pending = True
@@ -338,12 +338,6 @@ def revert(row: Policy) -> list[str]:
     if changed:
         row.save()
     return changed
-
-
-@receiver(setting_changed, dispatch_uid="ratelimit_registry_settings")
-def _settings_changed(setting: str, **kwargs: object) -> None:
-    if setting in ("RATELIMIT_POLICIES", "REST_FRAMEWORK"):  # what the providers read
-        _registry.pending = True
 
 
 @receiver(post_migrate, dispatch_uid="ratelimit_registry_sync")

@@ -15,8 +15,6 @@ from typing import Callable, NamedTuple
 
 from django.conf import settings
 from django.core.exceptions import BadRequest, SuspiciousOperation
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
 from django.utils.module_loading import import_string
@@ -297,8 +295,8 @@ def _single(value: str, show: Callable[[str], str]) -> Subject:
     return Subject(_hash(value), _bounded(show(value)))
 
 
-@receiver(setting_changed, dispatch_uid="ratelimit_subjects_settings_changed")
-def _forget_subjects(**kwargs: object) -> None:
+def forget_settings() -> None:
+    """What subjects derive from settings: displays, address grouping, trusted proxies."""
     global _trusted
     _single.cache_clear()  # displays depend on RATELIMIT_PLAIN_HEADERS
     _direct_ip.cache_clear()  # addresses are grouped by RATELIMIT_IPV4_PREFIX and RATELIMIT_IPV6_PREFIX

@@ -27,3 +27,10 @@ def test_every_module_of_the_package_has_its_layer():
         if (path.suffix == ".py" and path.stem != "__init__") or (path / "__init__.py").exists()
     }
     assert modules - placed == set()
+
+
+def test_one_module_reacts_to_changed_settings():
+    listening = sorted(
+        str(path.relative_to(ROOT)) for path in (ROOT / "ratelimit_app").rglob("*.py") if "setting_changed" in path.read_text()
+    )
+    assert listening == ["ratelimit_app/runtime.py"]

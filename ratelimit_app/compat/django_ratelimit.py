@@ -22,11 +22,9 @@ from django.conf import settings
 from django.core.cache import caches
 from django.core.cache.backends.dummy import DummyCache
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
-from .. import connection, registry
+from .. import registry
 from ..conf import get_setting
 from ..engine import Decision, RedisUnavailable
 from ..models import Strategy
@@ -311,8 +309,4 @@ def _counting_cache() -> bool:
     return True
 
 
-@receiver(setting_changed, dispatch_uid="ratelimit_compat_use_cache")
-def _use_cache_changed(setting: str, **kwargs: object) -> None:
-    if setting == "RATELIMIT_USE_CACHE":
-        connection._forget_client(setting="RATELIMIT_CACHE")
-        connection.breaker.reset()
+
