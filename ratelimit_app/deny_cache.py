@@ -8,6 +8,7 @@ The refusals still reach the policies' totals through the tally (tally.py), as t
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING, Sequence
 
@@ -24,6 +25,9 @@ MAX_ENTRIES = 10_000  # subjects over a limit at once in one process; beyond tha
 class DenyCache:
     def __init__(self) -> None:
         self._until: dict[tuple, tuple[float, Decision]] = {}
+        # every change of _until: evicting iterates it, which a change from another thread breaks
+        # (lookups need none: a single dict read is atomic)
+        self._lock = threading.Lock()
 
     @staticmethod
     def _key(check: Check) -> tuple:
@@ -42,7 +46,8 @@ class DenyCache:
             until, decision = entry
             left = until - now
             if left <= 0:
-                self._until.pop(self._key(check), None)
+                with self._lock:
+                    self._until.pop(self._key(check), None)
                 continue
             elapsed = decision.retry_after - left
             found.append(decision._replace(retry_after=left, reset_in=max(decision.reset_in - elapsed, left)))
@@ -55,16 +60,18 @@ class DenyCache:
         now = time.monotonic()
         for check, decision in zip(checks, decisions):
             if not decision.allowed and decision.retry_after:
-                if len(self._until) >= MAX_ENTRIES:
-                    self._until.pop(next(iter(self._until)), None)
-                self._until[self._key(check)] = (now + decision.retry_after, decision)
+                with self._lock:
+                    if len(self._until) >= MAX_ENTRIES:
+                        del self._until[next(iter(self._until))]
+                    self._until[self._key(check)] = (now + decision.retry_after, decision)
 
     @staticmethod
     def _count(refusals: Sequence[Decision]) -> None:
         tally.add((decision.policy, keys.shard_of(decision.subject.key), "d", NOW) for decision in refusals)
 
     def clear(self) -> None:
-        self._until.clear()
+        with self._lock:
+            self._until.clear()
 
 
 deny_cache = DenyCache()
