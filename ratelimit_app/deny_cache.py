@@ -2,7 +2,9 @@
 
 A flood from one subject then costs no Redis call per refused request. It only ever refuses (never
 admits), and only while the engine itself would refuse: until the retry time the engine gave, for the
-same policy generation, subject and limit. A policy change or a reset clears it (the index reloads).
+same subject and limit under the same terms of the same enforcing policy (its generation, mode,
+strategy, window and bucket). A reset or a policy change announced in Redis clears it (the index
+reloads), and a refusal Redis gave before such a clear is not remembered after it.
 The refusals still reach the policies' totals through the tally (tally.py), as the engine's own do.
 """
 
@@ -28,10 +30,16 @@ class DenyCache:
         # every change of _until: evicting iterates it, which a change from another thread breaks
         # (lookups need none: a single dict read is atomic)
         self._lock = threading.Lock()
+        # moves on with every clear(): a refusal asked for before a clear (a reset, a reload) may
+        # describe what the clear discarded, so remember() keeps only those asked for since
+        self.epoch = 0
 
     @staticmethod
     def _key(check: Check) -> tuple:
-        return check.policy.id, check.policy.generation, check.subject.key, check.limit
+        policy = check.policy
+        # whatever decides a refusal: a policy compiled anew with other terms meets none of its old entries
+        terms = (policy.id, policy.generation, policy.shape, policy.mode, policy.window_ms, policy.bucket_ms)
+        return terms, check.subject.key, check.limit
 
     def denied(self, checks: Sequence[Check]) -> list[Decision]:
         """The cached denials among these checks, their times brought up to date; [] when none applies."""
@@ -40,6 +48,8 @@ class DenyCache:
         now = time.monotonic()
         found = []
         for check in checks:
+            if not check.policy.enforce:
+                continue  # a shadow policy never refuses, from memory or not
             entry = self._until.get(self._key(check))
             if entry is None:
                 continue
@@ -55,12 +65,15 @@ class DenyCache:
             self._count(found)
         return found
 
-    def remember(self, checks: Sequence[Check], decisions: Sequence[Decision]) -> None:
-        """Keep every enforcing decision over its limit until its retry time."""
+    def remember(self, checks: Sequence[Check], decisions: Sequence[Decision], epoch: int) -> None:
+        """Keep every enforcing decision over its limit until its retry time, unless the cache was
+        cleared since `epoch` (read before Redis was asked)."""
         now = time.monotonic()
         for check, decision in zip(checks, decisions):
             if not decision.allowed and decision.retry_after:
                 with self._lock:
+                    if epoch != self.epoch:
+                        return
                     if len(self._until) >= MAX_ENTRIES:
                         del self._until[next(iter(self._until))]
                     self._until[self._key(check)] = (now + decision.retry_after, decision)
@@ -72,6 +85,7 @@ class DenyCache:
     def clear(self) -> None:
         with self._lock:
             self._until.clear()
+            self.epoch += 1
 
 
 deny_cache = DenyCache()
