@@ -16,13 +16,6 @@ pytestmark = pytest.mark.django_db
 IP = "203.0.113.7"
 
 
-@pytest.fixture(autouse=True)
-def forgotten():
-    deny_cache.clear()
-    yield
-    deny_cache.clear()
-
-
 def search(client):
     return client.get("/demo/search/?q=a", REMOTE_ADDR=IP)
 
