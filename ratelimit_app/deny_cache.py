@@ -2,12 +2,15 @@
 
 A flood from one subject then costs no Redis call per refused request. It only ever refuses (never
 admits), and only while the engine itself would refuse: until the retry time the engine gave, for the
-same policy generation, subject and limit. A policy change or a reset clears it (the index reloads).
+same subject and limit under the same terms of the same enforcing policy (its generation, mode,
+strategy, window and bucket). A reset or a policy change announced in Redis clears it (the index
+reloads), and a refusal Redis gave before such a clear is not remembered after it.
 The refusals still reach the policies' totals through the tally (tally.py), as the engine's own do.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING, Sequence
 
@@ -24,10 +27,19 @@ MAX_ENTRIES = 10_000  # subjects over a limit at once in one process; beyond tha
 class DenyCache:
     def __init__(self) -> None:
         self._until: dict[tuple, tuple[float, Decision]] = {}
+        # every change of _until: evicting iterates it, which a change from another thread breaks
+        # (lookups need none: a single dict read is atomic)
+        self._lock = threading.Lock()
+        # moves on with every clear(): a refusal asked for before a clear (a reset, a reload) may
+        # describe what the clear discarded, so remember() keeps only those asked for since
+        self.epoch = 0
 
     @staticmethod
     def _key(check: Check) -> tuple:
-        return check.policy.id, check.policy.generation, check.subject.key, check.limit
+        policy = check.policy
+        # whatever decides a refusal: a policy compiled anew with other terms meets none of its old entries
+        terms = (policy.id, policy.generation, policy.shape, policy.mode, policy.window_ms, policy.bucket_ms)
+        return terms, check.subject.key, check.limit
 
     def denied(self, checks: Sequence[Check]) -> list[Decision]:
         """The cached denials among these checks, their times brought up to date; [] when none applies."""
@@ -36,13 +48,16 @@ class DenyCache:
         now = time.monotonic()
         found = []
         for check in checks:
+            if not check.policy.enforce:
+                continue  # a shadow policy never refuses, from memory or not
             entry = self._until.get(self._key(check))
             if entry is None:
                 continue
             until, decision = entry
             left = until - now
             if left <= 0:
-                self._until.pop(self._key(check), None)
+                with self._lock:
+                    self._until.pop(self._key(check), None)
                 continue
             elapsed = decision.retry_after - left
             found.append(decision._replace(retry_after=left, reset_in=max(decision.reset_in - elapsed, left)))
@@ -50,21 +65,27 @@ class DenyCache:
             self._count(found)
         return found
 
-    def remember(self, checks: Sequence[Check], decisions: Sequence[Decision]) -> None:
-        """Keep every enforcing decision over its limit until its retry time."""
+    def remember(self, checks: Sequence[Check], decisions: Sequence[Decision], epoch: int) -> None:
+        """Keep every enforcing decision over its limit until its retry time, unless the cache was
+        cleared since `epoch` (read before Redis was asked)."""
         now = time.monotonic()
         for check, decision in zip(checks, decisions):
             if not decision.allowed and decision.retry_after:
-                if len(self._until) >= MAX_ENTRIES:
-                    self._until.pop(next(iter(self._until)), None)
-                self._until[self._key(check)] = (now + decision.retry_after, decision)
+                with self._lock:
+                    if epoch != self.epoch:
+                        return
+                    if len(self._until) >= MAX_ENTRIES:
+                        del self._until[next(iter(self._until))]
+                    self._until[self._key(check)] = (now + decision.retry_after, decision)
 
     @staticmethod
     def _count(refusals: Sequence[Decision]) -> None:
         tally.add((decision.policy, keys.shard_of(decision.subject.key), "d", NOW) for decision in refusals)
 
     def clear(self) -> None:
-        self._until.clear()
+        with self._lock:
+            self._until.clear()
+            self.epoch += 1
 
 
 deny_cache = DenyCache()

@@ -122,8 +122,9 @@ def pending_checks(request, state: RequestState, index: policies.PolicyIndex | N
     return checks
 
 
-def settle(request, state: RequestState, checks: list[Check], verdict: Verdict) -> None:
-    """Keep what the engine said on the request; shadow policies that would deny are logged."""
+def settle(request, state: RequestState, checks: list[Check], verdict: Verdict, epoch: int) -> None:
+    """Keep what the engine said on the request; shadow policies that would deny are logged.
+    `epoch`: the deny cache's, read before Redis was asked (deny_cache.remember)."""
     policies.observe_version(verdict.version)
     metrics.record_verdict(verdict)
     for check in checks:
@@ -136,7 +137,7 @@ def settle(request, state: RequestState, checks: list[Check], verdict: Verdict) 
         elif decision.exceeded:
             _report_shadow(decision, request)
     if denied and deny_cache_enabled():
-        deny_cache.remember(checks, verdict.decisions)
+        deny_cache.remember(checks, verdict.decisions, epoch)
 
 
 def denied_from_memory(state: RequestState, checks: list[Check]) -> bool:
@@ -166,12 +167,13 @@ def decide(request, state: RequestState, index: policies.PolicyIndex | None = No
     denied_before = len(state.denied)
     checks = pending_checks(request, state, index)
     if checks and not denied_from_memory(state, checks):
+        epoch = deny_cache.epoch  # before Redis is asked: a reset or reload meanwhile voids the refusals for memory
         try:
             verdict = engine.decide(checks, version=policies.version_due())
         except engine.RedisUnavailable as error:
             unavailable(request, state, error)
             return state
-        settle(request, state, checks, verdict)
+        settle(request, state, checks, verdict, epoch)
     if len(state.denied) > denied_before:
         events.denied(request, state.denied[denied_before:])
     return state
@@ -186,12 +188,13 @@ async def adecide(request, state: RequestState, index: policies.PolicyIndex | No
     denied_before = len(state.denied)
     checks = pending_checks(request, state, index)
     if checks and not denied_from_memory(state, checks):
+        epoch = deny_cache.epoch  # before Redis is asked: a reset or reload meanwhile voids the refusals for memory
         try:
             verdict = await engine.adecide(checks, version=policies.version_due())
         except engine.RedisUnavailable as error:
             unavailable(request, state, error)
             return state
-        settle(request, state, checks, verdict)
+        settle(request, state, checks, verdict, epoch)
     if len(state.denied) > denied_before:
         await events.adenied(request, state.denied[denied_before:])
     return state

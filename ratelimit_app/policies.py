@@ -222,7 +222,11 @@ def _reload() -> None:
         except RedisUnavailable:
             version = None
         state.index = load_index()
-        deny_cache.clear()  # a reset or a new limit must not wait for the cached retry times
+        if version is not None and version != state.version:
+            # a reset or a change announced: refusals from before may no longer hold. With Redis
+            # unreachable nothing says so, and its refusals must outlast the outage; a policy whose
+            # terms changed in the database meets none of its old refusals anyway (deny_cache._key)
+            deny_cache.clear()
         state.version = version
         state.loaded_at = time.monotonic()
         state.checked(state.loaded_at)

@@ -10,6 +10,7 @@ from django_redis import get_redis_connection
 
 from project.devredis import PrivateRedis
 from ratelimit_app import connection, policies, registry
+from ratelimit_app.deny_cache import deny_cache
 from ratelimit_app.tally import tally
 
 _private: PrivateRedis | None = None
@@ -36,8 +37,10 @@ def redis_client():
 
 @pytest.fixture(autouse=True)
 def empty_redis(redis_client):
-    """Every test starts from an empty Redis, a closed circuit and a policy index to be reloaded."""
+    """Every test starts from an empty Redis, a closed circuit, no refusals in memory and a policy
+    index to be reloaded."""
     tally.discard()  # counts of the test before, whose totals are gone with its Redis
+    deny_cache.clear()  # a reload does not always clear it, and the database may give a new policy an old id
     redis_client.flushdb()
     connection.breaker.reset()
     policies._state.stale = True

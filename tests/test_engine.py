@@ -95,6 +95,18 @@ def test_sliding_log_admits_again_when_the_oldest_request_leaves():
     assert not hit(check(limited), now=T0 + 61).allowed
 
 
+def test_sliding_log_admits_no_more_than_its_limit_after_the_clock_steps_back():
+    limited = policy(strategy="sliding_log", limit=4, window=1)
+    assert all(hit(check(limited), now=T0 - 0.5).allowed for _ in range(3))
+    assert hit(check(limited), now=T0).allowed  # the 4th of the window
+    assert not hit(check(limited), now=T0 + 0.1).allowed
+    assert hit(check(limited), now=T0 + 0.6).allowed  # the three of T0 - 0.5 left the window
+    # the clock steps back to T0 (NTP, a failover to a server whose clock is behind): two places are
+    # free in the window of T0 (its own request and that of T0 + 0.6 are in it), no more
+    stepped_back = [hit(check(limited), now=T0).allowed for _ in range(10)]
+    assert stepped_back == [True, True] + [False] * 8
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_denied_requests_are_not_counted(strategy):
     limited = policy(strategy=strategy, limit=3, window=60)

@@ -78,6 +78,17 @@ def test_fail_open_lets_requests_through_without_waiting_and_resumes(client, ser
     assert recovery < 2.5  # the breaker half-opens after RATELIMIT_BREAKER_SECONDS (1 s)
 
 
+def test_a_subject_over_its_limit_stays_refused_while_redis_is_down_across_policy_reloads(
+    client, server, limited, settings, outage_forgotten
+):
+    settings.RATELIMIT_POLICY_RELOAD_SECONDS = 0.2
+    assert [search(client).status_code for _ in range(2)] == [200, 429]
+    server.stop()
+    assert search(client).status_code == 429  # refused from memory: Redis is not needed for it
+    time.sleep(0.3)  # the next request reloads the policies (the safety net), Redis still unreachable
+    assert [search(client).status_code for _ in range(3)] == [429] * 3  # nothing learned: still over its limit
+
+
 def test_fail_closed_answers_503_with_retry_after_and_resumes(client, server, limited, settings):
     settings.RATELIMIT_FAIL_OPEN = False
     assert search(client).status_code == 200

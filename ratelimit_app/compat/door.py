@@ -7,12 +7,12 @@ from typing import NamedTuple, Sequence
 
 from .. import engine, limiter, policies, registry
 from ..doors import inner_door
-from ..values import Check, Decision
+from ..deny_cache import deny_cache
 from ..limiter import state_of
 from ..overrides import matching_override
 from ..registry import CodePolicy
 from ..subjects import _bounded, _hash
-from ..values import Subject
+from ..values import Check, Decision, Subject
 
 
 class Want(NamedTuple):
@@ -48,6 +48,7 @@ def decide(request, wants: Sequence[Want], *, now: float | None = None, dry_run:
     pending = limiter.pending_checks(request, state) if state is not None and state.awaiting else []
     if not checks and not pending:
         return [None] * len(wants)
+    epoch = deny_cache.epoch  # before Redis is asked (limiter.settle)
     try:
         verdict = engine.decide(pending + checks, now=now, dry_run=dry_run)
     except engine.RedisUnavailable as error:
@@ -59,7 +60,7 @@ def decide(request, wants: Sequence[Want], *, now: float | None = None, dry_run:
         policies.observe_version(verdict.version)
     else:  # kept on the request: the middleware writes the RateLimit headers, metrics and the deny cache see it
         state.awaiting = False
-        limiter.settle(request, state, pending + checks, verdict)
+        limiter.settle(request, state, pending + checks, verdict, epoch)
         state.refused = any(not d.allowed for d in verdict.decisions[: len(pending)])
     decisions = verdict.decisions[len(pending) :]
     return [None if at is None else decisions[at] for at in placed]

@@ -1,6 +1,8 @@
--- sliding_log: one sorted set per subject, score = admission time, member = "<time>-<n>" where n
--- is the number of requests already in the window: unique even within one clock tick (n grows with
--- every admission at the same time, and the members of that time cannot have left the window).
+-- sliding_log: one sorted set per subject, score = admission time, member = "<time>:<n>" where n
+-- is the number of members from the start of the time's totals bucket on (any later time included).
+-- Unique whatever the clock does, a step back included: the log only loses whole totals buckets
+-- (commit trims at a bucket boundary) or everything, so while members of one time remain, nothing
+-- from their bucket on has left, and n has grown with every admission since each of them.
 -- Exact; only admitted requests are added, so it holds at most `limit` members in the window, plus
 -- those that left it during one totals bucket (see commit).
 -- Times are integer milliseconds.
@@ -25,14 +27,17 @@ strategies.sliding_log = {
   -- the others are one ZCOUNT and one ZADD. The log so holds at most its window plus a bucket.
   commit = function(key, now, window, bucket, count, state, totals_bucket)
     local b = math.ceil(now / totals_bucket) -- requests in ((b - 1) * totals_bucket, now] share it
-    local first = count == 0 or redis.call('ZCOUNT', key, '(' .. ((b - 1) * totals_bucket), '+inf') == 0
+    local since = (b - 1) * totals_bucket
+    -- the members from this bucket on (none when the window, which holds the bucket, is empty)
+    local recent = count == 0 and 0 or redis.call('ZCOUNT', key, '(' .. since, '+inf')
     local before = window -- another request in this bucket: the index's bucket does not move
-    if first then
+    if recent == 0 then
       before = count > 0 and strategies.sliding_log.reset(key, now, window, bucket, count, state) or nil
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+      -- whole buckets only (the window is a number of them), which keeps the members unique
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', since - window)
     end
-    redis.call('ZADD', key, now, now .. '-' .. count)
-    if first then redis.call('PEXPIRE', key, b * totals_bucket + window - now) end -- after ZADD made the key
+    redis.call('ZADD', key, now, now .. ':' .. recent)
+    if recent == 0 then redis.call('PEXPIRE', key, b * totals_bucket + window - now) end -- after ZADD made the key
     return window, before
   end,
 }
