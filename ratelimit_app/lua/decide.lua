@@ -18,6 +18,19 @@
 -- requests are left to the worker (tally.lua); refusals are counted here.
 -- Returns {now, then per policy: exceeded, count, reset (ms), retry after (ms); then the version
 -- token ('' when Redis holds none) if it was asked for}.
+--
+-- The contract every strategy implements (lua/<name>.lua defines strategies.<name>), times in ms:
+--   peek(key, now, window, bucket, limit, now_us) -> count, retry, state, capacity
+--       reads only: the requests counted, the ms until one more fits (when at capacity), what
+--       reset needs, and what count is compared with when it is not the limit (a token bucket's burst)
+--   take(key, now, window, bucket, limit, now_us, totals_bucket)
+--       -> count, retry, state, capacity, taken, reset, before_reset
+--       counts one request when there is room (taken), in as few commands as the strategy can;
+--       count is the requests counted before it, reset the ms until every counted request has
+--       left, before_reset the same before this one (nil: nothing was counted)
+--   undo(key, now, state)  gives back what take counted (another policy refused the request)
+--   reset(key, now, window, bucket, count, state) -> ms until every counted request has left
+-- `bucket` is the strategy's own figure from the policy's terms (a bucket, a burst).
 
 local when, dry_run, now = ARGV[1], false, nil
 if when ~= '' then
@@ -39,17 +52,14 @@ for i = 1, n do
   local terms = terms(ARGV[2 * i])
   local strategy, key, limit = terms.strategy, KEYS[3 * i - 2], terms.limit
   local count, retry, state, capacity, taken, reset, before_reset, exceeded
-  -- a strategy that can count in the same command that reads (take) does, and gives the request back
-  -- if another policy refuses it; the others look first and count below. Once the request is
-  -- refused, the remaining policies only look.
-  if strategy.take and not dry_run and not denied then
-    count, retry, state, capacity, taken, reset, before_reset =
-      strategy.take(key, now, terms.window, terms.bucket, limit, now_us)
-    exceeded = not taken
-  else
-    -- a strategy whose count is compared with something other than the limit returns it (a token bucket: its burst)
+  -- once the request is refused (or in a dry run), the remaining policies only look
+  if dry_run or denied then
     count, retry, state, capacity = strategy.peek(key, now, terms.window, terms.bucket, limit, now_us)
     exceeded = count >= (capacity or limit)
+  else
+    count, retry, state, capacity, taken, reset, before_reset =
+      strategy.take(key, now, terms.window, terms.bucket, limit, now_us, terms.totals_bucket)
+    exceeded = not taken
   end
   if exceeded and terms.enforce then denied = true end
   policies[i] = {
@@ -67,16 +77,11 @@ for i = 1, n do
     strategy.undo(key, now, policy.state)
     policy.taken = false
   end
-  if not dry_run and not denied and not policy.exceeded then
-    -- count the request (if take did not) and keep the operator's index up to date; the totals of
-    -- admitted requests are added by the worker (tally.lua), not here
-    local before_reset = policy.before_reset -- when the counter emptied without this request (nil: it was empty)
-    if not policy.taken then
-      policy.reset, before_reset =
-        strategy.commit(key, now, terms.window, terms.bucket, policy.count, policy.state, terms.totals_bucket)
-    end
+  if policy.taken then
+    -- keep the operator's index up to date; the totals of admitted requests are added by the
+    -- worker (tally.lua), not here
     policy.count = policy.count + 1
-    activity.counted(live, totals, member, terms, now, policy.count, before_reset, policy.reset)
+    activity.counted(live, totals, member, terms, now, policy.count, policy.before_reset, policy.reset)
   else
     policy.reset = strategy.reset(key, now, terms.window, terms.bucket, policy.count, policy.state)
     if policy.exceeded and not dry_run then activity.refused(live, totals, member, terms, now, policy.reset) end

@@ -1,10 +1,10 @@
 -- sliding_log: one sorted set per subject, score = admission time, member = "<time>:<n>" where n
 -- is the number of members from the start of the time's totals bucket on (any later time included).
 -- Unique whatever the clock does, a step back included: the log only loses whole totals buckets
--- (commit trims at a bucket boundary) or everything, so while members of one time remain, nothing
+-- (take trims at a bucket boundary) or everything, so while members of one time remain, nothing
 -- from their bucket on has left, and n has grown with every admission since each of them.
 -- Exact; only admitted requests are added, so it holds at most `limit` members in the window, plus
--- those that left it during one totals bucket (see commit).
+-- those that left it during one totals bucket (see take).
 -- Times are integer milliseconds.
 strategies.sliding_log = {
   peek = function(key, now, window, bucket, limit)
@@ -21,23 +21,29 @@ strategies.sliding_log = {
     local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     return tonumber(newest[2]) + window - now
   end,
-  -- count one more request; -> ms until the log empties afterwards, and before (nil: it was empty).
-  -- Only the subject's first request in a bucket of `totals_bucket` ms (the live index's step)
-  -- trims what left the window and moves the key's expiry past every request that bucket may add;
-  -- the others are one ZCOUNT and one ZADD. The log so holds at most its window plus a bucket.
-  commit = function(key, now, window, bucket, count, state, totals_bucket)
+  -- count one request if the window has room (decide.lua's contract). Only the subject's first
+  -- request in a bucket of `totals_bucket` ms (the live index's step) trims what left the window
+  -- and moves the key's expiry past every request that bucket may add; the others are one ZCOUNT
+  -- and one ZADD. The log so holds at most its window plus a bucket.
+  take = function(key, now, window, bucket, limit, now_us, totals_bucket)
+    local count, retry = strategies.sliding_log.peek(key, now, window, bucket, limit)
+    if count >= limit then return count, retry, nil, nil, false end
     local b = math.ceil(now / totals_bucket) -- requests in ((b - 1) * totals_bucket, now] share it
     local since = (b - 1) * totals_bucket
     -- the members from this bucket on (none when the window, which holds the bucket, is empty)
     local recent = count == 0 and 0 or redis.call('ZCOUNT', key, '(' .. since, '+inf')
     local before = window -- another request in this bucket: the index's bucket does not move
     if recent == 0 then
-      before = count > 0 and strategies.sliding_log.reset(key, now, window, bucket, count, state) or nil
+      before = count > 0 and strategies.sliding_log.reset(key, now, window, bucket, count) or nil
       -- whole buckets only (the window is a number of them), which keeps the members unique
       redis.call('ZREMRANGEBYSCORE', key, '-inf', since - window)
     end
-    redis.call('ZADD', key, now, now .. ':' .. recent)
+    local member = now .. ':' .. recent
+    redis.call('ZADD', key, now, member)
     if recent == 0 then redis.call('PEXPIRE', key, b * totals_bucket + window - now) end -- after ZADD made the key
-    return window, before
+    return count, 0, member, nil, true, window, before
+  end,
+  undo = function(key, now, member)
+    redis.call('ZREM', key, member)
   end,
 }

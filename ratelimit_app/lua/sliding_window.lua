@@ -12,12 +12,18 @@ strategies.sliding_window = {
   reset = function(key, now, window, bucket, count, state)
     return series.empty_in(state, now, window, bucket)
   end,
-  -- count one more request; -> ms until the counter empties afterwards, and before (nil: it was empty)
-  commit = function(key, now, window, bucket, count, state)
+  -- count one request if the window has room (decide.lua's contract)
+  take = function(key, now, window, bucket, limit)
+    local count, retry, state = strategies.sliding_window.peek(key, now, window, bucket, limit)
+    if count >= limit then return count, retry, state, nil, false end
     local before = count > 0 and series.empty_in(state, now, window, bucket) or nil
     series.add(key, state, 1)
     local reset = state.current * bucket + window - now
     if state.newest ~= state.current then redis.call('PEXPIRE', key, reset) end
-    return reset, before
+    return count, 0, state, nil, true, reset, before
+  end,
+  undo = function(key, now, state)
+    redis.call('HINCRBY', key, state.p .. state.current, -1)
+    redis.call('HINCRBY', key, state.p .. 't', -1)
   end,
 }
