@@ -12,7 +12,7 @@ import redis
 from django.core.exceptions import ValidationError
 from redis.commands.core import Script
 
-from . import keys
+from . import keys, strategies
 from .admin_connection import admin_call, admin_client
 from .conf import get_setting
 from .deny_cache import deny_cache
@@ -131,7 +131,7 @@ def _read_counters(
     counts: dict[int, tuple[int, int]] = {}
     size = _batch_size(policy)
     # a token bucket's count depends on the subject's rate: its limits go with its keys
-    per_key = policy.strategy == "token_bucket"
+    per_key = strategies.get(policy.strategy).live_per_key
     pending = [
         (start, counter_keys[start:end])
         for first, last in _runs(shards)
@@ -163,14 +163,8 @@ def _runs(shards: list[int]) -> list[tuple[int, int]]:
 
 
 def _batch_size(policy: CompiledPolicy) -> int:
-    """As many counters as fit the budget at worst: a sliding_window counter may read half its buckets,
-    a sliding_log takes two sorted-set reads (its count and its newest request: about 10 us)."""
-    if policy.strategy == "sliding_log":
-        return BATCH // 2
-    if policy.strategy != "sliding_window":
-        return BATCH
-    buckets = policy.window_ms // policy.bucket_ms
-    return max(1, min(BATCH, FIELD_BUDGET // (5 + buckets // 2)))
+    """As many counters as fit the budget at worst (the strategy knows what one read costs it)."""
+    return strategies.get(policy.strategy).live_batch(policy, BATCH, FIELD_BUDGET)
 
 
 def _run_batches(

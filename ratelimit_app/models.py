@@ -9,20 +9,15 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from . import strategies
+from .rates import MAX_WINDOW
 from .subjects import TOKEN, KeySpecError, mask, parse_key_spec
 
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
-MAX_BUCKETS = 60  # default bucket count
-BUCKET_CEILING = 600  # more buckets make every decision sum too many fields
-MAX_WINDOW = 366 * 86400  # seconds
-TOKEN_BUCKET_MAX_RATE = 1_000_000  # per second: a token bucket spaces requests in whole microseconds
+OPTION_NAMES = {"bucket_size": "bucket size", "burst": "burst"}  # the fields only some strategies read
 
-
-class Strategy(models.TextChoices):
-    FIXED_WINDOW = "fixed_window", "Fixed window"
-    SLIDING_WINDOW = "sliding_window", "Sliding window (buckets)"
-    SLIDING_LOG = "sliding_log", "Sliding log (exact)"
-    TOKEN_BUCKET = "token_bucket", "Token bucket (GCRA, with a burst)"
+# the strategies of the registry (strategies/) as Django choices, one member each by its upper-case name
+Strategy = models.TextChoices("Strategy", [(name.upper(), (name, label)) for name, label in strategies.choices()])
 
 
 class Source(models.TextChoices):
@@ -66,13 +61,6 @@ def validate_methods(value: str) -> None:
         )
 
 
-def default_bucket_size(window: int) -> int | None:
-    """The smallest bucket that divides the window into 2 to MAX_BUCKETS buckets, else into the fewest
-    buckets up to BUCKET_CEILING (a prime window); None when no whole second fits (a 1 s window)."""
-    sizes = [size for size in range(1, window // 2 + 1) if window % size == 0 and window // size <= BUCKET_CEILING]
-    return next((size for size in sizes if window // size <= MAX_BUCKETS), sizes[-1] if sizes else None)
-
-
 class Policy(models.Model):
     name = models.SlugField(
         "name",
@@ -107,14 +95,8 @@ class Policy(models.Model):
         "strategy",
         max_length=20,
         choices=Strategy.choices,
-        default=Strategy.SLIDING_WINDOW,
-        help_text=(
-            "fixed_window: one counter per window, cheapest, allows bursts at window edges. "
-            "sliding_window: counts in buckets, smooth and bounded memory. "
-            "sliding_log: one entry per request, exact, memory grows with the limit. "
-            "token_bucket: the limit per window as a steady rate plus a burst at once (GCRA), exact, "
-            "smooth, one integer per subject."
-        ),
+        default=strategies.DEFAULT,
+        help_text=strategies.help_text(),
     )
     key = models.CharField(
         "counted per",
@@ -147,21 +129,14 @@ class Policy(models.Model):
         null=True,
         blank=True,
         validators=[MinValueValidator(1, "The bucket size must be at least 1 second.")],
-        help_text=(
-            "sliding_window only: width of one bucket in seconds; must divide the window, e.g. 10 for a "
-            "60 second window. Blank picks the smallest size giving at most 60 buckets."
-        ),
+        help_text=strategies.option_help("bucket_size"),
     )
     burst = models.PositiveIntegerField(
         "burst",
         null=True,
         blank=True,
         validators=[MinValueValidator(1, "The burst must be at least 1 request.")],
-        help_text=(
-            "token_bucket only: requests allowed at once, at most the limit; after them, one request every "
-            "window / limit. E.g. limit 10, window 60, burst 10 (or blank): burst 10, then 1 request every 6 s; "
-            "burst 2: 2 at once, then 1 every 6 s. Blank means the limit."
-        ),
+        help_text=strategies.option_help("burst"),
     )
     source = models.CharField(
         "source",
@@ -198,73 +173,14 @@ class Policy(models.Model):
 
     def clean(self) -> None:
         super().clean()
-        self._clean_burst()
-        if self.strategy != Strategy.SLIDING_WINDOW:
-            if self.bucket_size:
-                raise ValidationError(
-                    {"bucket_size": "The bucket size applies to sliding_window only; leave it blank."}
-                )
-            return
-        if not self.window or self.window < 1 or (self.bucket_size is not None and self.bucket_size < 1):
-            return  # the window or bucket size field reports its own error
-        suggested = default_bucket_size(self.window)
-        if self.bucket_size is None:
-            self.bucket_size = suggested  # None for a 1 s window: it gets buckets of 100 ms
-        elif self.bucket_size and self.window % self.bucket_size:
-            raise ValidationError(
-                {
-                    "bucket_size": (
-                        f"The bucket size must divide the window: {self.bucket_size} does not divide "
-                        f"{self.window}. Try {suggested or 'leaving it blank'}."
-                    )
-                }
-            )
-        elif self.bucket_size * 2 > self.window:
-            raise ValidationError(
-                {
-                    "bucket_size": (
-                        f"The bucket size can be at most half the window ({self.window // 2} s here): a bucket "
-                        f"of {self.bucket_size} s makes it a fixed window that admits twice the limit at its "
-                        f"edge. Try {suggested or 'leaving it blank'}, or choose fixed_window."
-                    )
-                }
-            )
-        elif self.window // self.bucket_size > BUCKET_CEILING:
-            raise ValidationError(
-                {
-                    "bucket_size": (
-                        f"{self.window // self.bucket_size} buckets is too many (at most {BUCKET_CEILING}): "
-                        f"use a bucket of at least {-(-self.window // BUCKET_CEILING)} seconds."
-                    )
-                }
-            )
-
-    def _clean_burst(self) -> None:
-        if self.strategy != Strategy.TOKEN_BUCKET:
-            if self.burst is not None:
-                raise ValidationError({"burst": "The burst applies to token_bucket only; leave it blank."})
-            return
-        if not self.limit or not self.window or self.limit < 1 or self.window < 1:
-            return  # the limit and window fields report their own errors
-        if self.limit > self.window * TOKEN_BUCKET_MAX_RATE:
-            raise ValidationError(
-                {
-                    "limit": (
-                        f"A token bucket admits at most {TOKEN_BUCKET_MAX_RATE:,} requests per second: with a "
-                        f"window of {self.window} s the limit can be at most {self.window * TOKEN_BUCKET_MAX_RATE:,}."
-                    )
-                }
-            )
-        if self.burst and self.burst > self.limit:
-            # so that a bucket refills within its window, which the live page and the totals are counted in
-            message = f"The burst can be at most the limit ({self.limit}): a token bucket refills within its window."
-            times = -(-self.burst // self.limit)
-            if self.window * times <= MAX_WINDOW:
-                message += (
-                    f" For the same rate with a burst of {self.burst}, write a limit of {self.limit * times} "
-                    f"per {self.window * times} s."
-                )
-            raise ValidationError({"burst": message})
+        strategy = strategies.STRATEGIES.get(self.strategy)
+        if strategy is None:
+            return  # the strategy field reports its own error
+        for option, shown in OPTION_NAMES.items():
+            if option not in strategy.options and getattr(self, option) is not None:
+                users = " or ".join(strategies.using(option))
+                raise ValidationError({option: f"The {shown} applies to {users} only; leave it blank."})
+        strategy.clean(self)
 
     @property
     def methods_set(self) -> frozenset[str]:

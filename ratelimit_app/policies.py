@@ -21,17 +21,16 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from . import version as policy_version
+from . import strategies
 from .connection import RedisUnavailable
 from .conf import get_setting
 from .deny_cache import deny_cache
-from .models import Mode, Override, Policy, Strategy
+from .models import Mode, Override, Policy
 from .overrides import PolicyOverrides, compile_overrides
 from .subjects import parse_key_spec
 from .values import CompiledPolicy
 
 logger = logging.getLogger("ratelimit_app")
-
-SHAPE_LETTER = {Strategy.FIXED_WINDOW: "f", Strategy.SLIDING_WINDOW: "s", Strategy.SLIDING_LOG: "l", Strategy.TOKEN_BUCKET: "t"}
 
 
 def with_head(methods: frozenset[str]) -> frozenset[str]:
@@ -42,10 +41,9 @@ def with_head(methods: frozenset[str]) -> frozenset[str]:
 def compile_policy(row: Policy) -> CompiledPolicy:
     """Validate a row (as the admin would) and compile it; raises ValidationError for a bad row."""
     row.full_clean(validate_unique=False, validate_constraints=False)
+    strategy = strategies.get(row.strategy)
     key_spec = parse_key_spec(row.key)
-    bucket = row.bucket_size if row.strategy == Strategy.SLIDING_WINDOW else row.window
-    burst = row.burst if row.strategy == Strategy.TOKEN_BUCKET else None
-    bucket_ms = bucket * 1000 if bucket else row.window * 100  # a 1 s sliding window: 10 buckets of 100 ms
+    bucket_ms = strategy.bucket_ms(row)
     return CompiledPolicy(
         id=row.pk,
         name=row.name,
@@ -59,41 +57,14 @@ def compile_policy(row: Policy) -> CompiledPolicy:
         mode=row.mode,
         bucket_size=row.bucket_size,
         generation=row.generation,
-        burst=burst,
+        burst=strategy.burst(row),
         window_ms=row.window * 1000,
-        bucket_ms=(burst or 0) if row.strategy == Strategy.TOKEN_BUCKET else bucket_ms,
-        shape=_shape(row, bucket, bucket_ms),
+        bucket_ms=bucket_ms,
+        shape=strategy.shape(row, bucket_ms),
         enforce=row.mode == Mode.ENFORCE,
-        totals_bucket_ms=totals_bucket_ms(row.strategy, row.window * 1000, bucket_ms),
+        totals_bucket_ms=strategy.totals_bucket_ms(row.window * 1000, bucket_ms),
         counts_users=any(part.label in ("user", "user_or_ip") for part in key_spec),
     )
-
-
-TOTALS_BUCKETS = 60  # at most this many buckets in a policy's totals
-
-
-def totals_bucket_ms(strategy: str, window_ms: int, bucket_ms: int) -> int:
-    """The bucket of a policy's totals, so that they cover the window its counters use: the window
-    of a fixed_window, the buckets of a sliding_window (whole groups of them past 60 buckets, so a
-    read of the totals stays short); sliding_log and token_bucket have no buckets of their own:
-    their totals slide in at most 60 steps (a window in ms always has 40 or 50 among its divisors).
-    """
-    if strategy == "fixed_window":
-        return window_ms
-    if strategy == "sliding_window":  # the policy's own buckets, grouped when there are over 60
-        buckets = window_ms // bucket_ms
-        return next(window_ms // count for count in range(min(buckets, TOTALS_BUCKETS), 0, -1) if buckets % count == 0)
-    return next(window_ms // count for count in range(TOTALS_BUCKETS, 0, -1) if window_ms % count == 0)
-
-
-def _shape(row: Policy, bucket: int | None, bucket_ms: int) -> str:
-    if row.strategy == Strategy.TOKEN_BUCKET:
-        # its one value is a time, right under any rate: a new limit, window or burst keeps it (and the key short)
-        return SHAPE_LETTER[row.strategy]
-    shape = f"{SHAPE_LETTER[row.strategy]}{row.window}"
-    if row.strategy == Strategy.SLIDING_WINDOW:
-        shape += f"/{bucket}" if bucket else f"/{bucket_ms}ms"
-    return shape
 
 
 class PolicyIndex:

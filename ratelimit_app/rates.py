@@ -13,6 +13,7 @@ UNITS = {
 }
 RATE = re.compile(r"^\s*(?P<limit>\d+)\s*/\s*(?P<count>\d*)\s*(?P<unit>[a-z]*)\s*$", re.IGNORECASE)
 EXAMPLES = "e.g. 5/s, 100/m, 1000/h, 10/5m, 100/day"
+MAX_WINDOW = 366 * 86400  # seconds: a policy's window is at most a year
 
 
 def parse_rate(rate: str | tuple[int, int]) -> tuple[int, int]:

@@ -19,8 +19,9 @@ from django.db.models.signals import post_migrate
 from django.dispatch import receiver
 from django.utils import timezone
 
+from . import strategies
 from .conf import get_setting
-from .models import Mode, Policy, Source, Strategy
+from .models import Mode, Policy, Source
 from .rates import format_rate, parse_rate
 from .policies import policies_changed
 
@@ -76,7 +77,7 @@ def code_policy(
     limit: int | None = None,
     window: int | None = None,
     key: str = "ip",
-    strategy: str = Strategy.SLIDING_WINDOW,
+    strategy: str = strategies.DEFAULT,
     methods: str | Iterable[str] | None = "",
     mode: str = Mode.ENFORCE,
     enabled: bool = True,

@@ -20,10 +20,11 @@ from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoPermissionError, NoScriptError, RedisClusterException, ResponseError
 
 from .conf import get_setting
+from .strategies import STRATEGIES
 from .connection import execute, is_cluster
 
 LIBRARY_FILES = ("series.lua", "activity.lua", "terms.lua")
-STRATEGY_FILES = ("fixed_window.lua", "sliding_window.lua", "sliding_log.lua", "token_bucket.lua")
+STRATEGY_FILES = tuple(strategy.lua for strategy in STRATEGIES.values())
 ENTRY_POINTS = ("decide", "live", "totals", "trend", "tally")
 _NAME = "@NAME@"  # stands for the library's name until the source is hashed
 

@@ -39,9 +39,9 @@ class CompiledPolicy:
     mode: str
     bucket_size: int | None
     generation: int
-    burst: int | None  # token_bucket: requests allowed at once, at most the limit in effect; None: that limit
+    burst: int | None  # requests allowed at once (a token bucket), at most the limit in effect; None: that limit
     window_ms: int
-    bucket_ms: int  # the scripts' bucket slot: sliding_window's bucket in ms; token_bucket's burst (0: the limit)
+    bucket_ms: int  # the scripts' bucket slot, the strategy's own figure (a bucket in ms, a burst)
     shape: str  # part of the counter key: a change of strategy, window or bucket starts fresh counters
     enforce: bool  # mode == enforce, kept as a plain bool for the hot path
     totals_bucket_ms: int  # the bucket of the policy's totals (see totals_bucket_ms)

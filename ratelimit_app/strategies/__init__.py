@@ -1,0 +1,48 @@
+"""The counting strategies. Each is one unit: strategies/<name>.py (what a policy of it may hold, its
+key shape, what its count is compared with, how the live page reads it) beside lua/<name>.lua (the
+contract at the top of decide.lua). The model's choices, the admin form and the tester come from here:
+adding a strategy is one .py, one .lua and one row in the reference-model property test."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from .base import Strategy
+
+
+def _discover() -> dict[str, Strategy]:
+    found = [
+        importlib.import_module(f"{__name__}.{module.name}").STRATEGY
+        for module in pkgutil.iter_modules(__path__)
+        if module.name != "base"
+    ]
+    return {strategy.name: strategy for strategy in sorted(found, key=lambda strategy: strategy.order)}
+
+
+STRATEGIES: dict[str, Strategy] = _discover()
+DEFAULT = next(name for name, strategy in STRATEGIES.items() if strategy.default)
+
+
+def get(name: str) -> Strategy:
+    """The strategy called `name` (KeyError for none)."""
+    return STRATEGIES[name]
+
+
+def choices() -> list[tuple[str, str]]:
+    return [(name, strategy.label) for name, strategy in STRATEGIES.items()]
+
+
+def help_text() -> str:
+    return " ".join(f"{name}: {strategy.help}" for name, strategy in STRATEGIES.items())
+
+
+def using(option: str) -> list[str]:
+    """The strategies that read a policy field (`bucket_size`, `burst`)."""
+    return [name for name, strategy in STRATEGIES.items() if option in strategy.options]
+
+
+def option_help(option: str) -> str:
+    """The admin's help for a field that only some strategies read."""
+    names = using(option)
+    return f"{' or '.join(names)} only: {STRATEGIES[names[0]].options[option]}"

@@ -1,0 +1,48 @@
+"""What every strategy tells the rest of the app; a strategy module overrides what differs for it."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+TOTALS_BUCKETS = 60  # at most this many buckets in a policy's totals
+
+
+class Strategy:
+    """One way of counting: its Python half (this class) beside its Lua half (lua/<name>.lua)."""
+
+    name: ClassVar[str]  # as stored in Policy.strategy, and the Lua table's name
+    label: ClassVar[str]  # shown in the admin's choices
+    help: ClassVar[str]  # one sentence for the admin's help text
+    letter: ClassVar[str]  # in counter keys: a change of strategy starts fresh counters
+    order: ClassVar[int]  # its place among the choices
+    default: ClassVar[bool] = False  # the strategy of a policy that names none
+    options: ClassVar[dict[str, str]] = {}  # the policy fields only this strategy reads, with their help
+    live_per_key: ClassVar[bool] = False  # the live page sends each subject's limit with its key
+
+    @property
+    def lua(self) -> str:
+        return f"{self.name}.lua"
+
+    def clean(self, row) -> None:
+        """Raise ValidationError for values of `row` (a Policy) this strategy cannot count with."""
+
+    def bucket_ms(self, row) -> int:
+        """The figure the Lua half reads as `bucket` in a policy's terms."""
+        return row.window * 1000
+
+    def burst(self, row) -> int | None:
+        """Requests allowed at once (None: the limit)."""
+        return None
+
+    def shape(self, row, bucket_ms: int) -> str:
+        """The part of the counter key that a change of the counting (window, buckets) must change."""
+        return f"{self.letter}{row.window}"
+
+    def totals_bucket_ms(self, window_ms: int, bucket_ms: int) -> int:
+        """The bucket of a policy's totals: the window in at most 60 steps (a window in ms always has
+        40 or 50 among its divisors), so a read of the totals stays short."""
+        return next(window_ms // count for count in range(TOTALS_BUCKETS, 0, -1) if window_ms % count == 0)
+
+    def live_batch(self, policy, batch: int, field_budget: int) -> int:
+        """How many counters one read of the live page takes, at worst within its budget."""
+        return batch
