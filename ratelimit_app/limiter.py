@@ -6,7 +6,7 @@ Which door calls it, and when, is decided in doors.py; this module only plans an
 from __future__ import annotations
 
 import logging
-from typing import Iterable, NamedTuple
+from typing import Iterable, NamedTuple, Sequence
 
 from . import engine, events, metrics, policies
 from .conf import get_setting
@@ -33,7 +33,7 @@ class Planned(NamedTuple):
 class RequestState:
     """What the doors know and decided about one request so far."""
 
-    __slots__ = ("names", "decided", "decisions", "denied", "unavailable", "awaiting", "refused", "json_api")
+    __slots__ = ("names", "decided", "decisions", "denied", "unavailable", "outage", "awaiting", "refused", "json_api")
 
     def __init__(self) -> None:
         self.names: list[str] = []  # the names policies may match, gathered by every door
@@ -41,6 +41,7 @@ class RequestState:
         self.decisions: list[Decision] = []
         self.denied: list[Decision] = []
         self.unavailable = False  # Redis could not be asked and RATELIMIT_FAIL_OPEN is False
+        self.outage: engine.RedisUnavailable | None = None  # why Redis could not be asked, either way
         self.awaiting = False  # the middleware left the call to a door inside the view
         self.refused = False  # a door refused the request (its response is the refusal)
         self.json_api = False  # the view is a DRF API: its clients expect JSON
@@ -122,9 +123,9 @@ def pending_checks(request, state: RequestState, index: policies.PolicyIndex | N
     return checks
 
 
-def settle(request, state: RequestState, checks: list[Check], verdict: Verdict, epoch: int) -> None:
+def settle(request, state: RequestState, checks: list[Check], verdict: Verdict, epoch: int | None) -> None:
     """Keep what the engine said on the request; shadow policies that would deny are logged.
-    `epoch`: the deny cache's, read before Redis was asked (deny_cache.remember)."""
+    `epoch`: the deny cache's, read before Redis was asked (deny_cache.remember); None: not for memory."""
     policies.observe_version(verdict.version)
     metrics.record_verdict(verdict)
     for check in checks:
@@ -136,7 +137,7 @@ def settle(request, state: RequestState, checks: list[Check], verdict: Verdict, 
             denied.append(decision)
         elif decision.exceeded:
             _report_shadow(decision, request)
-    if denied and deny_cache_enabled():
+    if denied and epoch is not None and deny_cache_enabled():
         deny_cache.remember(checks, verdict.decisions, epoch)
 
 
@@ -156,45 +157,76 @@ def denied_from_memory(state: RequestState, checks: list[Check]) -> bool:
 
 def unavailable(request, state: RequestState, error: engine.RedisUnavailable) -> None:
     outage.record(error, request)
+    state.outage = error
     fail_open = get_setting("RATELIMIT_FAIL_OPEN")
     metrics.record_outage(fail_open)
     if not fail_open:
         state.unavailable = True
 
 
-def decide(request, state: RequestState, index: policies.PolicyIndex | None = None) -> RequestState:
-    """Decide every pending policy of the request in one Redis call (none when nothing applies)."""
+class Call(NamedTuple):
+    """The one Redis call a request needs: its checks, and the deny cache's epoch when they were made
+    (a reset or reload meanwhile voids the refusals for memory; None: a time given by the caller,
+    which the memory of the real clock neither answers nor learns from)."""
+
+    checks: list[Check]
+    epoch: int | None
+
+
+def prepare(request, state: RequestState, index: policies.PolicyIndex | None, extra: Sequence[Check] = (),
+            pending: bool = True, now: float | None = None) -> Call | None:
+    """Plan -> overrides -> deny cache: the call to make, or None when Redis need not be asked (no
+    policy applies, or memory refuses the request). `extra`: checks a door computed itself (compat)."""
+    checks = pending_checks(request, state, index) if pending else []
+    checks += extra
+    if not checks:
+        return None
+    if now is not None:
+        return Call(checks, None)
+    if denied_from_memory(state, checks):
+        return None
+    return Call(checks, deny_cache.epoch)
+
+
+def conclude(request, state: RequestState, call: Call, outcome: Verdict | engine.RedisUnavailable) -> None:
+    """Settle what Redis said, or apply the failure rule when it could not say."""
+    if isinstance(outcome, engine.RedisUnavailable):
+        unavailable(request, state, outcome)
+    else:
+        settle(request, state, call.checks, outcome, call.epoch)
+
+
+def decide(request, state: RequestState, index: policies.PolicyIndex | None = None, *, extra: Sequence[Check] = (),
+           pending: bool = True, now: float | None = None) -> RequestState:
+    """Decide every pending policy of the request (and `extra`) in one Redis call, none when nothing applies."""
     denied_before = len(state.denied)
-    checks = pending_checks(request, state, index)
-    if checks and not denied_from_memory(state, checks):
-        epoch = deny_cache.epoch  # before Redis is asked: a reset or reload meanwhile voids the refusals for memory
+    call = prepare(request, state, index, extra, pending, now)
+    if call is not None:
         try:
-            verdict = engine.decide(checks, version=policies.version_due())
+            outcome = engine.decide(call.checks, now=now, version=policies.version_due())
         except engine.RedisUnavailable as error:
-            unavailable(request, state, error)
-            return state
-        settle(request, state, checks, verdict, epoch)
+            outcome = error
+        conclude(request, state, call, outcome)
     if len(state.denied) > denied_before:
         events.denied(request, state.denied[denied_before:])
     return state
 
 
-async def adecide(request, state: RequestState, index: policies.PolicyIndex | None = None) -> RequestState:
-    """decide() for async views: the index and the user are read without blocking the event loop."""
+async def adecide(request, state: RequestState, index: policies.PolicyIndex | None = None, *,
+                  extra: Sequence[Check] = (), pending: bool = True) -> RequestState:
+    """decide() on an event loop: the same steps; the index, the user and Redis are awaited."""
     if index is None:
         index = await policies.aget_index()
     if index.needs_user:
         await resolve_user(request)
     denied_before = len(state.denied)
-    checks = pending_checks(request, state, index)
-    if checks and not denied_from_memory(state, checks):
-        epoch = deny_cache.epoch  # before Redis is asked: a reset or reload meanwhile voids the refusals for memory
+    call = prepare(request, state, index, extra, pending)
+    if call is not None:
         try:
-            verdict = await engine.adecide(checks, version=policies.version_due())
+            outcome = await engine.adecide(call.checks, version=policies.version_due())
         except engine.RedisUnavailable as error:
-            unavailable(request, state, error)
-            return state
-        settle(request, state, checks, verdict, epoch)
+            outcome = error
+        conclude(request, state, call, outcome)
     if len(state.denied) > denied_before:
         await events.adenied(request, state.denied[denied_before:])
     return state
@@ -215,13 +247,18 @@ def _report_shadow(decision: Decision, request) -> None:
     )
 
 
+def look(checks: Sequence[Check], *, now: float | None = None) -> Verdict:
+    """What Redis would answer to `checks`, counting nothing (raises RedisUnavailable)."""
+    verdict = engine.decide(checks, now=now, dry_run=True)
+    policies.observe_version(verdict.version)
+    return verdict
+
+
 def check(request, action: str) -> Verdict:
     """What would happen to `request` under the policies of `action`, counting nothing."""
     if not get_setting("RATELIMIT_ENABLED"):
         return engine.NO_POLICIES
-    verdict = engine.decide(checks_for(plan(request, [action])), dry_run=True)
-    policies.observe_version(verdict.version)
-    return verdict
+    return look(checks_for(plan(request, [action])))
 
 
 async def acheck(request, action: str) -> Verdict:

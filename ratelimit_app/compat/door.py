@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-from .. import engine, limiter, policies, registry
+from .. import limiter, policies, registry
 from ..doors import inner_door
-from ..deny_cache import deny_cache
 from ..limiter import state_of
 from ..overrides import matching_override
 from ..registry import CodePolicy
@@ -31,39 +30,34 @@ def subject(canonical: str, display: str | None = None) -> Subject:
 def decide(request, wants: Sequence[Want], *, now: float | None = None, dry_run: bool = False) -> list[Decision | None]:
     """The decision of each want, in order; None for a policy the operator disabled or an exempt subject.
 
-    One Redis call for all of them, all-or-nothing. Raises engine.RedisUnavailable (already recorded).
+    Through the request's one pipeline (limiter.decide): with the policies the middleware left to this
+    door, the overrides, the deny cache, all-or-nothing. Raises engine.RedisUnavailable (recorded).
     """
     for want in wants:
         registry.ensure_synced(want.policy)  # a class or scope first seen now: its row, then a reload
     index = policies.get_index()
-    checks: list[Check] = []
-    placed: list[int | None] = []
-    for want in wants:
-        check = _check(index, request, want)
-        placed.append(None if check is None else len(checks))
-        if check is not None:
-            checks.append(check)
-    state = None if dry_run else state_of(request)
+    checks = [_check(index, request, want) for want in wants]
+    asked = [check for check in checks if check is not None]
+    if dry_run:
+        found = limiter.look(asked, now=now).decisions
+    else:
+        found = _counted(request, index, asked, now)
+    by_subject = {(d.policy.id, d.subject): d for d in found}
+    return [None if check is None else by_subject.get((check.policy.id, check.subject)) for check in checks]
+
+
+def _counted(request, index: policies.PolicyIndex, checks: list[Check], now: float | None) -> list[Decision]:
+    state = state_of(request)
     # the middleware left this request's one call to this door: its policies join the call
-    pending = limiter.pending_checks(request, state) if state is not None and state.awaiting else []
-    if not checks and not pending:
-        return [None] * len(wants)
-    epoch = deny_cache.epoch  # before Redis is asked (limiter.settle)
-    try:
-        verdict = engine.decide(pending + checks, now=now, dry_run=dry_run)
-    except engine.RedisUnavailable as error:
-        if state is not None:
-            state.awaiting = False
-            limiter.unavailable(request, state, error)
-        raise
-    if state is None:
-        policies.observe_version(verdict.version)
-    else:  # kept on the request: the middleware writes the RateLimit headers, metrics and the deny cache see it
-        state.awaiting = False
-        limiter.settle(request, state, pending + checks, verdict, epoch)
-        state.refused = any(not d.allowed for d in verdict.decisions[: len(pending)])
-    decisions = verdict.decisions[len(pending) :]
-    return [None if at is None else decisions[at] for at in placed]
+    pending, state.awaiting = state.awaiting, False
+    decided, denied, state.outage = len(state.decisions), len(state.denied), None
+    limiter.decide(request, state, index, extra=checks, pending=pending, now=now)
+    if state.outage is not None:
+        raise state.outage
+    ours = {(check.policy.id, check.subject) for check in checks}
+    # refused by the site's own policies (compat answers its own refusals the way its library does)
+    state.refused = any((d.policy.id, d.subject) not in ours for d in state.denied[denied:])
+    return state.decisions[decided:]
 
 
 def refused_by_other_policies(request) -> bool:

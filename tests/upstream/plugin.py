@@ -87,10 +87,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_state():
-    """Each upstream test starts with a closed circuit and a policy index to reload (their setUp empties Redis)."""
-    from ratelimit_app import connection, policies
+    """Each upstream test starts with a closed circuit, a policy index to reload, no refusal in memory
+    (their setUp empties Redis) and the declarations to write again (their database was rolled back)."""
+    from ratelimit_app import connection, policies, registry
+    from ratelimit_app.deny_cache import deny_cache
 
     connection.breaker.reset()
     policies._state.stale = True
+    deny_cache.clear()
+    registry.forget_synced()
     yield
     connection.breaker.reset()
