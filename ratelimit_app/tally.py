@@ -19,9 +19,11 @@ from collections import Counter
 from typing import TYPE_CHECKING, Iterable
 
 import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
 from . import keys
-from .connection import client
+from .connection import client, is_cluster
 from .scripts import run_each, scripts
 
 if TYPE_CHECKING:
@@ -62,17 +64,35 @@ class Tally:
         if not pending:
             return
         by_shard: dict[int, tuple[list[str], list[str | int]]] = {}  # one call per shard: one cluster slot each
-        for (policy, shard, series, bucket), amount in pending.items():
+        counts_of: dict[int, Counter] = {}
+        for count, amount in pending.items():
+            policy, shard, series, bucket = count
             totals, args = by_shard.setdefault(shard, ([], [""]))
             totals.append(keys.totals_key(policy, shard))
             args += (series, "" if bucket == NOW else bucket, amount, policy.window_ms, policy.totals_bucket_ms)
+            counts_of.setdefault(shard, Counter())[count] = amount
         try:
-            redis_client = client()  # a cluster client connects as it is created: inside the try
-            run_each(redis_client, scripts.get("tally", redis_client), list(by_shard.values()))
-        except redis.RedisError as error:
-            logger.warning("ratelimit: counts for the policies' totals could not reach Redis yet: %s", error)
-            with self._lock:
-                self._pending.update(pending)
+            servers = _servers(client(), by_shard)  # a cluster client connects as it is created: inside the try
+        except (redis.RedisError, RedisClusterException) as error:
+            self._put_back(pending, error)
+            return
+        for server, shards in servers:
+            try:
+                _reachable(server)
+            except redis.RedisError as error:  # nothing was sent: these counts wait for the next flush
+                self._put_back(sum((counts_of[shard] for shard in shards), Counter()), error)
+                continue
+            try:
+                run_each(server, scripts.get("tally", server), [by_shard[shard] for shard in shards])
+            except redis.RedisError as error:
+                # Sent: the server may have run the script and only its answer is lost (a timeout).
+                # Never sent again: a few counts missing from a monitoring total beat counting them twice.
+                logger.warning("ratelimit: counts for the policies' totals may not have reached Redis: %s", error)
+
+    def _put_back(self, counts: Counter, error: BaseException) -> None:
+        logger.warning("ratelimit: counts for the policies' totals could not reach Redis yet: %s", error)
+        with self._lock:
+            self._pending.update(counts)
 
     def discard(self) -> None:
         """Forget what is pending (tests: what one test counted must not reach the next one's Redis)."""
@@ -86,6 +106,26 @@ class Tally:
     def _multiprocessing_child(self) -> None:
         # a multiprocessing child ends with os._exit, past atexit: its own exit hook flushes
         multiprocessing.util.Finalize(None, self.flush, exitpriority=10)
+
+
+def _servers(redis_client: redis.Redis | RedisCluster, by_shard: dict) -> list[tuple[redis.Redis, list[int]]]:
+    """The servers the shards' calls go to, each with its shards: one on a single server, on a cluster
+    each master with its own client (whose pipeline, unlike the cluster's, never sends a call twice)."""
+    if not is_cluster(redis_client):
+        return [(redis_client, list(by_shard))]
+    servers: dict[str, tuple[redis.Redis, list[int]]] = {}
+    for shard, (totals, _args) in by_shard.items():
+        node = redis_client.get_node_from_key(totals[0])
+        servers.setdefault(node.name, (redis_client.get_redis_connection(node), []))[1].append(shard)
+    return list(servers.values())
+
+
+def _reachable(server: redis.Redis) -> None:
+    """Take a connection from the server's pool (connecting it if need be) and give it back, for the
+    pipeline that follows (the pool hands out the last one given back): raises, before anything is
+    sent, when the server cannot be reached."""
+    pool = server.connection_pool
+    pool.release(pool.get_connection())
 
 
 tally = Tally()

@@ -3,12 +3,15 @@ later from a running worker, at once from one that exits, never twice."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
+import redis
 
+from project.devredis import PrivateRedis
 from ratelimit_app import engine, keys, live
-from ratelimit_app.tally import FLUSH_SECONDS
+from ratelimit_app.tally import FLUSH_SECONDS, tally
 from tests.helpers import check, in_processes, policy
 
 pytestmark = pytest.mark.slow
@@ -35,3 +38,60 @@ def test_a_running_worker_adds_what_it_admitted_within_the_flush_interval(redis_
     time.sleep(FLUSH_SECONDS * 4)  # nobody asks this process to flush: its background thread does
     counted = {k: int(v) for k, v in redis_client.hgetall(totals).items() if k.startswith(b"a") and k != b"ac"}
     assert sum(counted.values()) == 5
+
+
+@pytest.fixture
+def server(settings):
+    """A Redis of this test's own, which the test may pause or stop; the app uses it."""
+    private = PrivateRedis().start()
+    settings.CACHES = {**settings.CACHES, "own": {**settings.CACHES["default"], "LOCATION": private.url}}
+    settings.RATELIMIT_CACHE = "own"
+    yield private
+    private.stop()
+
+
+def admit_five(limited) -> None:
+    for i in range(5):
+        assert engine.decide([check(limited, f"ip:198.51.100.{i}")]).allowed
+
+
+def test_counts_whose_answer_timed_out_are_never_added_twice(server, settings):
+    options = {**settings.CACHES["own"]["OPTIONS"], "SOCKET_TIMEOUT": 1.0}
+    settings.CACHES = {**settings.CACHES, "own": {**settings.CACHES["own"], "OPTIONS": options}}
+    limited = policy(limit=100, window=3600)
+    engine.decide([check(policy(), "ip:192.0.2.1")])
+    tally.flush()  # the decisions and the flushes have their connections and script: the next are quick
+    sleepers = [redis.Redis(port=server.port, single_connection_client=True) for _ in range(2)]
+    for sleeper in sleepers:
+        sleeper.ping()  # connected now: DEBUG SLEEP will be the only command each sends
+
+    def sleep(sleeper: redis.Redis, seconds: float, after: float) -> threading.Thread:
+        def run() -> None:
+            time.sleep(after)
+            sleeper.execute_command("DEBUG", "SLEEP", seconds)
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    # the server sleeps while the flush is sent; awake, it runs the flush's script, then sleeps again
+    # before its answer is written, past the client's timeout: the counts are in, the flush cannot know
+    admit_five(limited)  # the background flush sends them FLUSH_SECONDS after the first
+    asleep = [sleep(sleepers[0], 0.6, after=0), sleep(sleepers[1], 1.5, after=FLUSH_SECONDS + 0.15)]
+    for thread in asleep:
+        thread.join()
+    time.sleep(0.2)  # the flush has given up waiting
+    allowed = live.policy_totals(limited)[0]  # a reader flushes what is left first
+    print(f"\nallowed in the totals after a flush whose answer timed out: {allowed} of 5")
+    assert allowed == 5
+
+
+def test_counts_that_could_not_reach_redis_are_added_once_it_is_back(server):
+    limited = policy(limit=100, window=3600)
+    admit_five(limited)
+    server.stop()
+    tally.flush()  # refused: kept for later
+    back = PrivateRedis(port=server.port).start()
+    try:
+        assert live.policy_totals(limited)[0] == 5
+    finally:
+        back.stop()
