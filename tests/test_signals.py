@@ -142,4 +142,5 @@ def test_redis_going_down_and_coming_back_is_sent_once_each(client, received, se
     for _ in range(2):
         client.get("/demo/search/")
     assert [name for name, _, _ in received] == ["redis_unavailable", "redis_available"]
-    assert isinstance(received[0][2]["error"], Exception)
+    error = received[0][2]["error"]  # what an alert would show: the cause, naming the server
+    assert isinstance(error, redis.ConnectionError) and "127.0.0.1:1" in str(error)
