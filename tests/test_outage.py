@@ -12,9 +12,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from project.devredis import PrivateRedis
-from ratelimit_app import connection, engine, keys
+from ratelimit_app import connection, engine, keys, limiter
 from ratelimit_app.connection import RedisUnavailable
 from ratelimit_app.models import Policy
+from ratelimit_app.tally import tally
 from tests.helpers import check, count_round_trips, in_threads, make_policy, policy, subject
 
 pytestmark = pytest.mark.django_db
@@ -48,34 +49,61 @@ def restart(server: PrivateRedis) -> PrivateRedis:
     return PrivateRedis(port=server.port).start()
 
 
-def until_limited(client, timeout=10.0) -> float:
-    """Seconds until a request is denied again (limiting has resumed)."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if search(client).status_code == 429:
-            return time.monotonic() - started
+def until_limited(client, deadline=30.0) -> list[int]:
+    """The statuses answered, in order, until a request is denied again (limiting has resumed); the
+    deadline only stops a loop that would never end."""
+    seen: list[int] = []
+    give_up = time.monotonic() + deadline
+    while not seen or seen[-1] != 429:
+        assert time.monotonic() < give_up, f"limiting did not resume: {seen[-5:]}"
+        seen.append(search(client).status_code)
         time.sleep(0.02)
-    raise AssertionError("limiting did not resume")
+    return seen
 
 
-def test_fail_open_lets_requests_through_without_waiting_and_resumes(client, server, limited, caplog, settings):
+def connections_received(watcher: redis.Redis) -> int:
+    """Connections the server has accepted so far (the watcher's own included, once)."""
+    return watcher.info("stats")["total_connections_received"]
+
+
+def test_fail_open_lets_requests_through_and_the_open_circuit_tries_no_connection(client, server, limited, caplog, settings, monkeypatch):
+    monkeypatch.setattr(limiter, "outage", connection.Outage())  # an outage log of this test's own
     settings.RATELIMIT_DENY_CACHE = False  # else the subject over its limit stays refused from memory
+    settings.RATELIMIT_BREAKER_SECONDS = 60  # every request below falls in the circuit's first interval
     assert [search(client).status_code for _ in range(2)] == [200, 429]
+    tally.flush()  # no count is left to reach the server later, on a connection of its own
     server.stop()
-    started = time.monotonic()
-    statuses = [search(client).status_code for _ in range(50)]
-    elapsed = time.monotonic() - started
-    assert statuses == [200] * 50
-    assert elapsed < 5  # generous: refused connections fail at once and the open circuit costs nothing
-    assert caplog.text.count("Redis unavailable") <= 2  # once per interval, not per request
+    failures = connection.breaker.failures
+    assert [search(client).status_code for _ in range(50)] == [200] * 50
+    assert connection.breaker.failures - failures == 1  # the first request met the outage, the others fail fast
+    assert caplog.text.count("Redis unavailable") == 1  # once per interval, not per request
 
     back = PrivateRedis(port=server.port).start()
     try:
-        recovery = until_limited(client)
+        watcher = redis.Redis(port=back.port)
+        before = connections_received(watcher)
+        assert [search(client).status_code for _ in range(10)] == [200] * 10
+        assert connections_received(watcher) == before  # the open circuit asks nobody, even a server that is back
     finally:
         back.stop()
-    print(f"\nfail open: 50 requests in {elapsed:.3f}s while down; limiting resumed {recovery:.2f}s after Redis returned")
-    assert recovery < 2.5  # the breaker half-opens after RATELIMIT_BREAKER_SECONDS (1 s)
+
+
+def test_limiting_resumes_by_itself_once_the_breaker_interval_has_passed(client, server, limited, settings):
+    settings.RATELIMIT_DENY_CACHE = False
+    settings.RATELIMIT_BREAKER_SECONDS = 0.5
+    assert [search(client).status_code for _ in range(2)] == [200, 429]
+    server.stop()
+    failures = connection.breaker.failures
+    assert search(client).status_code == 200  # fails open; the circuit opens
+    back = PrivateRedis(port=server.port).start()
+    try:
+        seen = until_limited(client)
+    finally:
+        back.stop()
+    # let through while the circuit was open; then one probe, counted by the restarted (empty) server,
+    # closed the circuit, and the next request was denied
+    assert len(seen) >= 2 and seen == [200] * (len(seen) - 1) + [429]
+    assert connection.breaker.failures - failures == 1  # nothing but the first request met the outage
 
 
 def test_a_subject_over_its_limit_stays_refused_while_redis_is_down_across_policy_reloads(
@@ -98,10 +126,11 @@ def test_fail_closed_answers_503_with_retry_after_and_resumes(client, server, li
     assert all(r.headers["Retry-After"] == "1" for r in refused)
     back = PrivateRedis(port=server.port).start()
     try:
-        recovery = until_limited(client)
+        seen = until_limited(client)
     finally:
         back.stop()
-    assert recovery < 2.5
+    # refused while the circuit was open; then the restarted (empty) server counts anew: one allowed, one denied
+    assert seen == [503] * (len(seen) - 2) + [200, 429]
 
 
 def test_a_restart_between_requests_reaches_no_request(client, server, limited, settings):
@@ -126,9 +155,10 @@ def test_script_or_function_flush_mid_run_reaches_no_request(client, server, lim
 def test_a_port_with_nothing_listening_fails_open_at_once(client, settings, limited):
     settings.CACHES = {**settings.CACHES, "dead": {**settings.CACHES["default"], "LOCATION": "redis://127.0.0.1:1/0"}}
     settings.RATELIMIT_CACHE = "dead"
-    started = time.monotonic()
+    settings.RATELIMIT_BREAKER_SECONDS = 60
+    failures = connection.breaker.failures
     assert {search(client).status_code for _ in range(30)} == {200}
-    assert time.monotonic() - started < 5
+    assert connection.breaker.failures - failures == 1  # one refused attempt; the open circuit answers the rest
 
 
 def test_missing_socket_timeouts_are_reported_by_a_system_check(settings):
@@ -149,10 +179,18 @@ def stall(server):
     """stall(seconds): the server sleeps (DEBUG SLEEP, sent from another connection); returns that thread."""
     def pause(seconds: float) -> threading.Thread:
         sleeper = redis.Redis(port=server.port)
+        probe = redis.Redis(port=server.port, socket_timeout=0.05, retry=Retry(NoBackoff(), 0))
+        probe.ping()  # connected before the server stops accepting
         thread = threading.Thread(target=sleeper.execute_command, args=("DEBUG", "SLEEP", seconds))
         thread.start()
-        time.sleep(0.1)  # the server has read the command and sleeps
-        return thread
+        give_up = time.monotonic() + 10  # only stops a loop that would never end
+        while True:  # until the server has read the command and sleeps: a PING goes unanswered
+            try:
+                probe.ping()
+            except redis.TimeoutError:
+                return thread
+            assert time.monotonic() < give_up, "the server never slept"
+            time.sleep(0.005)
     return pause
 
 
