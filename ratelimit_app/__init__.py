@@ -7,6 +7,8 @@ without counting; `ratelimit_app.hit(request, action)` counts the request. Both 
 
 from __future__ import annotations
 
+__version__ = "0.1.0"  # the one version source: pyproject.toml reads it
+
 
 def check(request, action: str):
     from .limiter import check as check_action
