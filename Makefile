@@ -1,4 +1,5 @@
-# `make run`: the demo at http://127.0.0.1:8000/ (PORT=8001 for another port)   `make test`: the whole suite   `make bench`: benchmarks
+# `make run`: the demo at http://127.0.0.1:8000/ (PORT=8001 for another port)   `make test`: the whole suite (docs build included)
+# `make docs`: the documentation in docs/_build/html (warnings are errors)   `make bench`: benchmarks
 # Each bootstraps .venv itself; without REDIS_URL a private Redis-compatible server is started and stopped.
 PYTHON ?= python3
 VENV := .venv
@@ -6,7 +7,7 @@ BIN := $(VENV)/bin
 WITH_REDIS := $(BIN)/python -m project.devredis --
 PORT ?= 8000
 
-.PHONY: run test bench clean
+.PHONY: run test docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +33,12 @@ test: $(VENV)/.dev
 	scripts/ensure-chromium
 	$(WITH_REDIS) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
+docs: $(VENV)/.dev
+	$(BIN)/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	@echo "The documentation is in docs/_build/html/index.html"
+
 bench: $(VENV)/.bench
 	$(WITH_REDIS) $(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) var
+	rm -rf $(VENV) var docs/_build

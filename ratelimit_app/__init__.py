@@ -7,6 +7,8 @@ without counting; `ratelimit_app.hit(request, action)` counts the request. Both 
 
 from __future__ import annotations
 
+__version__ = "0.1.0"  # the one version source: pyproject.toml reads it
+
 
 def __getattr__(name: str):
     # the decorator imports Django's machinery: loaded when asked for, not with the package
@@ -18,24 +20,28 @@ def __getattr__(name: str):
 
 
 def check(request, action: str):
+    """What would happen to `request` under the policies of `action`, counting nothing: a Verdict."""
     from .limiter import check as check_action
 
     return check_action(request, action)
 
 
 def hit(request, action: str):
+    """Count `request` under the policies of `action` not decided yet for it: a Verdict (`.allowed`)."""
     from .limiter import hit as hit_action
 
     return hit_action(request, action)
 
 
 async def acheck(request, action: str):
+    """check() for async code."""
     from .limiter import acheck as acheck_action
 
     return await acheck_action(request, action)
 
 
 async def ahit(request, action: str):
+    """hit() for async code."""
     from .limiter import ahit as ahit_action
 
     return await ahit_action(request, action)

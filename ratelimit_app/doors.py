@@ -12,7 +12,9 @@ The doors, outermost first: RateLimitMiddleware, @ratelimit on the view, PolicyT
 3. If the door inside never runs (DRF refused the request before its throttles: failed
    authentication, permissions, 405), the middleware decides on the way out, so such requests still
    count against per-address policies, and a denial replaces the response with the 429.
-4. A refusal by any door comes from responses.refusal: one shape for every door.
+4. A refusal by any door comes from responses.refusal: one shape for every door. A refusal made inside
+   the view goes out through the middleware inside RateLimitMiddleware like any answer; one that
+   replaces a response (DRF's 429) keeps the headers and cookies that middleware added to it.
 5. Once the call is made, the request's policies are decided: a later hit() in the view decides only
    policies not decided yet, in a call of its own.
 6. This app's own admin pages are never counted or refused (the operator cannot be locked out by the
@@ -29,7 +31,7 @@ from . import headers, policies
 from .conf import get_setting
 from .lru import byte_bounded_cache
 from .limiter import STATE_ATTRIBUTE, RequestState, adecide, decide, state_of
-from .responses import refusal
+from .responses import is_refusal, refusal
 
 ADMIN_PAGES = "ratelimit_app_"  # URL names of this app's admin pages, in the admin's namespace
 
@@ -107,9 +109,27 @@ def _answer(request, response, state: RequestState | None):
     if state is None:
         return response
     if state.refused:
-        return refusal(request, state) or response
+        if is_refusal(response):
+            return response  # a door inside answered: its refusal came out through the middleware inside, keep it
+        refused = refusal(request, state)
+        return response if refused is None else _replacing(refused, response)
     headers.apply(response, state.decisions)
     return response
+
+
+# What the replaced response says about its own body or its own status, not about the site.
+NOT_CARRIED = frozenset({"content-type", "content-length", "content-encoding", "content-language", "www-authenticate"})
+
+
+def _replacing(refused, response):
+    """`refused` in place of `response`, with what the middleware inside added to that (X-Frame-Options,
+    Vary, cookies): DRF's refusal, or the view's answer to a request refused on the way out."""
+    for name, value in response.headers.items():
+        if name.lower() not in NOT_CARRIED and name not in refused.headers:
+            refused.headers[name] = value
+    for name, morsel in response.cookies.items():
+        refused.cookies.setdefault(name, morsel)
+    return refused
 
 
 def _refuse_if_denied(state: RequestState) -> RequestState:

@@ -11,6 +11,7 @@ from .limiter import RequestState, http_request
 
 UNAVAILABLE_RETRY_AFTER = 1
 JSON, TEXT = "application/json", "text/plain"
+REFUSAL_MARK = "ratelimit_refusal"
 
 
 def wants_json(request, json_api: bool = False) -> bool:
@@ -26,10 +27,20 @@ def refusal(request, state: RequestState | None) -> HttpResponse | None:
     if state is None:
         return None
     if state.denied:
-        return too_many_requests(request, state)
+        return _marked(too_many_requests(request, state))
     if state.unavailable:
-        return service_unavailable(request, state.json_api)
+        return _marked(service_unavailable(request, state.json_api))
     return None
+
+
+def is_refusal(response) -> bool:
+    """Whether `response` is one refusal() made (so the middleware passes it on as it is)."""
+    return getattr(response, REFUSAL_MARK, False)
+
+
+def _marked(response: HttpResponse) -> HttpResponse:
+    setattr(response, REFUSAL_MARK, True)
+    return response
 
 
 def too_many_requests(request, state: RequestState) -> HttpResponse:

@@ -10,7 +10,7 @@ from django.test import override_settings
 from rest_framework.test import APIRequestFactory
 
 from ratelimit_app import connection
-from ratelimit_app.compat.drf import AnonRateThrottle, UserRateThrottle
+from ratelimit_app.compat.drf import AnonRateThrottle, SimpleRateThrottle, UserRateThrottle
 from ratelimit_app.models import Override, Policy
 from ratelimit_app import registry
 from ratelimit_app import engine
@@ -202,3 +202,10 @@ def test_with_the_middleware_the_throttles_and_the_sites_policies_are_one_call_a
     assert [client.get("/items/").status_code for _ in range(3)] == [200, 429, 429]  # anon: 3/m
     counted = engine.decide([check(compile_policy(everywhere), "ip:127.0.0.1")], dry_run=True).decisions[0].count
     assert counted == 3  # the two refused requests were counted nowhere
+
+
+def test_anon_and_user_throttles_keep_their_scope_whatever_the_base_class_says(monkeypatch):
+    # DRF's own classes define their scope; ours must not inherit it through SimpleRateThrottle, first in the MRO
+    monkeypatch.setattr(SimpleRateThrottle, "scope", "changed", raising=False)
+    assert AnonRateThrottle.scope == "anon" and AnonRateThrottle().scope == "anon"
+    assert UserRateThrottle.scope == "user"

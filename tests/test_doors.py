@@ -196,6 +196,25 @@ def test_refusals_are_text_when_json_is_not_acceptable(api):
     assert "items-strict" in refused.content.decode()
 
 
+def test_a_429_from_the_decorator_goes_through_the_middleware_inside_like_any_answer(client):
+    make_policy(name="login-strict", action="login", limit=1, key="ip", methods="POST")
+    admitted = client.post("/demo/login/", REMOTE_ADDR=IP)
+    refused = client.post("/demo/login/", REMOTE_ADDR=IP)
+    assert refused.status_code == 429
+    # XFrameOptionsMiddleware stands inside RateLimitMiddleware in the demo, as in a new project
+    assert admitted["X-Frame-Options"] == refused["X-Frame-Options"] == "DENY"
+    assert refused["RateLimit-Policy"] == '"login-strict";q=1;w=60' and "Retry-After" in refused
+
+
+def test_a_429_from_the_drf_throttle_keeps_what_the_middleware_inside_added(api):
+    make_policy(name="items-strict", action="items", limit=1, key="ip")
+    admitted = api.get("/api/items/")
+    refused = api.get("/api/items/", HTTP_ACCEPT="application/json")
+    assert refused.status_code == 429 and refused.json()["policy"] == "items-strict"
+    assert admitted["X-Frame-Options"] == refused["X-Frame-Options"] == "DENY"
+    assert refused["Content-Type"] == "application/json"
+
+
 # --- 7. the operator is never locked out ---------------------------------------------------------
 
 

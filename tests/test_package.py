@@ -1,10 +1,12 @@
-"""The package as a new user gets it: built from this tree, installed in a fresh virtualenv beside a new
-`django-admin startproject` that gets the README's settings verbatim, it answers 429.
+"""The package as a new user gets it: built by `python -m build` from this tree (and passing `twine
+check`), installed in fresh virtualenvs beside new `django-admin startproject` projects into which the
+README's quick start and the migration guides are pasted, code block by code block, from the Markdown.
 
-Two virtualenvs: one from the built wheel without Django REST framework (middleware, decorator, admin
-and commands must all work there), one by the README's `pip install ".[drf,hiredis]"` from a copy of
-the source tree. Dependencies come from the index at the versions pinned in requirements.txt.
-RATELIMIT_PACKAGE_PYTHON names another interpreter for the virtualenvs (e.g. a python3.13).
+Two virtualenvs: one from the built wheel without Django REST framework (the quick start, the
+django-ratelimit guide, and the middleware, decorator, admin and commands), one by the DRF guide's
+`pip install "...[drf,hiredis]"` from a copy of the source tree. Dependencies come from the index at
+the versions pinned in requirements.txt. RATELIMIT_PACKAGE_PYTHON names another interpreter for the
+virtualenvs (e.g. a python3.13).
 """
 
 from __future__ import annotations
@@ -16,17 +18,22 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
+import time
 import zipfile
 from pathlib import Path
 from typing import NamedTuple
 
+from project.devredis import free_port
+
 import pytest
 
-from tests.servers import ROOT
+from tests.servers import ROOT, fetch
 
-pytestmark = pytest.mark.slow  # a wheel, two virtualenvs, two projects: about half a minute
+pytestmark = pytest.mark.slow  # a build, two virtualenvs, five projects: about two minutes
 
-SOURCE_FILES = ("pyproject.toml", "README.md", "ratelimit_app")
+SOURCE_FILES = ("pyproject.toml", "README.md", "LICENSE", "ratelimit_app")
+DOCS = ROOT / "docs"
 
 POLICIES = {
     "format": "ratelimit_app/1",
@@ -110,20 +117,24 @@ print(json.dumps(found))
 '''
 
 
-def readme_section() -> str:
-    text = (ROOT / "README.md").read_text()
-    start = text.index("## Using it in your project")
-    return text[start : text.index("\n## ", start + 1)]
+def python_blocks(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
 
 
-def readme_settings(needle: str) -> str:
-    """The python block of the README's 'Using it in your project' that contains `needle`."""
-    return next(block for block in re.findall(r"```python\n(.*?)```", readme_section(), re.S) if needle in block)
+def readme_block(needle: str) -> str:
+    """The README's python block that contains `needle`."""
+    return next(block for block in python_blocks(ROOT / "README.md") if needle in block)
 
 
-def readme_drf_install() -> list[str]:
-    command = re.search(r'`(pip install "\.\[drf[^`]*)`', readme_section()).group(1)
-    return shlex.split(command)
+def guide_blocks(guide: str, label: str) -> list[str]:
+    """The python blocks of a guide whose first line is exactly `# <label>` (what the reader pastes)."""
+    return [block for block in python_blocks(DOCS / "howto" / guide) if block.splitlines()[0] == f"# {label}"]
+
+
+def pip_install_of(guide: str, source: Path) -> list[str]:
+    """The guide's `pip install "/path/to/ratelimit_app[...]"`, pointed at `source`."""
+    command = re.search(r'^pip install (".*?")$', (DOCS / "howto" / guide).read_text(), re.M).group(1)
+    return [shlex.split(command)[0].replace("/path/to/ratelimit_app", str(source))]
 
 
 def pinned_constraints(directory: Path) -> Path:
@@ -171,9 +182,15 @@ def source(workspace) -> Path:
 
 
 @pytest.fixture(scope="module")
-def wheel(workspace, source) -> Path:
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(workspace / "dist"), str(source)], cwd=workspace)
-    (built,) = (workspace / "dist").glob("ratelimit_app-*.whl")
+def dist(workspace, source) -> Path:
+    """`python -m build`: the sdist and the wheel, into the workspace (never into the checkout)."""
+    run([sys.executable, "-m", "build", "--outdir", str(workspace / "dist"), str(source)], cwd=workspace)
+    return workspace / "dist"
+
+
+@pytest.fixture(scope="module")
+def wheel(dist) -> Path:
+    (built,) = dist.glob("ratelimit_app-*.whl")
     return built
 
 
@@ -186,10 +203,10 @@ class Site(NamedTuple):
         return self.environment / "bin" / "python"
 
 
-def new_site(workspace: Path, name: str, install: list[str], cwd: Path, drf: bool) -> Site:
+def new_site(workspace: Path, name: str, install: list[str], cwd: Path) -> Site:
     """A fresh virtualenv with `pip install ...install` (run in `cwd`), and a new project for it."""
     environment = new_virtualenv(workspace / f"venv-{name}", install, cwd)
-    return Site(environment, new_project(environment, workspace / f"site-{name}", drf))
+    return Site(environment, start_project(environment, workspace / f"site-{name}"))
 
 
 def new_virtualenv(environment: Path, install: list[str], cwd: Path) -> Path:
@@ -201,38 +218,66 @@ def new_virtualenv(environment: Path, install: list[str], cwd: Path) -> Path:
     return environment
 
 
-def new_project(environment: Path, site: Path, drf: bool) -> Path:
-    """`django-admin startproject`, the README's settings appended verbatim, a few views and policies."""
+def start_project(environment: Path, site: Path) -> Path:
     site.mkdir()
     run([str(environment / "bin" / "django-admin"), "startproject", "mysite", str(site)], cwd=site)
-    settings = site / "mysite" / "settings.py"
-    snippets = [readme_settings("RateLimitMiddleware")] + ([readme_settings("PolicyThrottle")] if drf else [])
-    settings.write_text(
-        settings.read_text()
-        + "\n# The README's settings, verbatim\n" + "\n".join(snippets)
-        + "\n# This test session's private server instead of the README's\n"
-        + 'import os\nCACHES["default"]["LOCATION"] = os.environ["REDIS_URL"]\n'
-    )
-    (site / "mysite" / "views.py").write_text(VIEWS + (DRF_VIEWS if drf else ""))
-    urls = site / "mysite" / "urls.py"
-    urls.write_text(urls.read_text() + URLS + (DRF_URLS if drf else ""))
-    (site / "policies.json").write_text(json.dumps(POLICIES))
-    (site / "proof.py").write_text(PROOF)
+    return site
+
+
+def another_project(site: Site, name: str) -> Site:
+    """A second new project in the same virtualenv."""
+    return Site(site.environment, start_project(site.environment, site.directory.parent / f"site-{name}"))
+
+
+def append(path: Path, *snippets: str) -> None:
+    path.write_text(path.read_text() + "\n" + "\n".join(snippets) + "\n")
+
+
+# The test session's private server instead of the docs' 127.0.0.1:6379
+PRIVATE_REDIS = 'import os\nCACHES["ratelimit"]["LOCATION"] = os.environ["REDIS_URL"]\n'
+
+
+def with_quick_start_settings(site: Site) -> Site:
+    append(site.directory / "mysite" / "settings.py", "# The README's quick start, verbatim",
+           readme_block("RATELIMIT_CACHE"), PRIVATE_REDIS)
+    return site
+
+
+def with_demo(site: Site) -> Site:
+    """Views, URLs and policies of the admin and command proof."""
+    (site.directory / "mysite" / "views.py").write_text(VIEWS)
+    append(site.directory / "mysite" / "urls.py", URLS)
+    (site.directory / "policies.json").write_text(json.dumps(POLICIES))
+    (site.directory / "proof.py").write_text(PROOF)
     return site
 
 
 @pytest.fixture(scope="module")
 def site_without_drf(workspace, wheel) -> Site:
-    return new_site(workspace, "bare", [f"{wheel}[hiredis]"], cwd=workspace, drf=False)
+    return new_site(workspace, "bare", [f"{wheel}[hiredis]"], cwd=workspace)
 
 
 @pytest.fixture(scope="module")
 def site_with_drf(workspace, source) -> Site:
-    return new_site(workspace, "drf", readme_drf_install()[2:], cwd=source, drf=True)
+    return new_site(workspace, "drf", pip_install_of("migrate-drf.md", source), cwd=workspace)
 
 
 def manage(site: Site, *args: str) -> str:
     return run([str(site.python), "manage.py", *args], cwd=site.directory)
+
+
+def migrate_and_check(site: Site) -> None:
+    """`migrate`, then `check` with no error and no warning (cache, timeouts, retry, middleware order)."""
+    manage(site, "migrate", "-v", "0")
+    manage(site, "check", "--fail-level", "WARNING")
+
+
+def in_project(site: Site, code: str) -> dict:
+    """What `code` (which prints JSON) sees in the project, with Django set up and the test client let in."""
+    env = {**clean_env(), "DJANGO_SETTINGS_MODULE": "mysite.settings"}
+    setup = ("import json, django\nfrom django.test import Client\nfrom django.test.utils import setup_test_environment\n"
+             "django.setup()\nsetup_test_environment()\nclient = Client()\n")
+    return json.loads(run([str(site.python), "-c", setup + code], cwd=site.directory, env=env))
 
 
 def prove(site: Site, *args: str) -> dict:
@@ -241,7 +286,6 @@ def prove(site: Site, *args: str) -> dict:
     assert "Imported 3 policies" in manage(site, "ratelimit_import", "policies.json")
     exported = json.loads(manage(site, "ratelimit_export"))
     assert sorted(p["name"] for p in exported["policies"]) == sorted(p["name"] for p in POLICIES["policies"])
-    # the README's settings are complete: no error and no warning (cache, timeouts, middleware order)
     manage(site, "check", "--fail-level", "WARNING")
     env = {**clean_env(), "DJANGO_SETTINGS_MODULE": "mysite.settings"}
     found = json.loads(run([str(site.python), "proof.py", *args], cwd=site.directory, env=env))
@@ -249,31 +293,162 @@ def prove(site: Site, *args: str) -> dict:
     return found
 
 
-def test_the_wheel_holds_the_app_with_its_data_files_and_nothing_of_the_demo(wheel):
+class Served:
+    """`manage.py runserver` of a new project, as the quick start runs it."""
+
+    def __init__(self, site: Site) -> None:
+        self.port = free_port()
+        self.process = subprocess.Popen([str(site.python), "manage.py", "runserver", "--noreload", f"127.0.0.1:{self.port}"],
+                                        cwd=site.directory, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                fetch(f"http://127.0.0.1:{self.port}/admin/login/")
+                return
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("runserver did not start")
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+def test_python_m_build_makes_an_sdist_and_a_wheel_that_twine_check_passes(dist):
+    built = sorted(path.name for path in dist.iterdir())
+    assert built == ["ratelimit_app-0.1.0-py3-none-any.whl", "ratelimit_app-0.1.0.tar.gz"], built
+    run([sys.executable, "-m", "twine", "check", "--strict", *map(str, dist.iterdir())], cwd=dist)
+    with tarfile.open(dist / "ratelimit_app-0.1.0.tar.gz") as sdist:
+        assert "ratelimit_app-0.1.0/LICENSE" in sdist.getnames()
+
+
+def test_the_version_has_one_source():
+    assert 'dynamic = ["version"]' in (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^__version__ = "0\.1\.0"', (ROOT / "ratelimit_app" / "__init__.py").read_text(), re.M)
+    assert "## [0.1.0]" in (ROOT / "CHANGELOG.md").read_text()
+
+
+def test_the_wheel_holds_the_app_with_its_data_files_its_license_and_nothing_of_the_demo(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert all(name.startswith(("ratelimit_app/", "ratelimit_app-")) for name in names), names
     for needed in ("ratelimit_app/lua/decide.lua", "ratelimit_app/py.typed", "ratelimit_app/migrations/0001_initial.py",
                    "ratelimit_app/templates/admin/ratelimit_app/policy/live.html",
-                   "ratelimit_app/management/commands/ratelimit_import.py"):
+                   "ratelimit_app/management/commands/ratelimit_import.py",
+                   "ratelimit_app-0.1.0.dist-info/licenses/LICENSE"):
         assert needed in names
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("/METADATA"))).decode()
-    assert "Requires-Python: >=3.11" in metadata
+    assert "Requires-Python: >=3.11" in metadata and "License-Expression: BSD-3-Clause" in metadata
     assert "Provides-Extra: drf" in metadata and "Provides-Extra: hiredis" in metadata
+
+
+def test_the_readmes_quick_start_pasted_into_a_new_project_answers_429_with_the_headers(site_without_drf):
+    site = with_quick_start_settings(another_project(site_without_drf, "quick-start"))
+    (site.directory / "mysite" / "views.py").write_text(readme_block("@ratelimit"))
+    append(site.directory / "mysite" / "urls.py", readme_block("urlpatterns"))
+    migrate_and_check(site)
+    readme = (ROOT / "README.md").read_text()
+    url = re.search(r"^curl -i (http://127\.0\.0\.1:8000/\S*)", readme, re.M).group(1)
+    server = Served(site)
+    try:
+        answers = [fetch(url.replace(":8000", f":{server.port}")) for _ in range(3)]
+    finally:
+        server.stop()
+    assert [status for status, _headers in answers] == [200, 200, 429]
+    status, headers = answers[2]
+    shown = re.search(r"^HTTP/1.1 429 Too Many Requests\n(.*?)\n\n", readme, re.M | re.S).group(1)
+    for line in shown.splitlines():  # every header the README shows, with its value but the seconds left
+        name, value = line.split(": ", 1)
+        if name == "Retry-After":
+            assert 0 < int(headers[name]) <= int(value)
+        else:
+            assert re.sub(r"t=\d+", "t=N", headers[name]) == re.sub(r"t=\d+", "t=N", value), (name, headers[name])
 
 
 def test_a_new_project_without_drf_limits_through_middleware_decorator_admin_and_commands(site_without_drf):
     no_drf = "import importlib.util, sys; sys.exit(importlib.util.find_spec('rest_framework') is not None)"
     run([str(site_without_drf.python), "-c", no_drf], cwd=site_without_drf.directory)
-    found = prove(site_without_drf)
+    found = prove(with_demo(with_quick_start_settings(another_project(site_without_drf, "demo"))))
     assert found["hello"] == [200, 200, 429]
     assert found["hello_policy_header"] == '"hello-per-ip";q=2;w=60'
     assert found["sign_in"] == [200, 429]
     assert found["admin"] == [200, 200, 200]
 
 
-def test_a_new_project_with_drf_installed_as_the_readme_says_limits_drf_views_too(site_with_drf):
-    found = prove(site_with_drf, "items")
+DRF_GUIDE_VIEWS = '''
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+
+class Uploads(APIView):
+    throttle_classes = [ScopedRateThrottle, UserRateThrottle]
+    throttle_scope = "uploads"
+
+    def get(self, request):
+        return Response({"stored": True})
+'''
+
+
+def test_the_drf_migration_guide_followed_step_by_step_limits_with_the_compat_throttles(site_with_drf):
+    site = another_project(site_with_drf, "drf-guide")
+    settings, views = site.directory / "mysite" / "settings.py", site.directory / "mysite" / "views.py"
+    # a project using DRF's throttles, as the guide's "before" shows it
+    append(settings, 'INSTALLED_APPS += ["rest_framework"]',
+           'CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}',
+           *guide_blocks("migrate-drf.md", "settings.py (before)"))
+    (before_import,) = guide_blocks("migrate-drf.md", "views.py (before)")
+    views.write_text(before_import + DRF_GUIDE_VIEWS)
+    append(site.directory / "mysite" / "urls.py", "from mysite import views",
+           'urlpatterns += [path("uploads/", views.Uploads.as_view())]')
+    # the guide's steps
+    append(settings, *guide_blocks("migrate-drf.md", "settings.py"), PRIVATE_REDIS)
+    (after_import,) = guide_blocks("migrate-drf.md", "views.py")
+    views.write_text(views.read_text().replace(before_import, after_import))
+    assert "rest_framework.throttling" not in views.read_text()
+    migrate_and_check(site)
+    found = in_project(site, """
+from ratelimit_app.models import Policy
+answers = [client.get("/uploads/") for _ in range(21)]
+print(json.dumps({"statuses": sorted({a.status_code for a in answers[:20]}) + [answers[20].status_code],
+                  "policy": answers[20].headers.get("RateLimit-Policy"), "retry": answers[20].headers.get("Retry-After"),
+                  "policies": sorted(Policy.objects.values_list("name", flat=True))}))
+""")
+    assert found["statuses"] == [200, 429]
+    assert found["policy"] == '"drf-uploads";q=20;w=3600, "drf-user";q=1000;w=86400'
+    assert int(found["retry"]) > 0
+    assert {"drf-anon", "drf-user", "drf-uploads"} <= set(found["policies"])
+
+
+def test_a_new_project_with_drf_limits_drf_views_with_policy_throttle(site_with_drf):
+    site = with_demo(with_quick_start_settings(another_project(site_with_drf, "policy-throttle")))
+    append(site.directory / "mysite" / "settings.py", 'INSTALLED_APPS += ["rest_framework"]',
+           *guide_blocks("migrate-drf.md", "settings.py (further)"))
+    append(site.directory / "mysite" / "views.py", DRF_VIEWS)
+    append(site.directory / "mysite" / "urls.py", DRF_URLS)
+    found = prove(site, "items")
     assert found["hello"] == [200, 200, 429]
     assert found["sign_in"] == [200, 429]
     assert found["items"] == [200, 429]
     assert found["admin"] == [200, 200, 200]
+
+
+def test_the_django_ratelimit_migration_guide_followed_step_by_step_limits_as_before(site_without_drf):
+    site = another_project(site_without_drf, "django-ratelimit-guide")
+    settings = site.directory / "mysite" / "settings.py"
+    append(settings, 'CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}')
+    append(settings, *guide_blocks("migrate-django-ratelimit.md", "settings.py"), PRIVATE_REDIS)
+    (views,) = guide_blocks("migrate-django-ratelimit.md", "views.py")
+    (site.directory / "mysite" / "views.py").write_text(views)
+    append(site.directory / "mysite" / "urls.py", "from mysite import views", 'urlpatterns += [path("login/", views.login)]')
+    migrate_and_check(site)
+    found = in_project(site, """
+answers = [client.get("/login/") for _ in range(6)]
+print(json.dumps({"statuses": [a.status_code for a in answers], "policy": answers[5].headers.get("RateLimit-Policy"),
+                  "body": answers[5].content.decode()}))
+""")
+    assert found["statuses"] == [200] * 5 + [429]
+    guide = (DOCS / "howto" / "migrate-django-ratelimit.md").read_text()
+    shown = re.search(r"^RateLimit-Policy: (.*)$", guide, re.M).group(1)
+    assert found["policy"] == shown == '"rl-mysite-views-login-5-m-ip";q=5;w=60'
+    assert found["body"] in guide

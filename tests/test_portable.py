@@ -111,3 +111,10 @@ def test_a_good_file_is_imported_with_its_overrides(tmp_path, existing):
     assert policy.limit == 10
     [override] = policy.overrides.all()
     assert override.exempt and override.network == "10.0.0.0/8" and override.expires_at.year == 2030
+
+
+def test_the_import_says_how_many_policies_and_overrides_in_good_english(tmp_path, capsys):
+    run_import(tmp_path, json.dumps(with_override()))
+    assert "Imported 1 policy and 1 override." in capsys.readouterr().out
+    run_import(tmp_path, json.dumps(policy_file(GOOD, {**GOOD, "name": "other"})))
+    assert "Imported 2 policies and 0 overrides." in capsys.readouterr().out

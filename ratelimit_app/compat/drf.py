@@ -170,11 +170,15 @@ def _code_policy(name: str, limit: int, window: int, key: str, origin: str) -> C
 class AnonRateThrottle(SimpleRateThrottle, drf.AnonRateThrottle):
     """Anonymous requests, per client address (DRF's get_ident: REMOTE_ADDR, or X-Forwarded-For with NUM_PROXIES)."""
 
+    # Its own, as DRF's class has: inherited, it would follow our SimpleRateThrottle, which comes first in the MRO.
+    scope = "anon"
     policy_key = "ip"
 
 
 class UserRateThrottle(SimpleRateThrottle, drf.UserRateThrottle):
     """Per user when authenticated, per client address otherwise."""
+
+    scope = "user"  # its own, as DRF's class has (see AnonRateThrottle)
 
 
 class ScopedRateThrottle(SimpleRateThrottle, drf.ScopedRateThrottle):

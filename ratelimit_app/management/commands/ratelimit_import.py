@@ -28,4 +28,10 @@ class Command(BaseCommand):
             policies, overrides = import_data(parse_json(text))
         except ImportRefused as error:
             raise CommandError(f"{file}: {error}") from error
-        self.stdout.write(self.style.SUCCESS(f"Imported {policies} policies and {overrides} overrides."))
+        self.stdout.write(self.style.SUCCESS(f"Imported {counted(policies, 'policy', 'policies')} and "
+                                             f"{counted(overrides, 'override', 'overrides')}."))
+
+
+def counted(number: int, one: str, many: str) -> str:
+    """'1 policy', '2 policies', '0 overrides'."""
+    return f"{number} {one if number == 1 else many}"
