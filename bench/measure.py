@@ -97,11 +97,11 @@ def interleaved_latencies(operations: dict[str, Callable[[], object]], count: in
 
 def _command_calls() -> list[tuple[object, str]]:
     """Where a command call starts: redis-py's execute_command (sync and asyncio clients), and the
-    engine's own call on a thread's kept connection (ratelimit_app.connection.execute, also as the
+    engine's own call on a thread's kept connection (ratelimit_app.decision_connection.execute, also as the
     scripts module imported it), which sends through the connection without execute_command."""
-    from ratelimit_app import connection, scripts
+    from ratelimit_app import decision_connection, scripts
 
-    return [(redis.Redis, "execute_command"), (redis.asyncio.Redis, "execute_command"), (connection, "execute"),
+    return [(redis.Redis, "execute_command"), (redis.asyncio.Redis, "execute_command"), (decision_connection, "execute"),
             (scripts, "execute")]
 
 

@@ -11,7 +11,7 @@ from django.test.utils import override_settings
 from bench.common import Results, policy, request
 from bench.measure import Wire, async_outside_redis, cpu_per_call, latencies, outside_redis, p50, recording_commands
 import ratelimit_app
-from ratelimit_app import conf, connection, limiter, policies
+from ratelimit_app import conf, decision_connection, limiter, policies
 from ratelimit_app.models import Policy
 
 DECISION_COMMANDS = (b"EVALSHA", b"EVAL", b"FCALL", b"EVALSHA_RO", b"FCALL_RO")
@@ -62,7 +62,7 @@ def overhead(results: Results) -> None:
         "view": lambda pending: view(next(pending)),
         "throttle": lambda pending: PolicyThrottle().allow_request(next(pending), throttle_view),
         # the same command, as the engine sends it (on this thread's kept connection)
-        "raw": lambda pending: connection.execute(connection.decision_client(), *decision),
+        "raw": lambda pending: decision_connection.execute(decision_connection.decision_client(), *decision),
     }
     count = results.samples
     for name, call in routes.items():

@@ -14,7 +14,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from . import operations, registry, tester
-from .connection import RedisUnavailable
+from .breaker import RedisUnavailable
 from .models import Mode, Override, Policy
 from .rates import EXAMPLES, format_rate, human_window, parse_rate
 

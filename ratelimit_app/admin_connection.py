@@ -12,7 +12,8 @@ import redis
 from django_redis import get_redis_connection
 
 from .conf import get_setting
-from .connection import RedisUnavailable, connect_cluster, is_cluster
+from .breaker import RedisUnavailable
+from .connection import connect_cluster, is_cluster
 
 T = TypeVar("T")
 

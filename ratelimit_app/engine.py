@@ -11,7 +11,9 @@ from asgiref.sync import sync_to_async
 
 from . import keys, metrics
 from .conf import get_setting
-from .connection import RedisUnavailable, aclient, breaker, cluster_configured, decision_client, is_cluster
+from .breaker import RedisUnavailable, breaker
+from .connection import aclient, cluster_configured, is_cluster
+from .decision_connection import decision_client
 from .scripts import now_arg, run_each, scripts
 from .tally import tally
 from .values import NO_POLICIES, Check, CompiledPolicy, Decision, Subject, Verdict

@@ -10,7 +10,7 @@ from typing import Iterable, NamedTuple, Sequence
 
 from . import engine, events, metrics, policies
 from .conf import get_setting
-from .connection import outage
+from .breaker import outage
 from .deny_cache import deny_cache
 from .deny_cache import enabled as deny_cache_enabled
 from .overrides import CompiledOverride, matching_override

@@ -8,7 +8,7 @@ import re
 from django.core.exceptions import ValidationError
 
 from . import live
-from .connection import RedisUnavailable
+from .breaker import RedisUnavailable
 from .live import PolicyActivity, policy_activity, policy_trends  # noqa: F401  (the policy list's columns)
 from .models import Policy
 from .policies import compile_policy

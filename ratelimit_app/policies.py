@@ -22,7 +22,7 @@ from django.db import transaction
 
 from . import version as policy_version
 from . import strategies
-from .connection import RedisUnavailable
+from .breaker import RedisUnavailable
 from .conf import get_setting
 from .deny_cache import deny_cache
 from .models import Mode, Override, Policy

@@ -8,7 +8,8 @@ from typing import Callable
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from . import admin_connection, conf, connection, doors, metrics, policies, registry, subjects
+from . import admin_connection, conf, connection, decision_connection, doors, metrics, policies, registry, subjects
+from .breaker import breaker
 
 CACHE_SETTINGS = {"CACHES", "RATELIMIT_CACHE", "RATELIMIT_USE_CACHE", "RATELIMIT_ADMIN_TIMEOUT"}
 
@@ -16,6 +17,8 @@ CACHE_SETTINGS = {"CACHES", "RATELIMIT_CACHE", "RATELIMIT_USE_CACHE", "RATELIMIT
 FORGET: tuple[tuple[set[str] | None, Callable[[], None]], ...] = (
     (None, conf.forget_settings),
     (CACHE_SETTINGS, connection.forget_clients),
+    (CACHE_SETTINGS, decision_connection.unpin),
+    (CACHE_SETTINGS, breaker.reset),  # another server: another circuit
     (CACHE_SETTINGS, admin_connection.forget_client),
     (None, subjects.forget_settings),  # several settings shape subjects: cheap to forget
     ({"RATELIMIT_METRICS"}, metrics.forget_settings),

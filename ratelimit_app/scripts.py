@@ -21,7 +21,8 @@ from redis.exceptions import NoPermissionError, NoScriptError, RedisClusterExcep
 
 from .conf import get_setting
 from .strategies import STRATEGIES
-from .connection import execute, is_cluster
+from .connection import is_cluster
+from .decision_connection import execute
 
 LIBRARY_FILES = ("series.lua", "activity.lua", "terms.lua")
 STRATEGY_FILES = tuple(strategy.lua for strategy in STRATEGIES.values())

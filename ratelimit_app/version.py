@@ -15,7 +15,8 @@ import uuid
 from . import keys
 from .admin_connection import admin_call
 from .conf import get_setting
-from .connection import RedisUnavailable, breaker, client
+from .breaker import RedisUnavailable, breaker
+from .connection import client
 
 logger = logging.getLogger("ratelimit_app")
 

@@ -1,5 +1,5 @@
 """The request path's connection: each thread that decides keeps one of the pool's connections
-(connection.decision_client), and that never costs a decision its answer: forked workers, many
+(decision_connection.decision_client), and that never costs a decision its answer: forked workers, many
 threads, a pool with few connections, a changed cache setting, more subjects than a thread keeps
 packed commands for."""
 
@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from project.devredis import PrivateRedis
-from ratelimit_app import connection, engine
+from ratelimit_app import connection, decision_connection, engine
 from tests.helpers import check, in_processes, in_threads, policy
 
 pytestmark = pytest.mark.django_db
@@ -49,7 +49,7 @@ def test_threads_deciding_at_once_admit_exactly_the_limit():
 
 def test_more_subjects_than_the_packed_commands_kept_each_get_their_own_answer():
     compiled = policy(limit=2)
-    subjects = [f"ip:198.51.100.{i % 250}" if i < 250 else f"ip:2001:db8::{i:x}" for i in range(connection.MAX_PACKED + 50)]
+    subjects = [f"ip:198.51.100.{i % 250}" if i < 250 else f"ip:2001:db8::{i:x}" for i in range(decision_connection.MAX_PACKED + 50)]
     answers = {who: [] for who in subjects}
     for _round in range(3):  # each subject's repeat request finds its own command, or packs it again
         for who in subjects:

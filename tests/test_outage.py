@@ -12,8 +12,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from project.devredis import PrivateRedis
-from ratelimit_app import connection, engine, keys, limiter
-from ratelimit_app.connection import RedisUnavailable
+from ratelimit_app import breaker, connection, engine, keys, limiter
+from ratelimit_app.breaker import RedisUnavailable
 from ratelimit_app.models import Policy
 from ratelimit_app.tally import tally
 from tests.helpers import check, count_round_trips, in_threads, make_policy, policy, subject
@@ -67,7 +67,7 @@ def connections_received(watcher: redis.Redis) -> int:
 
 
 def test_fail_open_lets_requests_through_and_the_open_circuit_tries_no_connection(client, server, limited, caplog, settings, monkeypatch):
-    monkeypatch.setattr(limiter, "outage", connection.Outage())  # an outage log of this test's own
+    monkeypatch.setattr(limiter, "outage", breaker.Outage())  # an outage log of this test's own
     settings.RATELIMIT_DENY_CACHE = False  # else the subject over its limit stays refused from memory
     settings.RATELIMIT_BREAKER_SECONDS = 60  # every request below falls in the circuit's first interval
     assert [search(client).status_code for _ in range(2)] == [200, 429]

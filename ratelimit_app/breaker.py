@@ -1,0 +1,170 @@
+"""The circuit breaker of the request path, and the errors the doors see: one place that knows Redis
+can fail. A small state machine (closed, open, half-open) that knows nothing of connections."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Awaitable, Callable, NoReturn, TypeVar
+
+import redis
+
+from . import events
+from .conf import get_setting
+
+T = TypeVar("T")
+logger = logging.getLogger("ratelimit_app")
+OUTAGE_ATTRIBUTE = "_ratelimit_outage"
+
+
+class RedisUnavailable(Exception):
+    """Redis could not decide (down, timed out, the circuit is open, or it answered with an error);
+    the doors apply RATELIMIT_FAIL_OPEN."""
+
+
+class RedisCommandError(RedisUnavailable):
+    """Redis answered, with an error (WRONGTYPE, READONLY, a Lua error): not an outage, nothing decided."""
+
+
+def is_outage(error: redis.RedisError) -> bool:
+    """Redis did not answer (refused, timed out, cluster down); any other error is an answer."""
+    if isinstance(error, (redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError)):
+        return True
+    return not isinstance(error, redis.ResponseError)
+
+
+def describe(error: BaseException) -> str:
+    """The error as a log line: redis-py names the address ('Error 111 connecting to 127.0.0.1:6390');
+    the code it strips from an error reply ('READONLY', 'WRONGTYPE'...) is put back in front."""
+    code = getattr(error, "status_code", None)
+    message = str(error)
+    if code and not message.startswith(code):
+        message = f"{code} {message}"
+    return f"{type(error).__name__}: {message}"
+
+
+class CircuitBreaker:
+    """After Redis failed to answer, fail fast for a while instead of adding a timeout to every request.
+
+    Closed: calls go to Redis. Open, for RATELIMIT_BREAKER_SECONDS after an outage: calls fail at once
+    with the outage's cause. Half-open, then: one call probes Redis while the others keep failing at
+    once; its answer closes the circuit, its failure opens it again. An error Redis answers with is
+    no outage (it costs no timeout): it is logged with its message, counted in `errors`, and leaves
+    the circuit closed.
+    """
+
+    def __init__(self) -> None:
+        self.open_until = 0.0
+        self.failures = 0  # outages seen (refused, timed out), for monitoring
+        self.errors = 0  # errors Redis answered with, for monitoring
+        self.cause = ""  # the last outage, named by the calls that fail fast meanwhile
+        self._probe = threading.Lock()
+        # what takes connections anew after an outage or a failover (set by decision_connection.py)
+        self.reconnect: Callable[[redis.RedisError], None] = lambda error: None
+        self._count = threading.Lock()
+        self._error_logged_at = 0.0
+
+    def call(self, operation: Callable[[], T]) -> T:
+        probing = self._admit()
+        try:
+            result = operation()
+        except redis.RedisError as error:
+            self._failed(error)
+        finally:
+            if probing:
+                self._probe.release()
+        self._closed()
+        return result
+
+    async def acall(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """call() for the asyncio client: the same circuit, shared by sync and async requests."""
+        probing = self._admit()
+        try:
+            result = await operation()
+        except redis.RedisError as error:
+            self._failed(error)
+        finally:
+            if probing:
+                self._probe.release()
+        self._closed()
+        return result
+
+    def _admit(self) -> bool:
+        """Whether this call may go to Redis (raises RedisUnavailable if not); True when it is the
+        half-open circuit's one probe, which holds the probe lock until it has an answer."""
+        if not self.open_until:
+            return False
+        if time.monotonic() < self.open_until or not self._probe.acquire(blocking=False):
+            raise RedisUnavailable(self.cause)
+        return True
+
+    def _failed(self, error: redis.RedisError) -> NoReturn:
+        if is_outage(error):
+            self._open(error)
+            raise RedisUnavailable(self.cause) from error
+        self._closed()  # Redis answered: it is up
+        self._answered_with(error)
+        raise RedisCommandError(describe(error)) from error
+
+    def _open(self, error: redis.RedisError) -> None:
+        with self._count:
+            self.failures += 1
+            self.cause = describe(error)
+            self.open_until = time.monotonic() + get_setting("RATELIMIT_BREAKER_SECONDS")
+        # connections are taken anew, which finds the server anew (a Sentinel's new master)
+        self.reconnect(error)
+        events.breaker_opened(error)
+
+    def _closed(self) -> None:
+        if self.open_until:  # the first answer after an outage
+            self.open_until = 0.0
+            events.breaker_closed()
+
+    def _answered_with(self, error: redis.RedisError) -> None:
+        with self._count:
+            self.errors += 1
+            now = time.monotonic()
+            if now - self._error_logged_at < get_setting("RATELIMIT_BREAKER_SECONDS"):
+                return
+            self._error_logged_at = now
+        logger.error("ratelimit: Redis answered with an error (%d so far): %s", self.errors, describe(error))
+        if isinstance(error, redis.ReadOnlyError):
+            self.reconnect(error)  # a replica after a failover: a new connection may reach the new primary
+
+    def reset(self) -> None:
+        """Close the circuit, and log the next error at once (tests start from here)."""
+        self.open_until = 0.0
+        self._error_logged_at = 0.0
+
+
+breaker = CircuitBreaker()
+
+
+class Outage:
+    """Counts requests let through or refused because Redis could not decide; logs once per interval."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self._logged_at = 0.0
+        self._lock = threading.Lock()
+
+    def record(self, error: RedisUnavailable, request: object = None) -> None:
+        """Count one request; given the request, a second door reporting the same request adds nothing."""
+        if request is not None:
+            base = request.__dict__.get("_request", request)  # a DRF Request wraps Django's
+            if base.__dict__.get(OUTAGE_ATTRIBUTE):
+                return
+            base.__dict__[OUTAGE_ATTRIBUTE] = True
+        with self._lock:
+            self.requests += 1
+            now = time.monotonic()
+            if now - self._logged_at < get_setting("RATELIMIT_BREAKER_SECONDS"):
+                return
+            self._logged_at = now
+        action = "letting requests through" if get_setting("RATELIMIT_FAIL_OPEN") else "refusing requests (503)"
+        what = "Redis answered with an error" if isinstance(error, RedisCommandError) else "Redis unavailable"
+        logger.warning("ratelimit: %s, %s (%d so far): %s", what, action, self.requests, error)
+
+
+outage = Outage()
