@@ -18,7 +18,7 @@ FORGET: tuple[tuple[set[str] | None, Callable[[], None]], ...] = (
     (None, conf.forget_settings),
     (CACHE_SETTINGS, connection.forget_clients),
     (CACHE_SETTINGS, decision_connection.unpin),
-    (CACHE_SETTINGS, breaker.reset),  # another server: another circuit
+    ({"RATELIMIT_USE_CACHE"}, breaker.reset),  # django-ratelimit's tests switch caches around an open circuit
     (CACHE_SETTINGS, admin_connection.forget_client),
     (None, subjects.forget_settings),  # several settings shape subjects: cheap to forget
     ({"RATELIMIT_METRICS"}, metrics.forget_settings),
