@@ -9,12 +9,12 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from .rates import MAX_WINDOW
 from .subjects import TOKEN, KeySpecError, mask, parse_key_spec
 
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
 MAX_BUCKETS = 60  # default bucket count
 BUCKET_CEILING = 600  # more buckets make every decision sum too many fields
-MAX_WINDOW = 366 * 86400  # seconds
 TOKEN_BUCKET_MAX_RATE = 1_000_000  # per second: a token bucket spaces requests in whole microseconds
 
 
@@ -69,8 +69,12 @@ def validate_methods(value: str) -> None:
 def default_bucket_size(window: int) -> int | None:
     """The smallest bucket that divides the window into 2 to MAX_BUCKETS buckets, else into the fewest
     buckets up to BUCKET_CEILING (a prime window); None when no whole second fits (a 1 s window)."""
-    sizes = [size for size in range(1, window // 2 + 1) if window % size == 0 and window // size <= BUCKET_CEILING]
-    return next((size for size in sizes if window // size <= MAX_BUCKETS), sizes[-1] if sizes else None)
+    # tries bucket counts, not sizes: at most BUCKET_CEILING steps whatever the window
+    counts = [count for count in range(2, min(window, BUCKET_CEILING) + 1) if window % count == 0]
+    if not counts:
+        return None
+    within = [count for count in counts if count <= MAX_BUCKETS]
+    return window // (within[-1] if within else counts[0])
 
 
 class Policy(models.Model):
@@ -205,7 +209,7 @@ class Policy(models.Model):
                     {"bucket_size": "The bucket size applies to sliding_window only; leave it blank."}
                 )
             return
-        if not self.window or self.window < 1 or (self.bucket_size is not None and self.bucket_size < 1):
+        if not self.window or not 1 <= self.window <= MAX_WINDOW or (self.bucket_size is not None and self.bucket_size < 1):
             return  # the window or bucket size field reports its own error
         suggested = default_bucket_size(self.window)
         if self.bucket_size is None:
