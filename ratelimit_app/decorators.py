@@ -16,7 +16,15 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.decorators import method_decorator
 
 from . import headers, registry
-from .doors import ainner_door, has_door_inside, inner_door
+from .doors import (
+    adecide_left_over,
+    ainner_door,
+    decide_left_over,
+    has_decorator_inside,
+    has_throttle_inside,
+    inner_door,
+    passed_drf_throttles,
+)
 from .registry import CodePolicy
 from .responses import refusal
 
@@ -76,7 +84,8 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, is_async: bool 
     if isinstance(view, type):  # a class-based view: decorate its dispatch (which returns a coroutine when async)
         decorate = partial(_decorate, action=action, declared=declared, is_async=view.view_is_async)
         return _remember(method_decorator(decorate, name="dispatch")(view), declared)
-    last = not has_door_inside(view)
+    decorator_inside = has_decorator_inside(view)
+    throttle_inside = not decorator_inside and has_throttle_inside(view)
     if is_async is None:
         is_async = iscoroutinefunction(view)
 
@@ -86,11 +95,16 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, is_async: bool 
         async def limited(request, *args, **kwargs):
             if declared is not None and not registry.is_synced(declared):
                 await sync_to_async(registry.ensure_synced)(declared)  # a view module imported late
+            last = not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
             state = await ainner_door(request, [action], last=last)
             refused = refusal(request, state)
             if refused is not None:
                 return refused
-            return _with_headers(await view(request, *args, **kwargs), state)
+            response = await view(request, *args, **kwargs)
+            if not last:  # DRF may have refused the request before the throttle that was to decide
+                state = await adecide_left_over(request, state)
+                response = refusal(request, state) or response
+            return _with_headers(response, state)
 
         markcoroutinefunction(limited)
     else:
@@ -99,11 +113,16 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, is_async: bool 
         def limited(request, *args, **kwargs):
             if declared is not None:
                 registry.ensure_synced(declared)  # a view module imported after the policies were loaded
+            last = not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
             state = inner_door(request, [action], last=last)
             refused = refusal(request, state)
             if refused is not None:
                 return refused
-            return _with_headers(view(request, *args, **kwargs), state)
+            response = view(request, *args, **kwargs)
+            if not last:  # DRF may have refused the request before the throttle that was to decide
+                state = decide_left_over(request, state)
+                response = refusal(request, state) or response
+            return _with_headers(response, state)
 
     limited.ratelimit_actions = (*getattr(view, "ratelimit_actions", ()), action)
     return _remember(limited, declared)

@@ -10,8 +10,9 @@ The doors, outermost first: RateLimitMiddleware, @ratelimit on the view, PolicyT
    A door inside decides with the request as it knows it: DRF's throttle with DRF's user, so a
    token user is counted as that user by `user` and `user_or_ip` policies.
 3. If the door inside never runs (DRF refused the request before its throttles: failed
-   authentication, permissions, 405), the middleware decides on the way out, so such requests still
-   count against per-address policies, and a denial replaces the response with the 429.
+   authentication, permissions, 405), the outer door (the middleware, or @ratelimit around a DRF
+   view) decides on the way out, so such requests still count against per-address policies, and a
+   denial replaces the response with the 429.
 4. A refusal by any door comes from responses.refusal: one shape for every door. A refusal made inside
    the view goes out through the middleware inside RateLimitMiddleware like any answer; one that
    replaces a response (DRF's 429) keeps the headers and cookies that middleware added to it.
@@ -30,7 +31,7 @@ from django.urls import Resolver404, resolve
 from . import headers, policies
 from .conf import get_setting
 from .lru import byte_bounded_cache
-from .limiter import STATE_ATTRIBUTE, RequestState, adecide, decide, state_of
+from .limiter import STATE_ATTRIBUTE, RequestState, adecide, decide, http_request, state_of
 from .responses import is_refusal, refusal
 
 ADMIN_PAGES = "ratelimit_app_"  # URL names of this app's admin pages, in the admin's namespace
@@ -54,10 +55,14 @@ def is_policy_throttled(view_class: type | None) -> bool:
     return any(getattr(c, "ratelimit_door", False) for c in classes)
 
 
-def has_door_inside(view) -> bool:
-    """Whether calling `view` meets another door: an inner @ratelimit, or a PolicyThrottle of a DRF view."""
-    if getattr(view, "ratelimit_actions", None):
-        return True
+def has_decorator_inside(view) -> bool:
+    """Whether calling `view` meets an inner @ratelimit."""
+    return bool(getattr(view, "ratelimit_actions", None))
+
+
+def has_throttle_inside(view) -> bool:
+    """Whether `view` belongs to a DRF view run by a PolicyThrottle (which only sees requests DRF has not
+    yet wrapped: a method such as `get` gets a DRF Request after the throttles ran)."""
     owner = getattr(view, "cls", None) or getattr(view, "view_class", None)
     if owner is None:  # method_decorator hands decorators a partial of the bound method
         instance = getattr(getattr(view, "func", view), "__self__", None)
@@ -153,10 +158,15 @@ def middleware_request(request):
 def middleware_response(request, response):
     """On the way out: decide what no door inside decided (DRF refused before its throttles); headers."""
     state: RequestState | None = request.__dict__.get(STATE_ATTRIBUTE)
+    return _answer(request, response, decide_left_over(request, state))
+
+
+def decide_left_over(request, state: RequestState | None) -> RequestState | None:
+    """An outer door on the way out: make the call a door inside was left, if that door never ran."""
     if state is not None and state.awaiting:
         state.awaiting = False
         _refuse_if_denied(decide(request, state))
-    return _answer(request, response, state)
+    return state
 
 
 async def amiddleware_request(request):
@@ -174,10 +184,14 @@ async def amiddleware_request(request):
 
 async def amiddleware_response(request, response):
     state: RequestState | None = request.__dict__.get(STATE_ATTRIBUTE)
+    return _answer(request, response, await adecide_left_over(request, state))
+
+
+async def adecide_left_over(request, state: RequestState | None) -> RequestState | None:
     if state is not None and state.awaiting:
         state.awaiting = False
         _refuse_if_denied(await adecide(request, state))
-    return _answer(request, response, state)
+    return state
 
 
 # --- the doors inside the view ------------------------------------------------------------------
@@ -198,9 +212,16 @@ def _gather(request, names) -> RequestState | None:
 
 
 def inner_door(request, names, *, last: bool) -> RequestState | None:
-    """A decorator's or a throttle's turn: gather `names`; the last door inside makes the call."""
+    """A decorator's or a throttle's turn: gather `names`; the last door inside makes the call.
+
+    A door that is not last leaves the call to the door inside, and must call decide_left_over() with
+    the view's response: DRF may refuse the request before its throttles run.
+    """
     state = _gather(request, names)
-    if state is None or not last:
+    if state is None:
+        return state
+    if not last:
+        state.awaiting = True
         return state
     state.awaiting = False
     return _refuse_if_denied(decide(request, state))
@@ -208,7 +229,15 @@ def inner_door(request, names, *, last: bool) -> RequestState | None:
 
 async def ainner_door(request, names, *, last: bool) -> RequestState | None:
     state = _gather(request, names)
-    if state is None or not last:
+    if state is None:
+        return state
+    if not last:
+        state.awaiting = True
         return state
     state.awaiting = False
     return _refuse_if_denied(await adecide(request, state))
+
+
+def passed_drf_throttles(request) -> bool:
+    """Whether `request` is a DRF Request: the view's throttles already ran, none will see it again."""
+    return http_request(request) is not request

@@ -42,7 +42,7 @@ class RequestState:
         self.denied: list[Decision] = []
         self.unavailable = False  # Redis could not be asked and RATELIMIT_FAIL_OPEN is False
         self.outage: engine.RedisUnavailable | None = None  # why Redis could not be asked, either way
-        self.awaiting = False  # the middleware left the call to a door inside the view
+        self.awaiting = False  # an outer door (middleware, decorator) left the call to a door inside the view
         self.refused = False  # a door refused the request (its response is the refusal)
         self.json_api = False  # the view is a DRF API: its clients expect JSON
 

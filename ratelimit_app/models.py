@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
-
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -11,7 +9,7 @@ from django.db import models
 
 from . import strategies
 from .rates import MAX_WINDOW
-from .subjects import TOKEN, KeySpecError, mask, parse_key_spec
+from .subjects import TOKEN, KeySpecError, ip_network, mask, parse_key_spec
 
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
 OPTION_NAMES = {"bucket_size": "bucket size", "burst": "burst"}  # the fields only some strategies read
@@ -196,7 +194,7 @@ class MatchKind(models.TextChoices):
 
 def validate_network(value: str) -> None:
     try:
-        ipaddress.ip_network(value.strip(), strict=False)
+        ip_network(value)
     except ValueError as error:
         raise ValidationError(
             "Enter an IP address or a network in CIDR form, e.g. 203.0.113.7 or 10.0.0.0/8 or 2001:db8::/48.",
@@ -308,9 +306,10 @@ class Override(models.Model):
 
 
 def canonical_network(value: str) -> str:
-    """'10.1.2.3/16' -> '10.1.0.0/16', '10.0.0.1/32' -> '10.0.0.1'; an invalid value is left as it is."""
+    """'10.1.2.3/16' -> '10.1.0.0/16', '10.0.0.1/32' -> '10.0.0.1', '::ffff:203.0.113.7' -> '203.0.113.7'
+    (the form client addresses are matched in); an invalid value is left as it is."""
     try:
-        network = ipaddress.ip_network(value.strip(), strict=False)
+        network = ip_network(value)
     except ValueError:
         return value  # the field's validator reports it
     return str(network.network_address) if network.prefixlen == network.max_prefixlen else str(network)

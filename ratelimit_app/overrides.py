@@ -15,7 +15,7 @@ from typing import Iterable, Iterator
 from django.utils import timezone
 
 from .models import MatchKind, Override
-from .subjects import client_address
+from .subjects import client_address, ip_network
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -62,7 +62,7 @@ class PolicyOverrides:
             self.headers[meta] = None
             self.by_header.setdefault((meta, row.value), []).append(compiled)
         else:
-            network = ipaddress.ip_network(row.network, strict=False)
+            network = ip_network(row.network)  # as client addresses are matched: rows saved mapped match too
             if network.prefixlen == network.max_prefixlen:
                 self.by_address.setdefault(str(network.network_address), []).append(compiled)
             else:

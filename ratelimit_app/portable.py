@@ -83,6 +83,9 @@ def parse_json(text: str) -> Any:
         return json.loads(text, parse_constant=no_constant, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as error:
         raise ImportRefused(f"Not valid JSON: {error}") from error
+    except RecursionError:
+        # an export is three levels deep; Python's parser gives up near a thousand
+        raise ImportRefused("The file is nested too deeply to be a ratelimit_app export.") from None
 
 
 def _type_problems(where: str, entry: Any, fields: dict[str, tuple[str, bool]], nested: tuple[str, ...] = ()) -> list[str]:

@@ -13,7 +13,8 @@ UNITS = {
 }
 RATE = re.compile(r"^\s*(?P<limit>\d+)\s*/\s*(?P<count>\d*)\s*(?P<unit>[a-z]*)\s*$", re.IGNORECASE)
 EXAMPLES = "e.g. 5/s, 100/m, 1000/h, 10/5m, 100/day"
-MAX_WINDOW = 366 * 86400  # seconds: a policy's window is at most a year
+MAX_WINDOW = 366 * 86400  # seconds: checked here, before anything computes with the window
+DIGITS = 18  # more digits than any limit or window can have: refused before int() reads them
 
 
 def parse_rate(rate: str | tuple[int, int]) -> tuple[int, int]:
@@ -28,14 +29,23 @@ def parse_rate(rate: str | tuple[int, int]) -> tuple[int, int]:
         raise ValueError(f"A rate is a string such as '5/m', not {type(rate).__name__} {rate!r}.")
     match = RATE.match(rate)
     if match is None:
-        raise ValueError(f"{rate!r} is not a rate: write <requests>/<period>, {EXAMPLES}.")
+        raise ValueError(f"{_shown(rate)} is not a rate: write <requests>/<period>, {EXAMPLES}.")
     unit = match["unit"].lower()
     if unit and unit not in UNITS:
-        raise ValueError(f"{rate!r}: unknown period {match['unit']!r}; use s, m, h or d (or sec, min, hour, day), {EXAMPLES}.")
+        raise ValueError(f"{_shown(rate)}: unknown period {match['unit']!r}; use s, m, h or d (or sec, min, hour, day), {EXAMPLES}.")
     if not unit and not match["count"]:
-        raise ValueError(f"{rate!r} has no period after the slash: {EXAMPLES}.")
+        raise ValueError(f"{_shown(rate)} has no period after the slash: {EXAMPLES}.")
+    if len(match["limit"]) > DIGITS:
+        raise ValueError(f"{_shown(rate)}: the number of requests is too large.")
+    if len(match["count"]) > DIGITS:
+        raise ValueError(_too_long(_shown(rate)))
     window = int(match["count"] or 1) * UNITS.get(unit or "s")
-    return _checked(int(match["limit"]), window, shown=repr(rate))
+    return _checked(int(match["limit"]), window, shown=_shown(rate))
+
+
+def _shown(rate: str) -> str:
+    """The rate as messages quote it: a long one cut, so an error never echoes a megabyte back."""
+    return repr(rate if len(rate) <= 40 else rate[:37] + "...")
 
 
 def _checked(limit: int, window: int, shown: str) -> tuple[int, int]:
@@ -43,7 +53,13 @@ def _checked(limit: int, window: int, shown: str) -> tuple[int, int]:
         raise ValueError(f"{shown}: the number of requests cannot be negative.")
     if window < 1:
         raise ValueError(f"{shown}: the period must be at least 1 second.")
+    if window > MAX_WINDOW:
+        raise ValueError(_too_long(shown))
     return limit, window
+
+
+def _too_long(shown: str) -> str:
+    return f"{shown}: the period can be at most one year (366d, {MAX_WINDOW} seconds)."
 
 
 def format_rate(limit: int, window: int) -> str:

@@ -26,6 +26,7 @@ from .values import KeyPart, KeySpec, Subject
 logger = logging.getLogger("ratelimit_app")
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RFC 9110 token)
 DISPLAY_LIMIT = 100
 KINDS = "ip, user, user_or_ip, header:<Name>, param:<name>, get:<name>, post:<name>, global, a dotted path to a function (myapp.keys.tenant)"
@@ -346,9 +347,26 @@ def _proxy_entry(entry: object) -> IPNetwork | str | None:
     if str(entry).strip().lower() == UNIX_SOCKET:
         return UNIX_SOCKET
     try:
-        return ipaddress.ip_network(entry, strict=False)
+        return ip_network(entry)
     except (ValueError, TypeError):
         return None
+
+
+def unmapped(address: IPAddress) -> IPAddress:
+    """An IPv4-mapped IPv6 address (::ffff:203.0.113.7, how a dual-stack socket reports an IPv4 client)
+    as the IPv4 address it carries: every client address is counted and matched in this form."""
+    if address.version == 6 and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def ip_network(value: object) -> IPNetwork:
+    """An address or network as written (host bits ignored), in the form unmapped() gives addresses:
+    an IPv4-mapped one (::ffff:203.0.113.0/120) is the IPv4 network it carries. ValueError otherwise."""
+    network = ipaddress.ip_network(value.strip() if isinstance(value, str) else value, strict=False)
+    if network.version == 6 and network.prefixlen >= 96 and network.network_address.ipv4_mapped is not None:
+        return ipaddress.IPv4Network((network.network_address.ipv4_mapped, network.prefixlen - 96))
+    return network
 
 
 def invalid_trusted_proxies() -> list[str]:
@@ -366,12 +384,9 @@ def _parse_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address |
     # a zone id ('%eth0') names the server's interface, not the client: '%1', '%2'... are one client
     text = text.partition("%")[0]
     try:
-        address = ipaddress.ip_address(text)
+        return unmapped(ipaddress.ip_address(text))
     except ValueError:
         return None
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-        return address.ipv4_mapped
-    return address
 
 
 def _is_trusted(address, networks) -> bool:

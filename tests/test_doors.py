@@ -7,11 +7,16 @@ from __future__ import annotations
 import pytest
 from django.conf import settings as django_settings
 from django.contrib.auth.models import User
-from django.urls import reverse
+from django.urls import path, reverse
+from django.utils.decorators import method_decorator
 from rest_framework.authtoken.models import Token
+from rest_framework.decorators import api_view
+from rest_framework.response import Response
 from rest_framework.test import APIClient
+from rest_framework.views import APIView
 
 from ratelimit_app import engine
+from ratelimit_app.decorators import ratelimit
 from ratelimit_app.policies import compile_policy, get_index
 from tests.helpers import check, count_round_trips, in_processes, make_policy
 
@@ -146,6 +151,72 @@ def test_requests_failing_token_authentication_still_count_per_address():
     intruder.credentials(HTTP_AUTHORIZATION="Token not-a-real-token")
     # DRF answers 403 (session authentication is listed first); the third attempt is over the limit
     assert [intruder.get("/api/items/").status_code for _ in range(4)] == [403, 403, 429, 429]
+
+
+# DRF views under @ratelimit alone (no middleware): the decorator must see what DRF refuses early.
+
+
+class Guarded(APIView):
+    def get(self, request):
+        return Response({"ok": True})
+
+
+GuardedByDecorator = ratelimit("guarded")(Guarded)  # @ratelimit on the class: it wraps dispatch
+
+
+@api_view(["GET"])
+def guarded_function(request):
+    return Response({"ok": True})
+
+
+@method_decorator(ratelimit("guarded"), name="get")
+class GuardedMethod(APIView):
+    def get(self, request):
+        return Response({"ok": True})
+
+
+urlpatterns = [
+    path("method/", GuardedMethod.as_view(), name="guarded-method"),
+    path("class/", GuardedByDecorator.as_view(), name="guarded-class"),
+    path("wrapped/", ratelimit("guarded")(Guarded.as_view()), name="guarded-wrapped"),
+    path("function/", ratelimit("guarded")(guarded_function), name="guarded-function"),
+]
+DECORATED_DRF_VIEWS = ["/class/", "/wrapped/", "/function/"]
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.parametrize("middleware", [False, True], ids=["decorator-alone", "with-middleware"])
+@pytest.mark.parametrize("url", DECORATED_DRF_VIEWS)
+def test_decorator_counts_requests_drf_refuses_before_its_throttles(url, middleware, settings):
+    if not middleware:
+        settings.MIDDLEWARE = WITHOUT_MIDDLEWARE
+    make_policy(name="guarded-per-ip", action="guarded", limit=2, key="ip")
+    intruder = APIClient(REMOTE_ADDR=IP)
+    intruder.credentials(HTTP_AUTHORIZATION="Token not-a-real-token")
+    # a token guesser is refused by authentication first: its attempts count, so it meets the 429 too
+    assert [intruder.get(url).status_code for _ in range(5)] == [403, 403, 429, 429, 429]
+    assert [token_client(f"tina{n}").get(url).status_code for n in range(2)] == [429, 429]
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.parametrize("url", [*DECORATED_DRF_VIEWS, "/method/"])
+def test_decorator_alone_counts_drf_token_users_as_themselves_in_one_call(url, settings):
+    settings.MIDDLEWARE = WITHOUT_MIDDLEWARE
+    make_policy(name="guarded-per-user", action="guarded", limit=2, key="user")
+    alice, bob = token_client("alice"), token_client("bob")
+    assert [alice.get(url).status_code for _ in range(3)] == [200, 200, 429]
+    assert round_trips(lambda: bob.get(url)) == 1
+    assert bob.get(url).status_code == 429
+
+
+@pytest.mark.urls(__name__)
+def test_decorator_alone_decides_a_request_drf_refuses_early_in_one_call(settings):
+    settings.MIDDLEWARE = WITHOUT_MIDDLEWARE
+    make_policy(name="guarded-per-ip", action="guarded", limit=100, key="ip")
+    make_policy(name="everywhere", action="*", limit=100, key="ip")
+    intruder = APIClient(REMOTE_ADDR=IP)
+    intruder.credentials(HTTP_AUTHORIZATION="Token not-a-real-token")
+    assert round_trips(lambda: intruder.get("/class/")) == 1
 
 
 # --- 4. HEAD is GET --------------------------------------------------------------------------------

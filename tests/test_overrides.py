@@ -226,3 +226,46 @@ def test_import_with_a_bad_row_changes_nothing(policy, tmp_path):
         call_command("ratelimit_import", str(source))
     assert Policy.objects.get(name="api").limit == 10
     assert not Policy.objects.filter(name="broken").exists()
+
+
+# --- IPv4-mapped IPv6 addresses (::ffff:203.0.113.7) are the IPv4 clients they carry -------------
+
+
+@pytest.fixture
+def search_policy():
+    return Policy.objects.create(name="search", action="demo:search", limit=1, window=60, strategy="fixed_window", key="ip")
+
+
+def searches(client, remote_addr: str, times: int = 3) -> list[int]:
+    return [client.get("/demo/search/?q=a", REMOTE_ADDR=remote_addr).status_code for _ in range(times)]
+
+
+@pytest.mark.parametrize("network", ["::ffff:203.0.113.7", "::ffff:cb00:7107", "::ffff:203.0.113.0/120"])
+@pytest.mark.parametrize("remote_addr", ["203.0.113.7", "::ffff:203.0.113.7"])
+def test_an_override_written_as_an_ipv4_mapped_address_exempts_that_client(client, search_policy, network, remote_addr):
+    override = Override(policy=search_policy, kind="ip", network=network, exempt=True)
+    override.full_clean()  # as the admin and the import save it
+    override.save()
+    assert searches(client, remote_addr) == [200, 200, 200]
+    assert searches(client, "198.51.100.2") == [200, 429, 429]  # everyone else is still limited
+
+
+def test_ipv4_mapped_overrides_are_stored_as_the_ipv4_they_carry(policy):
+    for written, stored in [("::ffff:203.0.113.7", "203.0.113.7"), ("::ffff:203.0.113.9/120", "203.0.113.0/24"),
+                            ("2001:db8::1", "2001:db8::1"), ("::/0", "::/0")]:
+        override = Override(policy=policy, kind="ip", network=written, limit=5)
+        override.full_clean()
+        assert override.network == stored, written
+
+
+def test_an_ipv4_mapped_override_saved_before_this_release_still_matches(client, search_policy):
+    # rows written by an earlier version keep the mapped form: the index normalises them too
+    Override.objects.create(policy=search_policy, kind="ip", network="::ffff:cb00:7107", exempt=True)
+    assert searches(client, "203.0.113.7") == [200, 200, 200]
+
+
+def test_an_ipv4_mapped_trusted_proxy_is_trusted(client, search_policy, settings):
+    settings.RATELIMIT_TRUSTED_PROXIES = ["::ffff:10.0.0.1"]
+    first = client.get("/demo/search/?q=a", REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="203.0.113.7")
+    second = client.get("/demo/search/?q=a", REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="198.51.100.2")
+    assert (first.status_code, second.status_code) == (200, 200)  # two clients, not one proxy

@@ -85,6 +85,8 @@ MALFORMED = [
     (json.dumps(with_override(kind="header", header="X Api Key", value="abc", network="")), "override 1: field 'header': 'X Api Key' is not an HTTP header name"),
     (json.dumps(with_override(kind="user", user="nobody", network="")), "override 1: no user 'nobody'"),
     (json.dumps(with_override(network="not-an-ip")), "override 1: field 'network'"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"format": "ratelimit_app/1", "policies": [' + '{"a": ' * 100_000 + "1" + "}" * 100_000 + "]}", "nested too deeply"),
 ]
 
 

@@ -11,17 +11,15 @@ MAX_BUCKETS = 60  # default bucket count
 BUCKET_CEILING = 600  # more buckets make every decision sum too many fields
 
 
-def divisors(number: int) -> list[int]:
-    """The divisors of `number`, ascending (found up to its square root: a year in seconds is quick)."""
-    small = [d for d in range(1, int(number**0.5) + 1) if number % d == 0]
-    return small + [number // d for d in reversed(small) if d * d != number]
-
-
 def default_bucket_size(window: int) -> int | None:
     """The smallest bucket that divides the window into 2 to MAX_BUCKETS buckets, else into the fewest
     buckets up to BUCKET_CEILING (a prime window); None when no whole second fits (a 1 s window)."""
-    sizes = [size for size in divisors(window) if size * 2 <= window and window // size <= BUCKET_CEILING]
-    return next((size for size in sizes if window // size <= MAX_BUCKETS), sizes[-1] if sizes else None)
+    # tries bucket counts, not sizes: at most BUCKET_CEILING steps whatever the window
+    counts = [count for count in range(2, min(window, BUCKET_CEILING) + 1) if window % count == 0]
+    if not counts:
+        return None
+    within = [count for count in counts if count <= MAX_BUCKETS]
+    return window // (within[-1] if within else counts[0])
 
 
 class SlidingWindow(Strategy):
