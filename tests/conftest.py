@@ -50,6 +50,22 @@ def empty_redis(redis_client):
 
 
 @pytest.fixture
+def private():
+    """A Redis server of the test's own, started and stopped with it (the app does not use it unless told)."""
+    server = PrivateRedis().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def server(settings, private):
+    """A Redis of the test's own that the app uses, which the test may pause, stop and start again."""
+    settings.CACHES = {**settings.CACHES, "own": {**settings.CACHES["default"], "LOCATION": private.url}}
+    settings.RATELIMIT_CACHE = "own"
+    return private
+
+
+@pytest.fixture
 def outage_forgotten():
     """The outage a test causes is not the one the next test's log should be quiet about."""
     yield

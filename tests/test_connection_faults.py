@@ -27,13 +27,6 @@ def no_outage():
     assert connection.breaker.failures == before
 
 
-@pytest.fixture
-def private():
-    server = PrivateRedis().start()
-    yield server
-    server.stop()
-
-
 def use_cache(settings, cache: dict) -> None:
     settings.CACHES = {**settings.CACHES, "limits": cache}
     settings.RATELIMIT_CACHE = "limits"

@@ -9,18 +9,10 @@ import threading
 
 import pytest
 
-from project.devredis import PrivateRedis
 from ratelimit_app import connection, decision_connection, engine
 from tests.helpers import check, in_processes, in_threads, policy
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def private():
-    server = PrivateRedis().start()
-    yield server
-    server.stop()
 
 
 def _counts(compiled, times: int) -> list[int]:

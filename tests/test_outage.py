@@ -23,16 +23,6 @@ IP = "203.0.113.7"
 
 
 @pytest.fixture
-def server(settings):
-    """A Redis of this test's own, which the test may stop and start again; the app uses it."""
-    private = PrivateRedis().start()
-    settings.CACHES = {**settings.CACHES, "own": {**settings.CACHES["default"], "LOCATION": private.url}}
-    settings.RATELIMIT_CACHE = "own"
-    yield private
-    private.stop()
-
-
-@pytest.fixture
 def limited(db):
     policy = Policy(name="search-per-ip", action="demo:search", limit=1, window=60, strategy="fixed_window", key="ip")
     policy.full_clean()

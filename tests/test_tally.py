@@ -47,16 +47,6 @@ def test_a_running_worker_adds_what_it_admitted_by_itself(redis_client):
     assert counted() == 5
 
 
-@pytest.fixture
-def server(settings):
-    """A Redis of this test's own, which the test may pause or stop; the app uses it."""
-    private = PrivateRedis().start()
-    settings.CACHES = {**settings.CACHES, "own": {**settings.CACHES["default"], "LOCATION": private.url}}
-    settings.RATELIMIT_CACHE = "own"
-    yield private
-    private.stop()
-
-
 def admit_five(limited) -> None:
     for i in range(5):
         assert engine.decide([check(limited, f"ip:198.51.100.{i}")]).allowed
