@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.test import APIClient
 from rest_framework.views import APIView
 
-from ratelimit_app import engine
+from ratelimit_app import engine, registry
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.policies import compile_policy, get_index
 from tests.helpers import check, count_round_trips, in_processes, make_policy
@@ -122,7 +122,8 @@ def _post_logins(times, start, results):
 
 def test_all_or_nothing_holds_for_two_processes_posting_at_once(demo_policies):
     login = make_policy(name="login-strict", action="login", limit=5, key="ip", methods="POST")
-    get_index()  # loaded before the fork, so the workers need no database
+    registry.sync_pending()  # as at the first request, and the index loaded before the fork:
+    get_index()  # the workers need no database (a forked child would share this process's connection)
     statuses = sum(in_processes(_post_logins, (40,), processes=2), [])
     assert statuses.count(401) == 5 and statuses.count(429) == 75
     assert count_of(login) == 5
