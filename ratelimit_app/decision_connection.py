@@ -28,31 +28,18 @@ _generation = 0  # moves on when the cache settings change, after an outage or a
 
 
 def decision_client() -> redis.Redis | RedisCluster:
-    """The client of the request path's one call: client() made to keep one pooled connection for
-    this thread (redis-py's single_connection_client).
-
-    A command through the pool takes a connection and puts it back, checking it each time: about
-    a sixth of the client's time for a decision. Each thread that decides keeps one connection
-    instead, as long as the thread lives (given back to the pool when it ends), while at most half
-    of the pool's max_connections are kept so: the other threads' calls, and everything else that
-    uses the pool, go through client(). A cluster client has a pool per node: it is used as it is.
-    After an outage every thread takes its connection from the pool again (see unpin).
-    """
+    """client(), keeping one pooled connection for this thread while at most half the pool is kept
+    so (taking and checking a pooled connection per call costs the request path; bench/RESULTS.md).
+    A cluster client is used as it is; after an outage every thread takes its connection anew."""
     if _pinned.generation == _generation:
         return _pinned.client
     return _pin()
 
 
 def execute(redis_client: redis.Redis | RedisCluster, *command: object, **options: object) -> object:
-    """redis_client.execute_command(*command, **options), for the request path's one call.
-
-    On a client that keeps a connection (decision_client) the command goes straight through it:
-    redis-py's own send and read, retried by the connection's retry policy as the client would
-    (disconnecting after each failure, so that the next attempt reconnects). What the client adds
-    around them on every command (a lock for threads sharing it, timing hooks, checks for
-    maintenance events) serves shared clients, and measured a sixth of a decision's CPU. Any other
-    client, or a command with options (a cluster's target node): execute_command.
-    """
+    """redis_client.execute_command(*command, **options); on a kept connection, redis-py's own send
+    and read under the connection's retry policy, without what a client shared by threads adds
+    around every command (a lock, hooks). Any other client, or a command with options: as is."""
     kept = getattr(redis_client, "connection", None)
     if kept is None or options:
         return redis_client.execute_command(*command, **options)
@@ -72,8 +59,7 @@ def _on_live_connection(kept: redis.Connection, command: tuple) -> object:
 
 
 def _round_trip(kept: redis.Connection, command: tuple) -> object:
-    # a subject's repeat request sends the same command as before: packed once (a tenth of the
-    # client's time for a decision), then sent again as it was
+    # a subject's repeat request sends the same command as before: packed once, then sent as it was
     packed = _pinned.packed
     if len(packed) >= MAX_PACKED:
         packed.clear()

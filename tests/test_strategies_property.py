@@ -20,42 +20,32 @@ SUBJECTS = ["ip:198.51.100.1", "ip:198.51.100.2", "user:7"]
 
 @dataclass
 class Model:
-    """What a strategy should do, written the plain way: every admitted request kept with its time."""
+    """What a strategy should do, written the plain way: every admitted request kept with its time.
+    A strategy's model says which of them still count, and when one leaves (times in ms)."""
 
-    strategy: str
-    window: int  # ms
-    bucket: int  # ms (sliding_window)
+    window: int
+    bucket: int  # the policy's bucket_ms (a sliding window's bucket)
     admitted: dict[str, list[int]] = field(default_factory=dict)
 
+    def still_counted(self, time: int, now: int) -> bool:
+        return time > now - self.window
+
+    def leaves_at(self, time: int) -> int:
+        """When a request admitted at `time` stops counting."""
+        return time + self.window
+
     def counted(self, who: str, now: int) -> list[int]:
-        times = self.admitted.get(who, [])
-        if self.strategy == "fixed_window":
-            return [t for t in times if t // self.window == now // self.window]
-        if self.strategy == "sliding_window":  # whole buckets: a bucket counts until its last ms leaves
-            oldest = now // self.bucket - self.window // self.bucket + 1
-            return [t for t in times if t // self.bucket >= oldest]
-        return [t for t in times if t > now - self.window]
+        return [t for t in self.admitted.get(who, []) if self.still_counted(t, now)]
 
     def retry(self, who: str, now: int, limit: int) -> int:
         """ms until one more request would be admitted, for a subject at or over its limit."""
         times = sorted(self.counted(who, now))
-        if self.strategy == "fixed_window":
-            return (now // self.window + 1) * self.window - now
-        leaving = times[len(times) - limit]  # once this one has left, limit - 1 remain
-        if self.strategy == "sliding_window":
-            return (leaving // self.bucket) * self.bucket + self.window - now
-        return leaving + self.window - now
+        return self.leaves_at(times[len(times) - limit]) - now  # once it has left, limit - 1 remain
 
     def empty_in(self, who: str, now: int) -> int:
         """ms until every counted request of the subject has left the window."""
         times = self.counted(who, now)
-        if not times:
-            return 0
-        if self.strategy == "fixed_window":
-            return (now // self.window + 1) * self.window - now
-        if self.strategy == "sliding_window":
-            return (max(times) // self.bucket) * self.bucket + self.window - now
-        return max(times) + self.window - now
+        return max(self.leaves_at(t) for t in times) - now if times else 0
 
     def decide(self, who: str, now: int, limit: int) -> tuple[bool, int]:
         count = len(self.counted(who, now))
@@ -65,11 +55,35 @@ class Model:
         return True, count + 1
 
 
-STRATEGY_SHAPES = {
-    "fixed_window": {"window": 4},
-    "sliding_window": {"window": 4, "bucket_size": 1},
-    "sliding_log": {"window": 4},
+class FixedWindow(Model):
+    def still_counted(self, time: int, now: int) -> bool:
+        return time // self.window == now // self.window
+
+    def leaves_at(self, time: int) -> int:
+        return (time // self.window + 1) * self.window
+
+
+class SlidingWindow(Model):  # whole buckets: a bucket counts until its last ms leaves
+    def still_counted(self, time: int, now: int) -> bool:
+        return time // self.bucket >= now // self.bucket - self.window // self.bucket + 1
+
+    def leaves_at(self, time: int) -> int:
+        return (time // self.bucket) * self.bucket + self.window
+
+
+# one row per strategy: its model and the policy shape it is decided with (the token bucket has a
+# model of its own in test_token_bucket.py)
+MODELS = {
+    "fixed_window": (FixedWindow, {"window": 4}),
+    "sliding_window": (SlidingWindow, {"window": 4, "bucket_size": 1}),
+    "sliding_log": (Model, {"window": 4}),
 }
+STRATEGY_SHAPES = {name: shape for name, (_model, shape) in MODELS.items()}
+
+
+def model_of(compiled) -> Model:
+    return MODELS[compiled.strategy][0](compiled.window_ms, compiled.bucket_ms)
+
 
 steps = st.lists(
     st.tuples(
@@ -88,7 +102,7 @@ steps = st.lists(
 def test_each_strategy_decides_as_the_model_does(redis_client, strategy, sequence):
     redis_client.flushdb()
     limited = policy(strategy=strategy, limit=4, **STRATEGY_SHAPES[strategy])
-    model = Model(strategy, limited.window_ms, limited.bucket_ms)
+    model = model_of(limited)
     now = T0
     for gap, who, limit in sequence:
         now += gap
@@ -118,7 +132,7 @@ def test_policies_decided_together_count_all_or_nothing(redis_client, sequence, 
     redis_client.flushdb()
     first = policy(strategy=shapes[0], limit=4, **STRATEGY_SHAPES[shapes[0]])
     second = policy(strategy=shapes[1], limit=3, **STRATEGY_SHAPES[shapes[1]])
-    models = [Model(p.strategy, p.window_ms, p.bucket_ms) for p in (first, second)]
+    models = [model_of(p) for p in (first, second)]
     now = T0
     for gap, who, limit in sequence:
         now += gap
