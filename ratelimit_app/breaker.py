@@ -12,6 +12,7 @@ import redis
 
 from . import events
 from .conf import get_setting
+from .subjects import http_request
 
 T = TypeVar("T")
 logger = logging.getLogger("ratelimit_app")
@@ -152,7 +153,7 @@ class Outage:
     def record(self, error: RedisUnavailable, request: object = None) -> None:
         """Count one request; given the request, a second door reporting the same request adds nothing."""
         if request is not None:
-            base = request.__dict__.get("_request", request)  # a DRF Request wraps Django's
+            base = http_request(request)
             if base.__dict__.get(OUTAGE_ATTRIBUTE):
                 return
             base.__dict__[OUTAGE_ATTRIBUTE] = True

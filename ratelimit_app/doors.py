@@ -31,8 +31,9 @@ from django.urls import Resolver404, resolve
 from . import headers, policies
 from .conf import get_setting
 from .lru import byte_bounded_cache
-from .limiter import STATE_ATTRIBUTE, RequestState, adecide, decide, http_request, state_of
+from .limiter import STATE_ATTRIBUTE, RequestState, adecide, decide, state_of
 from .responses import is_refusal, refusal
+from .subjects import http_request
 
 ADMIN_PAGES = "ratelimit_app_"  # URL names of this app's admin pages, in the admin's namespace
 

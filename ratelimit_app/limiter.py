@@ -14,7 +14,7 @@ from .breaker import outage
 from .deny_cache import deny_cache
 from .deny_cache import enabled as deny_cache_enabled
 from .overrides import CompiledOverride, matching_override
-from .subjects import subject_for
+from .subjects import http_request, subject_for
 from .values import Check, CompiledPolicy, Decision, Subject, Verdict
 
 logger = logging.getLogger("ratelimit_app")
@@ -50,11 +50,6 @@ class RequestState:
         for name in names:
             if name and name not in self.names:
                 self.names.append(name)
-
-
-def http_request(request):
-    """The Django HttpRequest behind a DRF Request (or the request itself)."""
-    return request.__dict__.get("_request", request)  # a dict lookup: no AttributeError raised per request
 
 
 def state_of(request) -> RequestState:

@@ -15,7 +15,7 @@ from typing import Iterable, Iterator
 from django.utils import timezone
 
 from .models import MatchKind, Override
-from .subjects import client_address, ip_network
+from .subjects import client_address, ip_network, meta_key
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -58,7 +58,7 @@ class PolicyOverrides:
         elif row.kind == MatchKind.GROUP:
             self.by_group.append((members.get(row.group_id, frozenset()), compiled))
         elif row.kind == MatchKind.HEADER:
-            meta = header_meta_name(row.header)
+            meta = meta_key(row.header)
             self.headers[meta] = None
             self.by_header.setdefault((meta, row.value), []).append(compiled)
         else:
@@ -93,11 +93,6 @@ class PolicyOverrides:
             for members, override in self.by_group:
                 if user_id in members:
                     yield override
-
-
-def header_meta_name(header: str) -> str:
-    name = header.strip().upper().replace("-", "_")
-    return name if name in ("CONTENT_TYPE", "CONTENT_LENGTH") else f"HTTP_{name}"
 
 
 def compile_overrides(rows: Iterable[Override], members: dict[int, frozenset[int]]) -> dict[int, PolicyOverrides]:

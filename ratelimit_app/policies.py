@@ -63,7 +63,7 @@ def compile_policy(row: Policy) -> CompiledPolicy:
         shape=strategy.shape(row, bucket_ms),
         enforce=row.mode == Mode.ENFORCE,
         totals_bucket_ms=strategy.totals_bucket_ms(row.window * 1000, bucket_ms),
-        counts_users=any(part.label in ("user", "user_or_ip") for part in key_spec),
+        counts_users=any(part.reads_user for part in key_spec),
     )
 
 
@@ -81,7 +81,7 @@ class PolicyIndex:
                 by_name[policy.action].append(policy)
         self.by_name = {name: tuple(found) for name, found in by_name.items()}
         # whether computing subjects or overrides may read request.user (async views load it first)
-        self.needs_user = any(part.reads_user for p in self.policies for part in p.key_spec) or any(
+        self.needs_user = any(p.counts_users for p in self.policies) or any(
             o.by_user or o.by_group for o in self.overrides.values()
         )
 

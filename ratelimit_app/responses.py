@@ -7,9 +7,11 @@ from django.utils.module_loading import import_string
 
 from . import headers
 from .conf import get_setting
-from .limiter import RequestState, http_request
+from .limiter import RequestState
+from .subjects import http_request
 
 UNAVAILABLE_RETRY_AFTER = 1
+UNAVAILABLE_MESSAGE = "Rate limiting is unavailable and this site refuses requests meanwhile. Retry shortly."
 JSON, TEXT = "application/json", "text/plain"
 REFUSAL_MARK = "ratelimit_refusal"
 
@@ -61,7 +63,7 @@ def too_many_requests(request, state: RequestState) -> HttpResponse:
 
 
 def service_unavailable(request, json_api: bool = False) -> HttpResponse:
-    message = "Rate limiting is unavailable and this site refuses requests meanwhile. Retry shortly."
+    message = UNAVAILABLE_MESSAGE
     if wants_json(request, json_api):
         response = JsonResponse({"detail": message, "retry_after": UNAVAILABLE_RETRY_AFTER}, status=503)
     else:

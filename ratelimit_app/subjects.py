@@ -142,10 +142,19 @@ SIMPLE_PARTS = {
 }
 
 
+def meta_key(header: str) -> str:
+    """Where Django keeps a request header: 'X-Api-Key' -> 'HTTP_X_API_KEY', 'Content-Type' -> 'CONTENT_TYPE'."""
+    name = header.strip().upper().replace("-", "_")
+    return name if name in ("CONTENT_TYPE", "CONTENT_LENGTH") else f"HTTP_{name}"
+
+
+def http_request(request):
+    """The Django HttpRequest behind a DRF Request (or the request itself)."""
+    return request.__dict__.get("_request", request)  # a dict lookup: no AttributeError raised per request
+
+
 def _header_part(name: str) -> KeyPart:
-    meta = name.upper().replace("-", "_")
-    if meta not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
-        meta = "HTTP_" + meta
+    meta = meta_key(name)
     label = f"header:{name.lower()}"
 
     def read(request) -> str | None:
@@ -183,14 +192,10 @@ BODY_ERRORS = (SuspiciousOperation, BadRequest, MultiPartParserError, RawPostDat
 JSON_ATTRIBUTE = "_ratelimit_json"
 
 
-def _django_request(request):
-    return request.__dict__.get("_request", request)  # a DRF Request wraps Django's
-
-
 def _from_body(request, name: str) -> str | None:
     """A field of a form body, or a top-level field of a JSON object body (content types as Django
     parses them: case, parameters and spaces do not matter)."""
-    request = _django_request(request)
+    request = http_request(request)
     content_type = getattr(request, "content_type", None) or ""
     if content_type in FORM_TYPES:
         return _from_form(request, name, content_type) if request.method == "POST" else None  # as Django

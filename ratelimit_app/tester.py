@@ -11,11 +11,11 @@ from django.contrib.auth.models import AnonymousUser
 from django.test import RequestFactory
 
 from . import engine
-from .values import Check, Decision
-from .limiter import Planned, plan
 from .doors import route_of
+from .limiter import Planned, plan
 from .policies import get_index
-from .values import CompiledPolicy
+from .subjects import meta_key
+from .values import Check, CompiledPolicy, Decision
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
@@ -66,7 +66,7 @@ class TesterForm(forms.Form):
             name, colon, value = line.partition(":")
             if not colon or not name.strip():
                 raise forms.ValidationError(f"Line {number} is not 'Name: value'.")
-            meta["HTTP_" + name.strip().upper().replace("-", "_")] = value.strip()
+            meta[meta_key(name)] = value.strip()
         return meta
 
     def request(self):

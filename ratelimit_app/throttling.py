@@ -12,12 +12,12 @@ from rest_framework.throttling import BaseThrottle
 
 from . import headers
 from .doors import inner_door, policy_throttle_is_last
-from .responses import UNAVAILABLE_RETRY_AFTER
+from .responses import UNAVAILABLE_MESSAGE, UNAVAILABLE_RETRY_AFTER
 
 
 class RateLimitUnavailable(APIException):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-    default_detail = "Rate limiting is unavailable and this site refuses requests meanwhile. Retry shortly."
+    default_detail = UNAVAILABLE_MESSAGE
     default_code = "ratelimit_unavailable"
     wait = UNAVAILABLE_RETRY_AFTER  # DRF's exception handler turns this into Retry-After
 

@@ -45,7 +45,7 @@ class CompiledPolicy:
     shape: str  # part of the counter key: a change of strategy, window or bucket starts fresh counters
     enforce: bool  # mode == enforce, kept as a plain bool for the hot path
     totals_bucket_ms: int  # the bucket of the policy's totals (see totals_bucket_ms)
-    counts_users: bool  # whether the subject depends on who is logged in
+    counts_users: bool  # whether computing the subject may read request.user (AuthenticationMiddleware first)
     # the engine's KEYS and ARGV for a (subject, limit), made once: the same clients come back
     script_parts: dict = field(default_factory=dict, hash=False, compare=False, repr=False)
 

@@ -30,7 +30,7 @@ from ..engine import Decision, RedisUnavailable
 from ..models import Strategy
 from ..rates import format_rate, parse_rate
 from ..registry import CodePolicy
-from ..subjects import mask
+from ..subjects import mask, meta_key
 from . import door
 
 __all__ = ["ALL", "UNSAFE", "Ratelimited", "ratelimit", "is_ratelimited", "get_usage", "RatelimitMiddleware"]
@@ -230,7 +230,7 @@ SIMPLE_KEYS: dict[str, Callable[[Any], str]] = {
 ACCESSOR_KEYS: dict[str, Callable[[Any, str], str]] = {
     "get": lambda request, name: request.GET.get(name, ""),
     "post": lambda request, name: request.POST.get(name, ""),
-    "header": lambda request, name: request.META.get("HTTP_" + name.replace("-", "_").upper(), ""),
+    "header": lambda request, name: request.META.get(meta_key(name), ""),
 }
 
 
