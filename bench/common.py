@@ -37,6 +37,18 @@ class Row(NamedTuple):
     commands: float | None
     rate: float | None
     admitted: int | None
+    refused: float | None = None  # server-side commands of a refused repeat decision (no deny cache)
+
+
+class Spread(NamedTuple):
+    """One line of the spread workload: many subjects, each decided a few times (first decisions count)."""
+
+    name: str
+    kind: str  # "floor", "ours" or "peer"
+    p50: float
+    rate: float  # decisions per second of the processes together
+    commands: float  # server-side commands per decision, over the whole run
+    redis_us: float  # Redis server microseconds per decision
 
 
 class Served(NamedTuple):
@@ -48,6 +60,7 @@ class Served(NamedTuple):
     failed: int  # answers other than 2xx (none expected: no limit is reached)
     commands: float  # Redis commands per request (server side)
     redis_us: float  # Redis server microseconds per request
+    server: str = "gunicorn"  # "gunicorn" (WSGI) or "uvicorn" (ASGI)
 
 
 @dataclass
@@ -59,6 +72,8 @@ class Results:
     e2e_rounds: int = 6  # short interleaved rounds: a burst of load elsewhere hits every configuration
     floors: dict = field(default_factory=dict)
     rows: list[Row] = field(default_factory=list)
+    spread: list[Spread] = field(default_factory=list)
+    spread_rounds: int = 3
     unsupported: dict[str, str] = field(default_factory=dict)  # strategy -> why the engine cannot decide it
     memory: list = field(default_factory=list)  # (strategy, limit, bytes, entries)
     overhead: dict = field(default_factory=dict)
@@ -82,8 +97,9 @@ def unique() -> int:
 
 
 def policy(strategy: str, limit: int = HUGE, window: int = 3600, key: str = "ip", action: str = "*",
-           save: bool = False) -> CompiledPolicy:
-    row = Policy(name=f"bench-{unique()}", action=action, limit=limit, window=window, strategy=strategy, key=key)
+           save: bool = False, burst: int | None = None) -> CompiledPolicy:
+    row = Policy(name=f"bench-{unique()}", action=action, limit=limit, window=window, strategy=strategy, key=key,
+                 burst=burst)
     row.full_clean()
     if save:
         row.save()

@@ -1,6 +1,7 @@
-"""End to end: the same trivial view served by gunicorn (2 workers) on loopback under a load generator
-(wrk, else a Python one), with no limiter, with ours and with the peers; configurations interleaved
-in rounds so that the machine's load weighs on all of them alike."""
+"""End to end: the same trivial view served by gunicorn (2 sync workers) and, async, by uvicorn (2
+workers) on loopback under a load generator (wrk, else a Python one), with no limiter, doing one PING
+(the floor of any Redis-backed limiter), with ours and with the peers; configurations interleaved in
+rounds so that the machine's load weighs on all of them alike."""
 
 from __future__ import annotations
 
@@ -25,21 +26,28 @@ class Configuration(NamedTuple):
     name: str
     middleware: bool  # served with RateLimitMiddleware installed
     path: str  # in bench/site.py
+    server: str = "gunicorn"  # or "uvicorn" (ASGI)
 
 
 CONFIGURATIONS = (
     Configuration("no limiter", False, "/plain/"),
+    Configuration("floor: the view doing one PING through django-redis", False, "/ping/"),
     Configuration("ratelimit_app middleware, no policy matching", True, "/p0/"),
     Configuration("ratelimit_app middleware, 1 policy", True, "/p1/"),
     Configuration("ratelimit_app middleware, 3 policies", True, "/p3/"),
     Configuration("django-ratelimit decorator", False, "/django-ratelimit/"),
+    Configuration("django-smart-ratelimit decorator", False, "/smart-ratelimit/"),
     Configuration("DRF APIView, no throttle", False, "/drf/"),
     Configuration("DRF UserRateThrottle", False, "/drf-user-throttle/"),
     Configuration("ratelimit_app PolicyThrottle on the DRF view, 1 policy", False, "/drf-policy-throttle/"),
+    Configuration("no limiter (async view)", False, "/async/plain/", "uvicorn"),
+    Configuration("floor: the async view doing one PING through redis.asyncio", False, "/async/ping/", "uvicorn"),
+    Configuration("ratelimit_app middleware (async), 1 policy", True, "/async/p1/", "uvicorn"),
+    Configuration("django-smart-ratelimit aratelimit", False, "/async/smart-ratelimit/", "uvicorn"),
 )
-# (action, strategy): p1 matches one policy, p3 three, the DRF view one (by throttle_scope)
+# (action, strategy): p1 and async-p1 match one policy, p3 three, the DRF view one (by throttle_scope)
 POLICIES = (("p1", "fixed_window"), ("p3", "fixed_window"), ("/p3/", "sliding_window"), ("/p3", "sliding_log"),
-            ("bench-drf", "fixed_window"))
+            ("bench-drf", "fixed_window"), ("async-p1", "fixed_window"))
 ROOT = Path(__file__).resolve().parent.parent
 WRK = ["wrk", "-t2", "-c4"]
 PYTHON_PROCESSES = 4
@@ -55,19 +63,21 @@ class Load(NamedTuple):
 
 
 class Site:
-    """gunicorn with 2 sync workers serving bench/site.py on a free loopback port."""
+    """gunicorn with 2 sync workers (or uvicorn with 2 workers, ASGI) serving bench/site.py on a free loopback port."""
 
-    def __init__(self, middleware: bool) -> None:
+    def __init__(self, middleware: bool, server: str = "gunicorn") -> None:
         from project.devredis import free_port
 
         self.port = free_port()
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings_e2e", "BENCH_MIDDLEWARE": "1" if middleware else "0"}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-w", "2", "-b", f"127.0.0.1:{self.port}", "--log-level", "warning",
-             "project.wsgi"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )
+        command = {
+            "gunicorn": ["gunicorn", "-w", "2", "-b", f"127.0.0.1:{self.port}", "--log-level", "warning", "project.wsgi"],
+            "uvicorn": ["bench.asgi_server", str(self.port)],  # uvicorn --workers 2, with TCP_NODELAY (see there)
+        }[server]
+        self.process = subprocess.Popen([sys.executable, "-m", *command], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE)
         self.middleware = middleware
+        self.server = server
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -76,13 +86,13 @@ class Site:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"gunicorn exited: {self.process.stderr.read().decode(errors='replace')[-2000:]}")
+                raise RuntimeError(f"{self.server} exited: {self.process.stderr.read().decode(errors='replace')[-2000:]}")
             try:
                 urllib.request.urlopen(self.url(path), timeout=2).read()
                 return
             except OSError:
                 time.sleep(0.2)
-        raise RuntimeError("gunicorn did not start")
+        raise RuntimeError(f"{self.server} did not start")
 
     def stop(self) -> None:
         self.process.terminate()
@@ -165,22 +175,24 @@ def end_to_end(results: Results) -> None:
     for action, strategy in POLICIES:
         policy(strategy, action=action, save=True)
     load = generator(results)
-    sites = {middleware: Site(middleware) for middleware in (False, True)}
+    sites = {(c.server, c.middleware): None for c in configurations}
+    sites = {(server_name, middleware): Site(middleware, server_name) for server_name, middleware in sites}
     totals = {c.name: [0, 0.0, 0, 0, 0] for c in configurations}  # requests, seconds, failed, commands, usec
     seconds = int(results.e2e_seconds)
     redis_client = server()
     try:
         for site in sites.values():
-            site.wait("/p0/" if site.middleware else "/plain/")
+            site.wait(("/async" if site.server == "uvicorn" else "") + ("/p0/" if site.middleware else "/plain/"))
         for configuration in configurations:  # both workers of each site import and load everything
+            site = sites[configuration.server, configuration.middleware]
             if results.quick:
-                urllib.request.urlopen(sites[configuration.middleware].url(configuration.path), timeout=5).read()
+                urllib.request.urlopen(site.url(configuration.path), timeout=5).read()
             else:
-                load(sites[configuration.middleware], configuration.path, 1)
+                load(site, configuration.path, 1)
         for number in range(results.e2e_rounds):
             for configuration in configurations if number % 2 == 0 else reversed(configurations):
                 before = server_work(redis_client)
-                done = load(sites[configuration.middleware], configuration.path, seconds)
+                done = load(sites[configuration.server, configuration.middleware], configuration.path, seconds)
                 after = server_work(redis_client)
                 total = totals[configuration.name]
                 for i, value in enumerate((*done, after[0] - before[0], after[1] - before[1])):
@@ -192,4 +204,8 @@ def end_to_end(results: Results) -> None:
     for configuration in configurations:
         requests, taken, failed, commands, usec = totals[configuration.name]
         results.e2e.append(Served(configuration.name, requests / taken, requests, failed, commands / max(requests, 1),
-                                  usec / max(requests, 1)))
+                                  usec / max(requests, 1), configuration.server))
+        if commands < 0.5 * requests and not configuration.name.startswith("no ") and "no " not in configuration.name:
+            # a limiter that never asked Redis decided nothing (a backend failing open): its figure is no comparison
+            results.notes.append(f"end to end: {configuration.name} ran {commands / max(requests, 1):.2f} Redis "
+                                 "commands per request: it did not decide, its row measures no limiter")

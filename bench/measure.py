@@ -310,3 +310,31 @@ def _attempt_worker(make_attempt, attempts, start, results):
 def admitted(make_attempt: Callable[[], Callable[[], bool]], processes: int = 8, attempts: int = 100) -> int:
     """How many of processes x attempts were admitted (a fresh limit of 100 must admit exactly 100)."""
     return sum(_forked(_attempt_worker, lambda: (make_attempt, attempts), processes))
+
+
+def _spread_worker(make_operation, number, processes, decisions, subjects, start, results):
+    operation = make_operation()  # made (and warmed) before the start: connecting is not a decision
+    first = number * subjects // processes  # the processes walk the same subjects, each from its own place
+    order = [(first + i) % subjects for i in range(decisions)]
+    samples = []
+    clock = time.perf_counter
+    start.wait()
+    began = clock()
+    with no_gc():
+        for who in order:
+            started = clock()
+            operation(who)
+            samples.append(clock() - started)
+    results.put((began, clock(), samples))
+
+
+def spread(make_operation: Callable[[], Callable[[int], object]], processes: int = 2, decisions: int = 10_000,
+           subjects: int = 1_000) -> tuple[float, list[float]]:
+    """The spread workload: `processes` forked processes, each making `decisions` calls of
+    make_operation()(subject number) over `subjects` subjects in turn (so each subject's first decision
+    is among them); decisions per second of the processes together, and every call's latency.
+    CLOCK_MONOTONIC (perf_counter) is one clock for every process on Linux."""
+    numbers = iter(range(processes))
+    done = _forked(_spread_worker, lambda: (make_operation, next(numbers), processes, decisions, subjects), processes)
+    began, ended = min(d[0] for d in done), max(d[1] for d in done)
+    return processes * decisions / (ended - began), [sample for d in done for sample in d[2]]

@@ -9,6 +9,10 @@ from typing import Iterator
 from bench.common import STRATEGIES, Results, Row
 
 COMMAND_BUDGETS = {"fixed_window": 3, "sliding_window": 4, "sliding_log": 5, "token_bucket": 3}
+REFUSED_BUDGET = 3  # server-side commands of a refused repeat decision without the deny cache (issue 29)
+BURST_BUDGET = 3  # and of a token-bucket decision using its burst
+SPREAD_RATE_BUDGET = 1.1  # spread workload: decisions/s of ours (fixed window, 1 policy) against limits' fixed window
+FLOOR_BUDGET = 0.95  # end to end: one policy against the same view doing one PING
 MEMORY_BUDGETS = {"fixed_window": (100, "<"), "token_bucket": (80, "<=")}
 OVERHEAD_BUDGET_US = 30
 
@@ -40,7 +44,7 @@ def render(results: Results) -> str:
         *[f"- {name}: {value}" for name, value in results.versions.items()],
         f"- load average at the end: {os.getloadavg()[0]:.1f}",
     ]
-    lines += _decisions(results) + _memory(results) + _overhead(results) + _deny_cache(results)
+    lines += _decisions(results) + _spread(results) + _memory(results) + _overhead(results) + _deny_cache(results)
     lines += _live(results) + _end_to_end(results)
     lines += ["", "## Cluster", "", f"Decisions/s against 1 master and against 3 masters: {results.cluster}."]
     lines += ["", "## Budgets", "", "| budget | measured | verdict |", "|---|---|---|"]
@@ -55,22 +59,48 @@ def _decisions(results: Results) -> list[str]:
     lines = [
         "", "## Decisions", "",
         "p50/p99 in microseconds per decision through redis-py (ours: the engine's whole `decide()`; limits: "
-        "`RateLimiter.hit`; DRF: `allow_request`; django-ratelimit: `is_ratelimited`), every row measured in "
-        "interleaved slices; round trips and bytes counted on redis-py's connection; server cmds from INFO "
-        "commandstats for a repeat decision of the same subject in steady state (a Lua script counts itself and "
-        "every command it runs); decisions/s with 2 processes (rows in alternating rounds); admitted = 8 "
-        "processes x 100 attempts against a fresh limit of 100 (exact: 100).",
+        "`RateLimiter.hit`; DRF: `allow_request`; django-ratelimit: `is_ratelimited`; django-smart-ratelimit: "
+        "`check_rate_limit`, what its decorator calls, on its RedisBackend with RATELIMIT_ALGORITHM fixed_window), "
+        "every row measured in interleaved slices; round trips and bytes counted on redis-py's connection; server "
+        "cmds from INFO commandstats for a repeat decision of the same subject in steady state (a Lua script or "
+        "function counts itself and every command it runs), admitted and, beside it, refused (against a limit of 1, "
+        "RATELIMIT_DENY_CACHE=False: every repeat goes to Redis); the burst row's token bucket is 10^6 a year with a "
+        "burst of 500,000, so every repeat spends its burst; decisions/s with 2 processes (rows in alternating "
+        "rounds); admitted = 8 processes x 100 attempts against a fresh limit of 100 (exact: 100).",
         "",
-        "| what | p50 us | p99 us | p50 / PING | round trips | bytes sent | server cmds | decisions/s (2 procs) | admitted of 800 (limit 100) |",
+        "| what | p50 us | p99 us | p50 / PING | round trips | bytes sent | server cmds (admitted / refused repeat) | decisions/s (2 procs) | admitted of 800 (limit 100) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in results.rows:
+        commands = _num(row.commands, 1) if row.refused is None else f"{_num(row.commands, 1)} / {_num(row.refused, 1)}"
         lines.append(
             f"| {row.name} | {_num(row.p50)} | {_num(row.p99)} | {row.p50 / ping:.2f} | {_num(row.trips, 2)} | "
-            f"{_num(row.sent, 0)} | {_num(row.commands, 1)} | {_num(row.rate, 0)} | {_num(row.admitted)} |"
+            f"{_num(row.sent, 0)} | {commands} | {_num(row.rate, 0)} | {_num(row.admitted)} |"
         )
     for strategy, reason in results.unsupported.items():
         lines.append(f"| ratelimit_app {strategy}, 1 policy | {NA}: the engine cannot decide it yet ({reason}) | | | | | | | |")
+    return lines
+
+
+def _spread(results: Results) -> list[str]:
+    if not results.spread:
+        return []
+    ping = next((s for s in results.spread if s.kind == "floor"), None)
+    limits = next((s for s in results.spread if s.name.startswith("limits fixed window")), None)
+    lines = [
+        "", "## Spread workload", "",
+        f"2 processes x 10,000 decisions over 1,000 subjects, the processes walking the same subjects from "
+        f"different places; fresh limits in each of {results.spread_rounds} round(s), so every subject's first decision "
+        "is in it (each subject is decided 20 times a round); rows in alternating rounds. p50 over every decision "
+        "of the run, against PING's under the same load; server figures from INFO commandstats over the run.",
+        "",
+        "| what | p50 us | p50 / PING | decisions/s (2 procs) | x limits | server cmds / decision | Redis server us / decision |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in results.spread:
+        ratio = f"{s.rate / limits.rate:.2f}" if limits and s.kind != "floor" else "-"
+        lines.append(f"| {s.name} | {s.p50:.1f} | {s.p50 / ping.p50:.2f} | {s.rate:,.0f} | {ratio} | {s.commands:.2f} | "
+                     f"{s.redis_us:.1f} |")
     return lines
 
 
@@ -155,20 +185,35 @@ def _live(results: Results) -> list[str]:
 BUSY_NOTE = "150 of the subjects got 2 to 151 requests, spread over the seeding: the 100 busiest must lead the list."
 
 
+WSGI_FLOOR = "floor: the view doing one PING through django-redis"
+ASGI_FLOOR = "floor: the async view doing one PING through redis.asyncio"
+
+
 def _end_to_end(results: Results) -> list[str]:
     if not results.e2e:
         return []
-    base = results.e2e[0].rate
-    lines = [
-        "", "## End to end", "",
-        f"gunicorn, 2 sync workers, DEBUG off, on loopback; load: {results.e2e_generator}, interleaved. The same "
-        "trivial view (bench/site.py) in every configuration; Redis figures from INFO commandstats over each run.",
-        "",
-        "| configuration | requests/s | ratio to no limiter | Redis cmds / request | Redis server us / request | non-2xx |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    lines += [f"| {s.name} | {s.rate:,.0f} | {s.rate / base:.2f} | {s.commands:.1f} | {s.redis_us:.1f} | {s.failed:,} |"
-              for s in results.e2e]
+    lines = []
+    for server, title, how, floor in (
+        ("gunicorn", "End to end", "gunicorn, 2 sync workers", WSGI_FLOOR),
+        ("uvicorn", "End to end, ASGI", "uvicorn, 2 workers, async views (ours: the async middleware)", ASGI_FLOOR),
+    ):
+        served = [s for s in results.e2e if s.server == server]
+        if not served:
+            continue
+        base = served[0].rate
+        floor_rate = next((s.rate for s in served if s.name == floor), None)
+        lines += [
+            "", f"## {title}", "",
+            f"{how}, DEBUG off, on loopback; load: {results.e2e_generator}, interleaved. The same trivial view "
+            "(bench/site.py) in every configuration; the floor is that view doing one PING, what any Redis-backed "
+            "limiter costs at least; Redis figures from INFO commandstats over each run.",
+            "",
+            "| configuration | requests/s | ratio to no limiter | ratio to the floor | Redis cmds / request | Redis server us / request | non-2xx |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        lines += [f"| {s.name} | {s.rate:,.0f} | {s.rate / base:.2f} | "
+                  f"{f'{s.rate / floor_rate:.2f}' if floor_rate else '-'} | {s.commands:.1f} | {s.redis_us:.1f} | {s.failed:,} |"
+                  for s in served]
     return lines
 
 
@@ -210,20 +255,37 @@ def _decision_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
                _verdict(fixed.rate >= peer.rate))
     else:
         yield "1 policy against limits' fixed window", "limits not installed", NA
-    singles = {row.strategies[0]: row for row in ours if len(row.strategies) == 1}
+    singles = {s: row for s in STRATEGIES if (row := _row(results, f"ratelimit_app {s}, 1 policy"))}
     for row in ours:
         if len(row.strategies) == 10:
             reference = sum(singles[s].p50 for s in row.strategies) / len(row.strategies)
             yield ("10 policies: p50 at most 2x one policy (the mean 1-policy p50 of the same strategies)",
                    f"{row.p50:.1f} us = {row.p50 / reference:.2f}x {reference:.1f} us", _verdict(row.p50 <= 2 * reference))
+            reference = sum(singles[s].rate for s in row.strategies) / len(row.strategies)
+            yield ("10 policies: decisions/s at least 0.5x one policy (the mean 1-policy decisions/s of the same strategies)",
+                   f"{row.rate:,.0f} = {row.rate / reference:.2f}x {reference:,.0f}", _verdict(row.rate >= 0.5 * reference))
+    yield from _spread_budgets(results)
     exact = [(row.strategies[0], row.admitted) for row in ours if row.admitted is not None]
     yield ("exactness: 8 x 100 against 100 admit exactly 100, every strategy", ", ".join(f"{s} {n}" for s, n in exact),
            _verdict(all(n == 100 for _, n in exact)))
     for row in results.rows:
         if row.name.startswith(("DRF", "django-ratelimit")):
-            slowest = min(r.rate for r in ours if len(r.strategies) == 1)
+            slowest = min(r.rate for r in singles.values())
             yield (f"decisions/s >= 2 x {row.name}", f"{slowest / row.rate:.2f} x (slowest strategy of ours, 1 policy)",
                    _verdict(slowest >= 2 * row.rate))
+
+
+def _spread_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
+    spread = {s.name: s for s in results.spread}
+    ours, peer = spread.get("ratelimit_app fixed_window, 1 policy"), spread.get("limits fixed window (RedisStorage)")
+    if not (ours and peer):
+        yield "spread workload: ours (fixed window, 1 policy) against limits' fixed window", "not measured", NA
+        return
+    yield (f"spread workload: decisions/s >= {SPREAD_RATE_BUDGET}x limits' fixed window (ours: fixed window, 1 policy)",
+           f"ours {ours.rate:,.0f}, limits {peer.rate:,.0f} = {ours.rate / peer.rate:.2f}x",
+           _verdict(ours.rate >= SPREAD_RATE_BUDGET * peer.rate))
+    yield ("spread workload: p50 no higher than limits' fixed window (ours: fixed window, 1 policy)",
+           f"ours {ours.p50:.1f} us, limits {peer.p50:.1f} us", _verdict(ours.p50 <= peer.p50))
 
 
 def _command_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
@@ -236,6 +298,18 @@ def _command_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
         elif budget is not None:
             # two decimals: a rare write (a new totals bucket, a busier subject re-scored) shows, as it counts
             yield label, f"{row.commands:.2f}", _verdict(row.commands <= budget)
+    fixed = _row(results, "ratelimit_app fixed_window, 1 policy")
+    label = f"server-side commands per refused repeat decision without the deny cache, fixed_window <= {REFUSED_BUDGET}"
+    if fixed is None or fixed.refused is None:
+        yield label, "not measured", NA
+    else:
+        yield label, f"{fixed.refused:.2f}", _verdict(fixed.refused <= REFUSED_BUDGET)
+    burst = _row(results, "ratelimit_app token_bucket, burst in use, 1 policy")
+    label = f"server-side commands per token-bucket decision using its burst <= {BURST_BUDGET}"
+    if burst is None:
+        yield label, "engine cannot decide token_bucket yet", NA
+    else:
+        yield label, f"{burst.commands:.2f}", _verdict(burst.commands <= BURST_BUDGET)
 
 
 def _door_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
@@ -283,7 +357,13 @@ def _end_to_end_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
         yield ("end to end: no policy matching >= 0.98x no middleware", f"{idle.rate / base:.3f}x",
                _verdict(idle.rate >= 0.98 * base))
     ours = served.get("ratelimit_app middleware, 1 policy")
-    for peer in ("django-ratelimit decorator", "DRF UserRateThrottle"):
+    floor = served.get(WSGI_FLOOR)
+    if ours and floor:
+        yield (f"end to end: 1 policy >= {FLOOR_BUDGET}x the one-PING floor", f"{ours.rate / floor.rate:.3f}x "
+               f"({ours.rate:,.0f} against {floor.rate:,.0f} req/s)", _verdict(ours.rate >= FLOOR_BUDGET * floor.rate))
+    else:
+        yield f"end to end: 1 policy >= {FLOOR_BUDGET}x the one-PING floor", "floor not served", NA
+    for peer in ("django-ratelimit decorator", "django-smart-ratelimit decorator", "DRF UserRateThrottle"):
         if ours and peer in served:
             yield (f"end to end: ours (middleware, 1 policy) ahead of {peer}",
                    f"{ours.rate:,.0f} against {served[peer].rate:,.0f} req/s", _verdict(ours.rate > served[peer].rate))

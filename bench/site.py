@@ -1,10 +1,15 @@
-"""URLs of the end-to-end run: one trivial view, plain, behind django-ratelimit's decorator, and as a
-DRF view with no throttle, with DRF's UserRateThrottle and with our PolicyThrottle."""
+"""URLs of the end-to-end run: one trivial view, plain, doing one PING (the floor), behind
+django-ratelimit's and django-smart-ratelimit's decorators, and as a DRF view with no throttle, with
+DRF's UserRateThrottle and with our PolicyThrottle; under ASGI, the same as an async view: plain,
+doing one PING through redis.asyncio, and behind django-smart-ratelimit's aratelimit."""
 
 from __future__ import annotations
 
+import redis.asyncio
+from django.conf import settings
 from django.http import HttpResponse
 from django.urls import path
+from django_redis import get_redis_connection
 from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import APIView
 
@@ -13,6 +18,26 @@ from ratelimit_app.throttling import PolicyThrottle
 
 def trivial(request):
     return HttpResponse("ok", content_type="text/plain")
+
+
+def ping(request):
+    get_redis_connection("default").ping()
+    return trivial(request)
+
+
+async def async_trivial(request):
+    return HttpResponse("ok", content_type="text/plain")
+
+
+_async_client = None
+
+
+async def async_ping(request):
+    global _async_client
+    if _async_client is None:  # made in the worker's event loop, its one loop
+        _async_client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
+    await _async_client.ping()
+    return await async_trivial(request)
 
 
 class Trivial(APIView):
@@ -41,6 +66,12 @@ urlpatterns = [
     path("drf/", Trivial.as_view(), name="drf"),
     path("drf-user-throttle/", UserThrottled.as_view(), name="drf-user-throttle"),
     path("drf-policy-throttle/", PolicyThrottled.as_view(), name="drf-policy-throttle"),
+    path("ping/", ping, name="ping"),
+    # served by uvicorn (ASGI); with RateLimitMiddleware, async-p1 is matched by one policy
+    path("async/plain/", async_trivial, name="async-plain"),
+    path("async/p0/", async_trivial, name="async-p0"),
+    path("async/p1/", async_trivial, name="async-p1"),
+    path("async/ping/", async_ping, name="async-ping"),
 ]
 
 try:
@@ -51,3 +82,14 @@ else:
     urlpatterns.append(
         path("django-ratelimit/", ratelimit(key="ip", rate="1000000000/h", block=True)(trivial), name="django-ratelimit")
     )
+
+try:
+    from django_smart_ratelimit import aratelimit, rate_limit
+except ImportError:  # a peer of the bench only (bench/requirements.txt): its rows are left out
+    pass
+else:  # its Redis backend, fixed window: bench/settings_e2e.py
+    urlpatterns += [
+        path("smart-ratelimit/", rate_limit(key="ip", rate="1000000000/h", block=True)(trivial), name="smart-ratelimit"),
+        path("async/smart-ratelimit/", aratelimit(key="ip", rate="1000000000/h", block=True)(async_trivial),
+             name="async-smart-ratelimit"),
+    ]

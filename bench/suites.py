@@ -1,5 +1,5 @@
-"""The decision measurements of `make bench` (ours beside the peers: limits, DRF, django-ratelimit),
-memory per subject, and run_all, which runs every part in order."""
+"""The decision measurements of `make bench` (ours beside the peers: limits, DRF, django-ratelimit,
+django-smart-ratelimit), the spread workload, memory per subject, and run_all, which runs every part in order."""
 
 from __future__ import annotations
 
@@ -11,14 +11,24 @@ from typing import Callable, NamedTuple
 
 import redis
 from django.core.cache import caches
+from django.test.utils import override_settings
 
 from bench import e2e, paths, scale
-from bench.common import (HUGE, STRATEGIES, Results, Row, client, decide, decider, policy, request, server, subject,
-                          unique)
-from bench.measure import admitted, interleaved_latencies, p50, p99, per_call, throughput
+from bench.common import (HUGE, STRATEGIES, Results, Row, Spread, client, decide, decider, policy, request, server,
+                          subject, unique)
+from bench.measure import admitted, interleaved_latencies, p50, p99, per_call, server_work, spread, throughput
 from ratelimit_app import connection, keys
+from ratelimit_app.rates import MAX_WINDOW
 
 MIXES = (3, 10)  # policies per request in the mixed rows
+# A token bucket whose burst is in use on every decision after a subject's first: one request per
+# 31.6 s sustained (10^6 a year), so any repeat within the run spends the burst, which the bench
+# never exhausts (500,000).
+BURST_TERMS = {"limit": 1_000_000, "window": MAX_WINDOW, "burst": 500_000}
+BURST_ROW = "ratelimit_app token_bucket, burst in use, 1 policy"
+SPREAD_SUBJECTS = 1_000
+SPREAD_DECISIONS = 10_000  # per process, 2 processes
+SMART = "django-smart-ratelimit fixed window (RedisBackend)"
 
 
 class Contender(NamedTuple):
@@ -30,6 +40,10 @@ class Contender(NamedTuple):
     make: Callable[[], Callable[[], object]]
     attempt: Callable[[], Callable[[], bool]] | None = None
     strategies: tuple[str, ...] = ()
+    refused: Callable[[], Callable[[], object]] | None = None  # against a limit of 1: repeats are refused
+    # the spread workload: called once per round before forking (fresh limits: every subject's first
+    # decision is in the round), what it returns is called in each process for the operation on subject i
+    spread: Callable[[], Callable[[], Callable[[int], object]]] | None = None
 
 
 # --- which strategies the engine decides ------------------------------------------------------
@@ -75,17 +89,38 @@ def floors(results: Results) -> list[Contender]:
 def ours(results: Results) -> list[Contender]:
     decidable = results.decidable()
     contenders = [
-        Contender(f"ratelimit_app {s}, 1 policy", "ours", partial(_deciding, (s,)), partial(_attempting, policy(s, limit=100)), (s,))
+        Contender(f"ratelimit_app {s}, 1 policy", "ours", partial(_deciding, (s,)), partial(_attempting, policy(s, limit=100)), (s,),
+                  refused=partial(_deciding, (s,), limit=1),
+                  spread=partial(_spreading, (s,)) if s == "fixed_window" else None)
         for s in decidable
     ]
+    if "token_bucket" in decidable:
+        contenders.append(Contender(BURST_ROW, "ours", partial(_deciding, ("token_bucket",), **BURST_TERMS), None,
+                                    ("token_bucket",), spread=partial(_spreading, ("token_bucket",), **BURST_TERMS)))
     for n in MIXES:
         mix = tuple(decidable[i % len(decidable)] for i in range(n))
-        contenders.append(Contender(f"ratelimit_app mixed, {n} policies", "ours", partial(_deciding, mix), None, mix))
+        contenders.append(Contender(f"ratelimit_app mixed, {n} policies", "ours", partial(_deciding, mix), None, mix,
+                                    spread=partial(_spreading, mix) if n == 10 else None))
     return contenders
 
 
-def _deciding(strategies: tuple[str, ...]) -> Callable[[], object]:
-    return decider([policy(s) for s in strategies], subject())
+def _deciding(strategies: tuple[str, ...], **terms) -> Callable[[], object]:
+    return decider([policy(s, **terms) for s in strategies], subject())
+
+
+def spread_addresses() -> list[str]:
+    return [f"10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}" for n in range(SPREAD_SUBJECTS)]
+
+
+def _spreading(strategies: tuple[str, ...], **terms) -> Callable[[], Callable[[int], object]]:
+    made = [policy(s, **terms) for s in strategies]  # before forking: both processes count the same policies
+
+    def make() -> Callable[[int], object]:
+        decisions = [decider(made, subject(address)) for address in spread_addresses()]
+        decider(made, subject("192.0.2.250"))()  # connected, the scripts loaded: not a subject of the run
+        return lambda who: decisions[who]()
+
+    return make
 
 
 def _attempting(limited) -> Callable[[], bool]:
@@ -94,14 +129,51 @@ def _attempting(limited) -> Callable[[], bool]:
     return lambda: decide([limited], who).allowed
 
 
-def _limits(strategy: str, rate: str, namespace: str):
+def _limits(strategy: str, rate: str, namespace: str, spread: bool = False):
     from limits import parse, storage, strategies
 
     limiter = {"fixed": strategies.FixedWindowRateLimiter, "moving": strategies.MovingWindowRateLimiter}[strategy]
     item = parse(rate)
     store = storage.RedisStorage(os.environ["REDIS_URL"])
     hit = limiter(store).hit
+    if spread:
+        addresses = spread_addresses()
+        hit(item, namespace, "192.0.2.250")  # connected: not a subject of the run
+        return lambda who: hit(item, namespace, addresses[who])
     return lambda: hit(item, namespace, "203.0.113.7")
+
+
+def _smart_backend():
+    """django-smart-ratelimit's Redis backend on the same server, counting in fixed windows (its
+    settings are read when the backend is made; RATELIMIT_KEY_PREFIX is ours too, "rl")."""
+    from django_smart_ratelimit.backends.redis_backend import RedisBackend
+
+    from bench.settings_e2e import smart_ratelimit_redis
+
+    with override_settings(RATELIMIT_BACKEND="redis", RATELIMIT_REDIS=smart_ratelimit_redis(os.environ["REDIS_URL"]),
+                           RATELIMIT_ALGORITHM="fixed_window"):
+        return RedisBackend()
+
+
+def _smart(rate: str, namespace: str, spread: bool = False):
+    """What its decorator does to decide: check_rate_limit (INCR in its script, then the reset time)."""
+    from django_smart_ratelimit.context import RateLimitContext
+    from django_smart_ratelimit.decorator import check_rate_limit
+    from django_smart_ratelimit.utils import parse_rate
+
+    backend = _smart_backend()
+    limit, period = parse_rate(rate)
+    plain = request()
+
+    def decide_for(address: str) -> bool:
+        return check_rate_limit(RateLimitContext(request=plain, key=f"{namespace}:ip:{address}", limit=limit, period=period),
+                                backend).allowed
+
+    if spread:
+        addresses = spread_addresses()
+        decide_for("192.0.2.250")  # connected: not a subject of the run
+        return lambda who: decide_for(addresses[who])
+    return lambda: decide_for("203.0.113.7")
 
 
 def _drf_throttle(kind: str, rate: str, ip: str = "203.0.113.7"):
@@ -144,13 +216,17 @@ def peers(results: Results) -> list[Contender]:
                 f"limits {label} (RedisStorage)", "peer",
                 lambda strategy=strategy, space=spaces[0]: _limits(strategy, f"{HUGE}/hour", space),
                 lambda strategy=strategy, space=spaces[1]: _limits(strategy, "100/hour", space),
+                refused=lambda strategy=strategy: _limits(strategy, "1/hour", f"bench-{unique()}"),
+                spread=(lambda: partial(_limits, "fixed", f"{HUGE}/hour", f"bench-{unique()}", True)) if strategy == "fixed" else None,
             ))
     contenders += [
         # DRF keys its history by scope and address only: the exactness attempts come from other addresses
         Contender("DRF ScopedRateThrottle", "peer", lambda: _drf_throttle("scoped", f"{HUGE}/hour"),
-                  lambda: _drf_throttle("scoped", "100/hour", "203.0.113.8")),
+                  lambda: _drf_throttle("scoped", "100/hour", "203.0.113.8"),
+                  refused=lambda: _drf_throttle("scoped", "1/hour", "203.0.113.10")),
         Contender("DRF UserRateThrottle (anonymous: by IP)", "peer", lambda: _drf_throttle("user", f"{HUGE}/hour"),
-                  lambda: _drf_throttle("user", "100/hour", "203.0.113.9")),
+                  lambda: _drf_throttle("user", "100/hour", "203.0.113.9"),
+                  refused=lambda: _drf_throttle("user", "1/hour", "203.0.113.11")),
     ]
     try:
         import django_ratelimit  # noqa: F401
@@ -161,6 +237,18 @@ def peers(results: Results) -> list[Contender]:
         contenders.append(Contender(
             "django-ratelimit is_ratelimited", "peer",
             lambda: _django_ratelimit(f"{HUGE}/h", groups[0]), lambda: _django_ratelimit("100/h", groups[1]),
+            refused=lambda: _django_ratelimit("1/h", f"bench-{unique()}"),
+        ))
+    try:
+        import django_smart_ratelimit  # noqa: F401
+    except ImportError:
+        results.notes.append("django-smart-ratelimit is not installed (bench/requirements.txt): its rows are missing.")
+    else:
+        spaces = (f"bench-{unique()}", f"bench-{unique()}")
+        contenders.append(Contender(
+            SMART, "peer", lambda: _smart(f"{HUGE}/h", spaces[0]), lambda: _smart("100/h", spaces[1]),
+            refused=lambda: _smart("1/h", f"bench-{unique()}"),
+            spread=lambda: partial(_smart, f"{HUGE}/h", f"bench-{unique()}", True),
         ))
     return contenders
 
@@ -176,6 +264,8 @@ def decisions(results: Results) -> None:
     samples = interleaved_latencies(operations, results.samples)
     redis_client = client()
     wire = {c.name: per_call(redis_client, operations[c.name], 200) for c in contenders}
+    with override_settings(RATELIMIT_DENY_CACHE=False):  # engine.decide never asks it; said here all the same
+        refused = {c.name: per_call(redis_client, c.refused(), 200)[2] for c in contenders if c.refused}
     rates = {c.name: 0.0 for c in contenders if c.kind != "floor"}
     rounds = 1 if results.quick else 4  # short alternating rounds: a burst of load elsewhere hits every row
     for number in range(rounds):
@@ -189,8 +279,41 @@ def decisions(results: Results) -> None:
             sent = None
         taken = samples[contender.name]
         results.rows.append(Row(contender.name, contender.kind, contender.strategies, p50(taken), p99(taken), trips, sent,
-                                commands, rates.get(contender.name), exact))
+                                commands, rates.get(contender.name), exact, refused.get(contender.name)))
     results.floors = {"ping_p50": results.rows[0].p50, "evalsha_p50": results.rows[1].p50}
+
+
+def _pinging() -> Callable[[int], object]:
+    redis_client = client()
+    redis_client.ping()  # connected
+    return lambda who: redis_client.ping()
+
+
+def spread_workload(results: Results) -> None:
+    """2 processes x 10,000 decisions over 1,000 subjects, each contender with fresh limits in each
+    round (every subject's first decision is in it), rows in alternating rounds; server-side commands
+    and microseconds over the whole run from INFO commandstats."""
+    ping = Contender("floor: PING", "floor", lambda: None, spread=lambda: _pinging)
+    contenders = [ping] + [c for c in ours(results) + peers(results) if c.spread]
+    results.notes = list(dict.fromkeys(results.notes))  # peers() said what is missing once already
+    totals = {c.name: {"seconds": 0.0, "samples": [], "commands": 0, "usec": 0} for c in contenders}
+    redis_client = server()
+    for number in range(results.spread_rounds):
+        for contender in contenders if number % 2 == 0 else reversed(contenders):
+            make = contender.spread()
+            before = server_work(redis_client)
+            rate, samples = spread(make, decisions=SPREAD_DECISIONS, subjects=SPREAD_SUBJECTS)
+            after = server_work(redis_client)
+            total = totals[contender.name]
+            total["seconds"] += 2 * SPREAD_DECISIONS / rate
+            total["samples"] += samples
+            total["commands"] += after[0] - before[0]
+            total["usec"] += after[1] - before[1]
+    for contender in contenders:
+        total = totals[contender.name]
+        decisions = 2 * SPREAD_DECISIONS * results.spread_rounds
+        results.spread.append(Spread(contender.name, contender.kind, p50(total["samples"]), decisions / total["seconds"],
+                                     total["commands"] / decisions, total["usec"] / decisions))
 
 
 def memory(results: Results) -> None:
@@ -228,7 +351,8 @@ def versions(results: Results) -> None:
         "python": platform.python_version(),
         "redis server": f"{info['redis_version']} ({info.get('executable') or 'external'})",
     }
-    for name in ("django", "djangorestframework", "django-redis", "redis", "hiredis", "limits", "django-ratelimit"):
+    for name in ("django", "djangorestframework", "django-redis", "redis", "hiredis", "limits", "django-ratelimit",
+                 "django-smart-ratelimit", "gunicorn", "uvicorn"):
         try:
             results.versions[name] = version(name)
         except PackageNotFoundError:
@@ -238,11 +362,12 @@ def versions(results: Results) -> None:
 def run_all(quick: bool = False) -> Results:
     results = Results(quick=quick, samples=500 if quick else 5000, seconds=0.3 if quick else 2.0)
     if quick:
-        results.e2e_seconds, results.e2e_rounds = 1.0, 1
+        results.e2e_seconds, results.e2e_rounds, results.spread_rounds = 1.0, 1, 1
     versions(results)
     server().flushdb()
     parts = [
-        ("strategies", probe_strategies), ("decisions", decisions), ("memory", memory), ("overhead", paths.overhead),
+        ("strategies", probe_strategies), ("decisions", decisions), ("spread workload", spread_workload),
+        ("memory", memory), ("overhead", paths.overhead),
         ("async", paths.asynchronous), ("deny cache", paths.deny_cache),
         ("live page", lambda results: scale.live_page(results, subjects=20_000 if quick else 1_000_000)),
         ("cluster", scale.cluster), ("end to end", e2e.end_to_end),

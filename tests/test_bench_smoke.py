@@ -16,7 +16,7 @@ from ratelimit_app.models import Policy
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("## Decisions", "## Memory per subject", "## Python overhead", "## Local deny cache", "## Live page",
+SECTIONS = ("## Decisions", "## Spread workload", "## Memory per subject", "## Python overhead", "## Local deny cache", "## Live page",
             "## End to end", "## Cluster", "## Budgets")
 
 
