@@ -3,6 +3,7 @@ django-smart-ratelimit), the spread workload, memory per subject, and run_all, w
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
@@ -228,29 +229,29 @@ def peers(results: Results) -> list[Contender]:
                   lambda: _drf_throttle("user", "100/hour", "203.0.113.9"),
                   refused=lambda: _drf_throttle("user", "1/hour", "203.0.113.11")),
     ]
-    try:
-        import django_ratelimit  # noqa: F401
-    except ImportError:
-        results.notes.append("django-ratelimit is not installed (bench/requirements.txt): its rows are missing.")
-    else:
-        groups = (f"bench-{unique()}", f"bench-{unique()}")
-        contenders.append(Contender(
-            "django-ratelimit is_ratelimited", "peer",
-            lambda: _django_ratelimit(f"{HUGE}/h", groups[0]), lambda: _django_ratelimit("100/h", groups[1]),
-            refused=lambda: _django_ratelimit("1/h", f"bench-{unique()}"),
-        ))
-    try:
-        import django_smart_ratelimit  # noqa: F401
-    except ImportError:
-        results.notes.append("django-smart-ratelimit is not installed (bench/requirements.txt): its rows are missing.")
-    else:
-        spaces = (f"bench-{unique()}", f"bench-{unique()}")
-        contenders.append(Contender(
-            SMART, "peer", lambda: _smart(f"{HUGE}/h", spaces[0]), lambda: _smart("100/h", spaces[1]),
-            refused=lambda: _smart("1/h", f"bench-{unique()}"),
-            spread=lambda: partial(_smart, f"{HUGE}/h", f"bench-{unique()}", True),
-        ))
+    groups = (f"bench-{unique()}", f"bench-{unique()}")
+    contenders += _installed(results, "django_ratelimit", "django-ratelimit", lambda: Contender(
+        "django-ratelimit is_ratelimited", "peer",
+        lambda: _django_ratelimit(f"{HUGE}/h", groups[0]), lambda: _django_ratelimit("100/h", groups[1]),
+        refused=lambda: _django_ratelimit("1/h", f"bench-{unique()}"),
+    ))
+    spaces = (f"bench-{unique()}", f"bench-{unique()}")
+    contenders += _installed(results, "django_smart_ratelimit", "django-smart-ratelimit", lambda: Contender(
+        SMART, "peer", lambda: _smart(f"{HUGE}/h", spaces[0]), lambda: _smart("100/h", spaces[1]),
+        refused=lambda: _smart("1/h", f"bench-{unique()}"),
+        spread=lambda: partial(_smart, f"{HUGE}/h", f"bench-{unique()}", True),
+    ))
     return contenders
+
+
+def _installed(results: Results, module: str, package: str, contender: Callable[[], Contender]) -> list[Contender]:
+    """A peer's row when its package is installed; a note saying its rows are missing otherwise."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        results.notes.append(f"{package} is not installed (bench/requirements.txt): its rows are missing.")
+        return []
+    return [contender()]
 
 
 # --- the decisions table -----------------------------------------------------------------------
