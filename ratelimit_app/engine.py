@@ -4,7 +4,7 @@ Lua script (lua/decide.lua, assembled by scripts.py)."""
 from __future__ import annotations
 
 from time import perf_counter
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import redis
 from asgiref.sync import sync_to_async
@@ -27,9 +27,12 @@ __all__ = ["Check", "Decision", "Verdict", "NO_POLICIES", "RedisUnavailable", "d
 # --- deciding ----------------------------------------------------------------------------------
 
 
-def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False, version: bool = False) -> Verdict:
+def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False, version: bool = False,
+           cost: int = 1, lease: str = "") -> Verdict:
     """Decide every check in one Redis round trip; nothing is counted if an enforcing policy denies.
 
+    `cost`: the units the request takes from every policy; `lease`: what in-flight policies name
+    the request's places after (leases.py), '' when none applies.
     `now` (seconds since the epoch) replaces the server's clock, for tests; `dry_run` decides
     without counting anything; `version` brings the policy version back in the same call (the
     doors ask for it when their worker is due to compare). On Redis Cluster, checks whose subjects
@@ -40,24 +43,35 @@ def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool =
         return NO_POLICIES
     started = perf_counter()
     # the client is made inside the breaker's call: it connects as it is made, and that may fail too
-    verdict = breaker.call(lambda: _decide(decision_client(), checks, now, dry_run, version))
+    call = Ask(now, dry_run, cost, lease)
+    verdict = breaker.call(lambda: _decide(decision_client(), checks, call, version))
     metrics.record_call(perf_counter() - started)
     return verdict
 
 
-def _decide(redis_client: redis.Redis, checks: Sequence[Check], now: float | None, dry_run: bool, version: bool) -> Verdict:
+class Ask(NamedTuple):
+    """What one decide call says beside its checks."""
+
+    now: float | None
+    dry_run: bool
+    cost: int
+    lease: str
+
+
+def _decide(redis_client: redis.Redis, checks: Sequence[Check], call: Ask, version: bool) -> Verdict:
     if not is_cluster(redis_client):
         # a single server does not check slots: every shard's keys go in one call, with the version
-        script_keys, args = _script_call(checks, now, dry_run, version)
-        return _verdict(checks, scripts.get("decide", redis_client)(script_keys, args, redis_client), dry_run)
-    verdict = _decide_on_cluster(redis_client, checks, now, dry_run)
+        script_keys, args = _script_call(checks, call, version)
+        return _verdict(checks, scripts.get("decide", redis_client)(script_keys, args, redis_client), call)
+    verdict = _decide_on_cluster(redis_client, checks, call)
     if version:  # the version key lives in a slot of its own
         verdict = verdict._replace(version=redis_client.get(keys.version_key()) or b"")
     return verdict
 
 
 async def adecide(
-    checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False, version: bool = False
+    checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False, version: bool = False,
+    cost: int = 1, lease: str = "",
 ) -> Verdict:
     """decide() for async code: the same script and keys, through redis-py's asyncio client.
 
@@ -67,22 +81,25 @@ async def adecide(
     if not checks:
         return NO_POLICIES
     if cluster_configured():
-        return await sync_to_async(decide, thread_sensitive=False)(checks, now=now, dry_run=dry_run, version=version)
-    script_keys, args = _script_call(checks, now, dry_run, version)
+        return await sync_to_async(decide, thread_sensitive=False)(
+            checks, now=now, dry_run=dry_run, version=version, cost=cost, lease=lease
+        )
+    call = Ask(now, dry_run, cost, lease)
+    script_keys, args = _script_call(checks, call, version)
     redis_client = aclient()
     script = scripts.get_async("decide", redis_client)
     started = perf_counter()
     reply = await breaker.acall(lambda: script(script_keys, args, redis_client))
     metrics.record_call(perf_counter() - started)
-    return _verdict(checks, reply, dry_run)
+    return _verdict(checks, reply, call)
 
 
-def _script_call(checks: Sequence[Check], now: float | None, dry_run: bool, version: bool) -> tuple[list[str], list[str]]:
+def _script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[list[str], list[str]]:
     """The KEYS and ARGV of decide.lua for these checks (`version`: bring the policy version back too;
     never on a cluster, where the version lives in another slot)."""
     key_prefix = keys.prefix()
     script_keys: list[str] = []
-    args = [("d" if dry_run else "") + now_arg(now)]
+    args = [("d" if call.dry_run else "") + now_arg(call.now), str(call.cost), call.lease]
     # the shards share the bound of a policy's index (on one shard: the setting itself)
     shard_count = keys.shards()  # part of the keys: a changed setting makes new parts
     index_size = -(-get_setting("RATELIMIT_LIVE_INDEX_SIZE") // shard_count)
@@ -117,18 +134,16 @@ def _check_parts(
 # --- Redis Cluster: one call per shard group ------------------------------------------------------
 
 
-def _decide_on_cluster(redis_client, checks: Sequence[Check], now: float | None, dry_run: bool) -> Verdict:
+def _decide_on_cluster(redis_client, checks: Sequence[Check], call: Ask) -> Verdict:
     groups: dict[int, list[Check]] = {}
     for check in checks:
         groups.setdefault(keys.shard_of(check.subject.key), []).append(check)
     if len(groups) == 1:
-        return _pipelined(redis_client, groups, now, dry_run=dry_run)[next(iter(groups))]
-    return _decide_across_shards(redis_client, checks, groups, now, dry_run)
+        return _pipelined(redis_client, groups, call)[next(iter(groups))]
+    return _decide_across_shards(redis_client, checks, groups, call)
 
 
-def _decide_across_shards(
-    redis_client, checks: Sequence[Check], groups: dict[int, list[Check]], now: float | None, dry_run: bool
-) -> Verdict:
+def _decide_across_shards(redis_client, checks: Sequence[Check], groups: dict[int, list[Check]], call: Ask) -> Verdict:
     """A cluster request whose subjects live in several shards: look, then count, one call per shard each time.
 
     First every shard is asked without counting (one pipeline: the shards' nodes answer in
@@ -140,22 +155,22 @@ def _decide_across_shards(
     in those races a shard may have counted a request that was refused (an under-admission of
     one request, never an over-admission).
     """
-    peeked = _pipelined(redis_client, groups, now, dry_run=True)
-    if dry_run:
+    peeked = _pipelined(redis_client, groups, call._replace(dry_run=True))
+    if call.dry_run:
         return _merged(checks, groups, peeked)
     denying = {shard: groups[shard] for shard, verdict in peeked.items() if not verdict.allowed}
     if denying:
-        _pipelined(redis_client, denying, now, dry_run=False)  # records the refusal; the request stays denied
+        _pipelined(redis_client, denying, call)  # records the refusal; the request stays denied
         return _merged(checks, groups, peeked)
-    return _merged(checks, groups, _pipelined(redis_client, groups, now, dry_run=False))
+    return _merged(checks, groups, _pipelined(redis_client, groups, call))
 
 
-def _pipelined(redis_client, groups: dict[int, list[Check]], now: float | None, *, dry_run: bool) -> dict[int, Verdict]:
+def _pipelined(redis_client, groups: dict[int, list[Check]], call: Ask) -> dict[int, Verdict]:
     """One decide call per shard group, sent in one pipeline (on a cluster: to each node at once)."""
     script = scripts.get("decide", redis_client)
-    calls = [_script_call(group, now, dry_run, False) for group in groups.values()]
+    calls = [_script_call(group, call, False) for group in groups.values()]
     replies = run_each(redis_client, script, calls)
-    return {shard: _verdict(group, reply, dry_run) for (shard, group), reply in zip(groups.items(), replies)}
+    return {shard: _verdict(group, reply, call) for (shard, group), reply in zip(groups.items(), replies)}
 
 
 def _merged(checks: Sequence[Check], groups: dict[int, list[Check]], verdicts: dict[int, Verdict]) -> Verdict:
@@ -167,8 +182,8 @@ def _merged(checks: Sequence[Check], groups: dict[int, list[Check]], verdicts: d
     return Verdict(all(verdict.allowed for verdict in verdicts.values()), decisions, None)
 
 
-def _verdict(checks: Sequence[Check], reply: list, dry_run: bool) -> Verdict:
-    now_ms = reply[0]
+def _verdict(checks: Sequence[Check], reply: list, call: Ask) -> Verdict:
+    now_ms, cost = reply[0], call.cost
     decisions = []
     admitted = []  # the script leaves the totals of what it counted to the worker (tally.py)
     denied = False
@@ -177,16 +192,17 @@ def _verdict(checks: Sequence[Check], reply: list, dry_run: bool) -> Verdict:
         allowed = not (exceeded and policy.enforce)
         denied = denied or not allowed
         capacity = policy.capacity(limit)  # a token bucket's count is compared with its burst
+        retry_after = retry_ms / 1000 if exceeded and cost <= capacity else None  # None: it never fits
         # positional: this runs for every policy of every request
         decisions.append(
             Decision(
                 policy, subject, allowed, bool(exceeded), count, limit,
-                capacity - count if count < capacity else 0, reset_ms / 1000, retry_ms / 1000 if exceeded else None,
+                capacity - count if count < capacity else 0, reset_ms / 1000, retry_after, cost,
             )
         )
         if not exceeded:
             admitted.append((policy, keys.shard_of(subject.key), "a", now_ms // policy.totals_bucket_ms))
-    if admitted and not (dry_run or denied):  # every policy below its limit counted the request
+    if admitted and not (call.dry_run or denied):  # every policy below its limit counted the request
         tally.add(admitted)
     asked = 1 + 4 * len(checks)  # the version follows the figures when it was asked for
     return Verdict(not denied, tuple(decisions), reply[asked] if len(reply) > asked else None)

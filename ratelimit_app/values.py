@@ -75,11 +75,17 @@ class Decision(NamedTuple):
     subject: Subject
     allowed: bool  # this policy lets the request through (a shadow policy always does)
     exceeded: bool  # the request was over the limit (for a shadow policy: it would have been denied)
-    count: int  # requests counted in the window, this one included when it was counted
+    count: int  # units counted in the window, this request's included when it was counted
     limit: int
-    remaining: int
+    remaining: int  # units left
     reset_in: float  # seconds until every counted request has left the window
-    retry_after: float | None  # seconds until a request would be admitted again, when exceeded
+    retry_after: float | None  # seconds until the cost would fit again, when exceeded; None: it never will
+    cost: int = 1  # the units the request took (or would have taken) from the policy
+
+    @property
+    def never_fits(self) -> bool:
+        """A cost above what the policy allows at once: no wait admits it."""
+        return self.cost > self.policy.capacity(self.limit)
 
 
 class Verdict(NamedTuple):

@@ -37,22 +37,26 @@ class Model:
     def counted(self, who: str, now: int) -> list[int]:
         return [t for t in self.admitted.get(who, []) if self.still_counted(t, now)]
 
-    def retry(self, who: str, now: int, limit: int) -> int:
-        """ms until one more request would be admitted, for a subject at or over its limit."""
+    def retry(self, who: str, now: int, limit: int, cost: int = 1) -> int | None:
+        """ms until `cost` more units would be admitted, for a subject without room for them (None:
+        a cost above the limit never fits)."""
+        if cost > limit:
+            return None
         times = sorted(self.counted(who, now))
-        return self.leaves_at(times[len(times) - limit]) - now  # once it has left, limit - 1 remain
+        return self.leaves_at(times[len(times) + cost - limit - 1]) - now  # then limit - cost remain
 
     def empty_in(self, who: str, now: int) -> int:
         """ms until every counted request of the subject has left the window."""
         times = self.counted(who, now)
         return max(self.leaves_at(t) for t in times) - now if times else 0
 
-    def decide(self, who: str, now: int, limit: int) -> tuple[bool, int]:
+    def decide(self, who: str, now: int, limit: int, cost: int = 1) -> tuple[bool, int]:
+        """A request of `cost` units: all of them admitted (one entry each), or none."""
         count = len(self.counted(who, now))
-        if count >= limit:
+        if count + cost > limit:
             return False, count
-        self.admitted.setdefault(who, []).append(now)
-        return True, count + 1
+        self.admitted.setdefault(who, []).extend([now] * cost)
+        return True, count + cost
 
 
 class FixedWindow(Model):
@@ -90,6 +94,7 @@ steps = st.lists(
         st.integers(min_value=0, max_value=1500),  # ms since the previous request
         st.sampled_from(SUBJECTS),
         st.integers(min_value=1, max_value=4),  # the limit in effect (policy edits, overrides)
+        st.sampled_from([1, 1, 1, 2, 3, 5]),  # the request's cost (5: above every limit, never fits)
     ),
     min_size=1,
     max_size=40,
@@ -103,14 +108,19 @@ def test_each_strategy_decides_as_the_model_does(redis_client, strategy, sequenc
     redis_client.flushdb()
     limited = policy(strategy=strategy, limit=4, **STRATEGY_SHAPES[strategy])
     model = model_of(limited)
-    now = T0
-    for gap, who, limit in sequence:
+    now, requests = T0, []  # the requests admitted: the totals count requests, the counters units
+    for gap, who, limit, cost in sequence:
         now += gap
-        expected_allowed, expected_count = model.decide(who, now, limit)
-        [decision] = engine.decide([check(limited, who, limit)], now=now / 1000).decisions
-        assert (decision.allowed, decision.count) == (expected_allowed, expected_count), (who, now - T0, limit)
+        expected_allowed, expected_count = model.decide(who, now, limit, cost)
+        requests += [(who, now)] if expected_allowed else []
+        [decision] = engine.decide([check(limited, who, limit)], now=now / 1000, cost=cost).decisions
+        where = (who, now - T0, limit, cost)
+        assert (decision.allowed, decision.count, decision.remaining) == (
+            expected_allowed, expected_count, max(limit - expected_count, 0)
+        ), where
         if not decision.allowed:
-            assert round(decision.retry_after * 1000) == model.retry(who, now, limit), (who, now - T0, limit)
+            retry = decision.retry_after
+            assert (None if retry is None else round(retry * 1000)) == model.retry(who, now, limit, cost), where
     # the live page counts what the engine counts, subject by subject, and in its totals. Counters
     # expire on the server's real clock, `now` (ms) ahead of this test's: a counter the model
     # empties within a few ms may already be gone, and only those may be missing.
@@ -123,7 +133,7 @@ def test_each_strategy_decides_as_the_model_does(redis_client, strategy, sequenc
     }
     assert {who: shown.get(who) for who in lasting} == {who: expected[who] for who in lasting}
     if strategy != "sliding_log" and lasting == set(expected):  # sliding_log's totals slide in steps
-        assert usage.allowed == sum(shown.values())
+        assert usage.allowed == len([1 for who, when in requests if who in shown and model.still_counted(when, now)])
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -134,14 +144,14 @@ def test_policies_decided_together_count_all_or_nothing(redis_client, sequence, 
     second = policy(strategy=shapes[1], limit=3, **STRATEGY_SHAPES[shapes[1]])
     models = [model_of(p) for p in (first, second)]
     now = T0
-    for gap, who, limit in sequence:
+    for gap, who, limit, cost in sequence:
         now += gap
         limits = (limit, 3)
-        admits = all(len(m.counted(who, now)) < lim for m, lim in zip(models, limits))
+        admits = all(len(m.counted(who, now)) + cost <= lim for m, lim in zip(models, limits))
         if admits:
             for m, lim in zip(models, limits):
-                m.decide(who, now, lim)
-        verdict = engine.decide([check(first, who, limit), check(second, who, 3)], now=now / 1000)
+                m.decide(who, now, lim, cost)
+        verdict = engine.decide([check(first, who, limit), check(second, who, 3)], now=now / 1000, cost=cost)
         assert verdict.allowed == admits
         assert [d.count for d in verdict.decisions] == [len(m.counted(who, now)) for m in models]
 

@@ -40,21 +40,22 @@ class ReferenceBucket:
     def __init__(self) -> None:
         self.tat = 0  # microseconds; in the past means a full bucket
 
-    def request(self, now_ms: int, limit: int, window: int, burst: int) -> dict:
+    def request(self, now_ms: int, limit: int, window: int, burst: int, cost: int = 1) -> dict:
+        """A request of `cost` tokens: it passes iff TAT + (cost - 1) * T - tau <= now, and moves TAT by cost * T."""
         interval = -(-window * 1_000_000 // limit)
         tolerance = interval * (burst - 1)
         now = now_ms * 1000
         tat = max(self.tat, now)
-        allowed = tat - tolerance <= now
+        allowed = cost <= burst and tat + (cost - 1) * interval - tolerance <= now
         if allowed:
-            tat = self.tat = tat + interval
-        # how many more requests would pass at this same moment
+            tat = self.tat = tat + cost * interval
+        # how many more tokens may be taken at this same moment
         remaining = max((now + tolerance - tat) // interval + 1, 0)
         return {
             "allowed": allowed,
             "remaining": remaining,
             "reset_ms": _ms_up(tat - now),
-            "retry_ms": None if allowed else _ms_up(tat - tolerance - now),
+            "retry_ms": None if allowed or cost > burst else _ms_up(tat + (cost - 1) * interval - tolerance - now),
         }
 
 
@@ -75,6 +76,7 @@ steps = st.lists(
         st.one_of(st.just(0), st.integers(1, 50), st.integers(51, 20_000)),  # ms since the previous request
         st.sampled_from([1, 2, 3, 7, 10, 100]),  # the limit in effect (an override may change it)
         st.sampled_from([None, 1, 2, 5, 10]),  # the policy's burst, edited between requests (the limit in effect caps it)
+        st.sampled_from([1, 1, 1, 2, 3, 11]),  # the request's cost (11: above every burst, never fits)
     ),
     min_size=1,
     max_size=60,
@@ -86,13 +88,13 @@ steps = st.lists(
 def test_decisions_match_the_reference_model(window, steps):
     pk, model, now_ms = next(_pks), ReferenceBucket(), int(T0 * 1000)
     compiled = {}  # one policy (same id, same counters) whose burst the operator edits
-    for advance, limit, burst in steps:
+    for advance, limit, burst, cost in steps:
         now_ms += advance
         if burst not in compiled:
             compiled[burst] = bucket(pk=pk, limit=10, window=window, burst=burst)
-        verdict = hit(check(compiled[burst], limit=limit), now=now_ms / 1000)
-        expected = model.request(now_ms, limit, window, min(burst or limit, limit))
-        assert observed(verdict) == expected, (advance, limit, burst)
+        verdict = engine.decide([check(compiled[burst], limit=limit)], now=now_ms / 1000, cost=cost)
+        expected = model.request(now_ms, limit, window, min(burst or limit, limit), cost)
+        assert observed(verdict) == expected, (advance, limit, burst, cost)
 
 
 # --- the behaviour users read about -----------------------------------------------------------------

@@ -76,9 +76,12 @@ function activity.score(after, bucket, count)
   return after * bucket + math.min(63, math.floor(math.log(count) / math.log(2) + 1e-9)) / 64
 end
 
--- whether a count is worth rewriting the subject's score for: 2, 4, 8, ... (log2(limit) writes a window)
-function activity.busier(count)
-  return count >= 2 and bit.band(count, count - 1) == 0
+-- whether a count that grew by `cost` is worth rewriting the subject's score for: it reached 2, 4,
+-- 8, ... (log2(limit) writes a window)
+function activity.busier(count, cost)
+  if cost == 1 then return count >= 2 and bit.band(count, count - 1) == 0 end
+  local power = 2 ^ math.floor(math.log(count) / math.log(2) + 1e-9) -- the highest power of 2 reached
+  return power >= 2 and power > count - cost
 end
 
 -- put a subject in the index; when it is new and the index is full, drop what has ended, then the quietest
@@ -203,16 +206,16 @@ local function bucket_of(now, reset, bucket)
   return math.ceil((now + reset) / bucket)
 end
 
--- a subject's counter went up to `count` for a policy of these `terms` (terms.lua) and now empties
+-- a subject's counter went up by `cost` to `count` for a policy of these `terms` (terms.lua) and now empties
 -- `reset` ms from now (before: `before_reset` ms from now; nil: it was empty): its entry in the live
 -- index `live` and the totals' count of active subjects follow, when the bucket in which it empties
 -- moves, or the count doubles
-function activity.counted(live, totals, member, terms, now, count, before_reset, reset)
+function activity.counted(live, totals, member, terms, now, count, cost, before_reset, reset)
   local bucket, window = terms.totals_bucket, terms.window
   local after = bucket_of(now, reset, bucket)
   local before = after -- the same reset (a fixed window's repeat request) needs no second bucket
   if before_reset ~= reset then before = before_reset and bucket_of(now, before_reset, bucket) or nil end
-  if after ~= before or activity.busier(count) then
+  if after ~= before or activity.busier(count, cost) then
     activity.index(live, member, activity.score(after, bucket, count), terms.index_size, now, window, bucket)
   end
   if after ~= before then activity.moved(totals, before, after, now, window, bucket) end

@@ -8,29 +8,33 @@
 --                             lives in another slot)
 -- ARGV[1]      when: '' to decide now by the server's TIME (to the microsecond), or a time in
 --              milliseconds; prefixed with 'd' to decide without counting anything (a dry run)
--- ARGV[2i]     policy i's terms (terms.lua): strategy, limit, window (ms), bucket (ms; a token
+-- ARGV[2]      cost: the units the request takes from every policy (1: an ordinary request)
+-- ARGV[3]      the request's lease: what an in-flight policy names its places after ('' when none
+--              of the policies counts requests in flight)
+-- ARGV[2i + 2] policy i's terms (terms.lua): strategy, limit, window (ms), bucket (ms; a token
 --              bucket's burst, 0 = the limit), enforce, totals bucket (ms), live index size
--- ARGV[2i + 1] policy i's member in the live index
+-- ARGV[2i + 3] policy i's member in the live index
 --
--- If any enforcing policy is at its limit, nothing stays counted anywhere (a count taken before the
--- refusal was known is given back in the same call); otherwise every policy below its limit counts
--- the request once. A shadow policy at its limit is reported, never counted. The totals of admitted
+-- If any enforcing policy has no room for the cost, nothing stays counted anywhere (units taken
+-- before the refusal was known are given back in the same call); otherwise every policy with room
+-- takes the cost. A shadow policy at its limit is reported, never counted. The totals of admitted
 -- requests are left to the worker (tally.lua); refusals are counted here.
 -- Returns {now, then per policy: exceeded, count, reset (ms), retry after (ms); then the version
 -- token ('' when Redis holds none) if it was asked for}.
 --
 -- The contract every strategy implements (lua/<name>.lua defines strategies.<name>), times in ms:
---   peek(key, now, window, bucket, limit, now_us) -> count, retry, state, capacity
---       reads only: the requests counted, the ms until one more fits (when at capacity), what
+--   peek(key, now, window, bucket, limit, now_us, cost) -> count, retry, state, capacity
+--       reads only: the units counted, the ms until `cost` more fit (when they do not now), what
 --       reset needs, and what count is compared with when it is not the limit (a token bucket's burst)
---   take(key, now, window, bucket, limit, now_us, totals_bucket)
+--   take(key, now, window, bucket, limit, now_us, totals_bucket, cost, lease)
 --       -> count, retry, state, capacity, taken, reset, before_reset
---       counts one request when there is room (taken), in as few commands as the strategy can;
---       count is the requests counted before it, reset the ms until every counted request has
---       left, before_reset the same before this one (nil: nothing was counted)
---   undo(key, now, state)  gives back what take counted (another policy refused the request)
---   reset(key, now, window, bucket, count, state) -> ms until every counted request has left
--- `bucket` is the strategy's own figure from the policy's terms (a bucket, a burst).
+--       takes `cost` units when there is room for all of them (taken), in as few commands as the
+--       strategy can; count is the units counted before, reset the ms until every counted unit has
+--       left, before_reset the same before this request (nil: nothing was counted)
+--   undo(key, now, state, cost)  gives back what take took (another policy refused the request)
+--   reset(key, now, window, bucket, count, state) -> ms until every counted unit has left
+-- `bucket` is the strategy's own figure from the policy's terms (a bucket, a burst). A cost above
+-- the capacity never fits: take refuses it like any other (the caller knows it never will).
 
 local when, dry_run, now = ARGV[1], false, nil
 if when ~= '' then
@@ -45,20 +49,21 @@ else
   now_us = time[1] * 1000000 + time[2]
   now = math.floor(now_us / 1000)
 end
-local n = (#ARGV - 1) / 2
+local cost, lease = tonumber(ARGV[2]), ARGV[3]
+local n = (#ARGV - 3) / 2
 
 local policies, denied = {}, false
 for i = 1, n do
-  local terms = terms(ARGV[2 * i])
+  local terms = terms(ARGV[2 * i + 2])
   local strategy, key, limit = terms.strategy, KEYS[3 * i - 2], terms.limit
   local count, retry, state, capacity, taken, reset, before_reset, exceeded
   -- once the request is refused (or in a dry run), the remaining policies only look
   if dry_run or denied then
-    count, retry, state, capacity = strategy.peek(key, now, terms.window, terms.bucket, limit, now_us)
-    exceeded = count >= (capacity or limit)
+    count, retry, state, capacity = strategy.peek(key, now, terms.window, terms.bucket, limit, now_us, cost)
+    exceeded = count + cost > (capacity or limit)
   else
     count, retry, state, capacity, taken, reset, before_reset =
-      strategy.take(key, now, terms.window, terms.bucket, limit, now_us, terms.totals_bucket)
+      strategy.take(key, now, terms.window, terms.bucket, limit, now_us, terms.totals_bucket, cost, lease)
     exceeded = not taken
   end
   if exceeded and terms.enforce then denied = true end
@@ -72,16 +77,16 @@ local result = {now, false, false, false, false} -- sized for one policy (most r
 for i = 1, n do
   local policy = policies[i]
   local terms = policy.terms
-  local strategy, key, live, totals, member = terms.strategy, KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], ARGV[2 * i + 1]
+  local strategy, key, live, totals, member = terms.strategy, KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], ARGV[2 * i + 3]
   if policy.taken and denied then
-    strategy.undo(key, now, policy.state)
+    strategy.undo(key, now, policy.state, cost)
     policy.taken = false
   end
   if policy.taken then
     -- keep the operator's index up to date; the totals of admitted requests are added by the
     -- worker (tally.lua), not here
-    policy.count = policy.count + 1
-    activity.counted(live, totals, member, terms, now, policy.count, policy.before_reset, policy.reset)
+    policy.count = policy.count + cost
+    activity.counted(live, totals, member, terms, now, policy.count, cost, policy.before_reset, policy.reset)
   else
     policy.reset = strategy.reset(key, now, terms.window, terms.bucket, policy.count, policy.state)
     if policy.exceeded and not dry_run then activity.refused(live, totals, member, terms, now, policy.reset) end

@@ -7,12 +7,16 @@
 -- those that left it during one totals bucket (see take).
 -- Times are integer milliseconds.
 strategies.sliding_log = {
-  peek = function(key, now, window, bucket, limit)
+  peek = function(key, now, window, bucket, limit, now_us, cost)
     local count = redis.call('ZCOUNT', key, '(' .. (now - window), '+inf')
     local retry = 0
-    if count >= limit then
-      local freeing = redis.call('ZRANGEBYSCORE', key, '(' .. (now - window), '+inf', 'WITHSCORES', 'LIMIT', count - limit, 1)
+    cost = cost or 1
+    if count + cost > limit and cost <= limit then
+      -- the oldest entries leave first: once count + cost - limit of them have, the cost fits
+      local freeing = redis.call('ZRANGEBYSCORE', key, '(' .. (now - window), '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1, 1)
       retry = tonumber(freeing[2]) + window - now
+    elseif cost > limit then
+      retry = window -- never fits (the caller knows)
     end
     return count, retry, nil
   end,
@@ -21,13 +25,13 @@ strategies.sliding_log = {
     local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     return tonumber(newest[2]) + window - now
   end,
-  -- count one request if the window has room (decide.lua's contract). Only the subject's first
-  -- request in a bucket of `totals_bucket` ms (the live index's step) trims what left the window
-  -- and moves the key's expiry past every request that bucket may add; the others are one ZCOUNT
-  -- and one ZADD. The log so holds at most its window plus a bucket.
-  take = function(key, now, window, bucket, limit, now_us, totals_bucket)
-    local count, retry = strategies.sliding_log.peek(key, now, window, bucket, limit)
-    if count >= limit then return count, retry, nil, nil, false end
+  -- take `cost` units if the window has room (decide.lua's contract): one entry per unit. Only the
+  -- subject's first request in a bucket of `totals_bucket` ms (the live index's step) trims what left
+  -- the window and moves the key's expiry past every request that bucket may add; the others are one
+  -- ZCOUNT and one ZADD. The log so holds at most its window plus a bucket.
+  take = function(key, now, window, bucket, limit, now_us, totals_bucket, cost)
+    local count, retry = strategies.sliding_log.peek(key, now, window, bucket, limit, now_us, cost)
+    if count + cost > limit then return count, retry, nil, nil, false end
     local b = math.ceil(now / totals_bucket) -- requests in ((b - 1) * totals_bucket, now] share it
     local since = (b - 1) * totals_bucket
     -- the members from this bucket on (none when the window, which holds the bucket, is empty)
@@ -38,12 +42,16 @@ strategies.sliding_log = {
       -- whole buckets only (the window is a number of them), which keeps the members unique
       redis.call('ZREMRANGEBYSCORE', key, '-inf', since - window)
     end
-    local member = now .. ':' .. recent
-    redis.call('ZADD', key, now, member)
+    local members, added = {}, {}
+    for i = 0, cost - 1 do
+      members[i + 1] = now .. ':' .. (recent + i)
+      added[2 * i + 1], added[2 * i + 2] = now, members[i + 1]
+    end
+    redis.call('ZADD', key, unpack(added))
     if recent == 0 then redis.call('PEXPIRE', key, b * totals_bucket + window - now) end -- after ZADD made the key
-    return count, 0, member, nil, true, window, before
+    return count, 0, members, nil, true, window, before
   end,
-  undo = function(key, now, member)
-    redis.call('ZREM', key, member)
+  undo = function(key, now, members)
+    redis.call('ZREM', key, unpack(members))
   end,
 }

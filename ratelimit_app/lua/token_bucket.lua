@@ -20,11 +20,12 @@ do  -- the helpers stay local to this file
     return math.ceil(microseconds / 1000)
   end
 
-  -- the burst in use `ahead` us before the TAT, and the ms until one more fits when it is used up
-  local function in_use(ahead, interval, capacity)
+  -- the burst in use `ahead` us before the TAT, and the ms until `cost` more fit when they do not
+  -- (a request of cost N moves the TAT by N * T, so it fits when TAT + N * T - now <= T * B)
+  local function in_use(ahead, interval, capacity, cost)
     local count = math.ceil(ahead / interval)
-    if count < capacity then return count, 0 end
-    return count, whole_ms(ahead - interval * (capacity - 1))
+    if count + cost <= capacity then return count, 0 end
+    return count, whole_ms(ahead - interval * (capacity - cost))
   end
 
   -- how long from `now` a key holding `tat` lives, in ms: until the time to fill the whole bucket has
@@ -33,44 +34,50 @@ do  -- the helpers stay local to this file
     return whole_ms(tat + interval * capacity - now_us)
   end
 
+  local function peek(key, now, window, bucket, limit, now_us, cost)
+    local interval, capacity = sizes(window, bucket, limit)
+    now_us = now_us or now * 1000
+    local tat = math.max(tonumber(redis.call('GET', key)) or now_us, now_us)
+    local count, retry = in_use(tat - now_us, interval, capacity, cost or 1)
+    return count, retry, {tat = tat, interval = interval, now_us = now_us}, capacity
+  end
+
   strategies.token_bucket = {
-    -- -> burst in use, ms until one more fits (when the burst is used up), state, capacity
+    -- -> burst in use, ms until `cost` more tokens are there (when they are not), state, capacity
     -- (`now_us`: the same moment to the microsecond, when the caller has it)
-    peek = function(key, now, window, bucket, limit, now_us)
-      local interval, capacity = sizes(window, bucket, limit)
-      now_us = now_us or now * 1000
-      local tat = math.max(tonumber(redis.call('GET', key)) or now_us, now_us)
-      local count, retry = in_use(tat - now_us, interval, capacity)
-      return count, retry, {tat = tat, interval = interval, now_us = now_us}, capacity
-    end,
+    peek = peek,
     -- ms until the bucket is full
     reset = function(key, now, window, bucket, count, state)
       return whole_ms(state.tat - state.now_us)
     end,
-    -- admit one request if the burst allows: -> burst in use before it, ms until one more fits (when
-    -- the burst is used up), state, capacity, whether it was counted, ms until the bucket is full,
-    -- and the same before it (nil: no key; at most 0: the bucket was full). One SET ... GET writes
-    -- now + T and reads the TAT: all a subject within its rate costs. A subject using its burst
-    -- costs one more SET (to TAT + T, or back to the TAT when the burst is used up).
-    take = function(key, now, window, bucket, limit, now_us)
+    -- take `cost` tokens if the burst allows: -> burst in use before, ms until they are there (when
+    -- they are not), state, capacity, whether they were taken, ms until the bucket is full, and the
+    -- same before (nil: no key; at most 0: the bucket was full). One SET ... GET writes now + N * T
+    -- and reads the TAT: all a subject within its rate costs. A subject using its burst costs one
+    -- more SET (to TAT + N * T, or back to the TAT when the burst has no room).
+    take = function(key, now, window, bucket, limit, now_us, totals_bucket, cost)
       local interval, capacity = sizes(window, bucket, limit)
+      if cost > capacity then -- never fits: nothing written
+        local count, retry, state = peek(key, now, window, bucket, limit, now_us, cost)
+        return count, retry, state, capacity, false
+      end
       now_us = now_us or now * 1000
-      local fresh = now_us + interval
+      local fresh = now_us + interval * cost
       local stored = redis.call('SET', key, string.format('%.0f', fresh), 'PX', lifetime(fresh, now_us, interval, capacity), 'GET')
       local tat = tonumber(stored)
       local state = {tat = tat or now_us, interval = interval, capacity = capacity, stored = stored, now_us = now_us}
       local before = tat and whole_ms(tat - now_us) or nil
-      if not tat or tat <= now_us then return 0, 0, state, capacity, true, whole_ms(interval), before end
-      local count, retry = in_use(tat - now_us, interval, capacity)
-      if count >= capacity then
-        redis.call('SET', key, stored, 'PX', lifetime(tat, now_us, interval, capacity)) -- used up: as it was
+      if not tat or tat <= now_us then return 0, 0, state, capacity, true, whole_ms(interval * cost), before end
+      local count, retry = in_use(tat - now_us, interval, capacity, cost)
+      if count + cost > capacity then
+        redis.call('SET', key, stored, 'PX', lifetime(tat, now_us, interval, capacity)) -- no room: as it was
         return count, retry, state, capacity, false, before, before
       end
-      local moved_to = tat + interval
+      local moved_to = tat + interval * cost
       redis.call('SET', key, string.format('%.0f', moved_to), 'PX', lifetime(moved_to, now_us, interval, capacity))
       return count, 0, state, capacity, true, whole_ms(moved_to - now_us), before
     end,
-    -- give back a request take() admitted (another policy refused the request): the TAT it found
+    -- give back what take() admitted (another policy refused the request): the TAT it found
     undo = function(key, now, state)
       if state.stored then
         redis.call('SET', key, state.stored, 'PX', lifetime(state.tat, state.now_us, state.interval, state.capacity))
