@@ -1,7 +1,8 @@
 """Rate limits for Django, configured as data and enforced in one Redis round trip.
 
 For code that is not a view: `ratelimit_app.check(request, action)` tells what would happen
-without counting; `ratelimit_app.hit(request, action)` counts the request. Both return a Verdict;
+without counting; `ratelimit_app.hit(request, action)` counts the request. Both take `cost=N` for a
+request worth N units (the admin's cost for the action wins) and return a Verdict;
 `acheck` and `ahit` are the same for async code. `ratelimit_app.ratelimit` is the view decorator.
 """
 
@@ -19,29 +20,30 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'ratelimit_app' has no attribute {name!r}")
 
 
-def check(request, action: str):
-    """What would happen to `request` under the policies of `action`, counting nothing: a Verdict."""
+def check(request, action: str, cost=None):
+    """What would happen to `request` (of `cost` units) under the policies of `action`, counting nothing: a Verdict."""
     from .limiter import check as check_action
 
-    return check_action(request, action)
+    return check_action(request, action, cost)
 
 
-def hit(request, action: str):
-    """Count `request` under the policies of `action` not decided yet for it: a Verdict (`.allowed`)."""
+def hit(request, action: str, cost=None):
+    """Count `request` under the policies of `action` not decided yet for it, taking `cost` units
+    (a number or a function of the request; None: 1): a Verdict (`.allowed`)."""
     from .limiter import hit as hit_action
 
-    return hit_action(request, action)
+    return hit_action(request, action, cost)
 
 
-async def acheck(request, action: str):
+async def acheck(request, action: str, cost=None):
     """check() for async code."""
     from .limiter import acheck as acheck_action
 
-    return await acheck_action(request, action)
+    return await acheck_action(request, action, cost)
 
 
-async def ahit(request, action: str):
+async def ahit(request, action: str, cost=None):
     """hit() for async code."""
     from .limiter import ahit as ahit_action
 
-    return await ahit_action(request, action)
+    return await ahit_action(request, action, cost)

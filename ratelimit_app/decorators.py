@@ -4,6 +4,8 @@ sync or async.
     @ratelimit("login")                      the policies written in the admin for the action 'login'
     @ratelimit(rate="5/m", key="ip")         declares a policy here (action 'code:<module>.<view>'),
                                              shown in the admin as from code, and enforces it
+    @ratelimit("search", cost=4)             a request takes 4 units of each policy (or cost=<function
+                                             of the request>); a cost the admin gives the action wins
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .doors import (
     inner_door,
     passed_drf_throttles,
 )
+from .limiter import Cost, valid_cost
 from .registry import CodePolicy
 from .responses import refusal
 
@@ -47,23 +50,29 @@ def ratelimit(
     burst: int | None = None,
     limit: int | None = None,
     window: int | None = None,
+    cost: Cost | None = None,
 ) -> Callable:
-    """Enforce the policies of `action`, or declare one (`rate=` or `limit=` + `window=`) and enforce it."""
+    """Enforce the policies of `action`, or declare one (`rate=` or `limit=` + `window=`) and enforce it.
+    `cost`: the units a request takes from each of them (a number, or a function of the request)."""
     if callable(action):
         raise TypeError(USAGE)  # bare @ratelimit: fail at import, not at the first request
+    if cost is not None and not callable(cost) and valid_cost(cost, "@ratelimit(cost=...)") != cost:
+        raise ImproperlyConfigured(f"@ratelimit(cost={cost}): a request costs at least 1 unit.")
     declaring = rate is not None or limit is not None or window is not None
     if action is not None and declaring:
         raise TypeError("@ratelimit takes either an action ('login') or a rate (rate='5/m', key='ip'), not both.")
     if action is None and not declaring:
         raise TypeError(USAGE)
     if action is not None:
-        return partial(_decorate, action=action, declared=None)
+        registry.note_cost(action, cost)
+        return partial(_decorate, action=action, declared=None, cost=cost)
     options = {"rate": rate, "limit": limit, "window": window, "key": key, "methods": method, "burst": burst}
     options.update((field, value) for field, value in (("mode", mode), ("strategy", strategy)) if value is not None)
 
     def declare(view):
         policy = _declare(view, name, options)
-        return _decorate(view, action=policy.values["action"], declared=policy)
+        registry.note_cost(policy.values["action"], cost, policy)
+        return _decorate(view, action=policy.values["action"], declared=policy, cost=cost)
 
     return declare
 
@@ -80,9 +89,9 @@ def _declare(view, name: str | None, options: dict[str, Any]) -> CodePolicy:
     return registry.declare_policy(name, action=f"code:{path}", origin=f"@ratelimit on {path}", **options)
 
 
-def _decorate(view, *, action: str, declared: CodePolicy | None, is_async: bool | None = None):
+def _decorate(view, *, action: str, declared: CodePolicy | None, cost: Cost | None, is_async: bool | None = None):
     if isinstance(view, type):  # a class-based view: decorate its dispatch (which returns a coroutine when async)
-        decorate = partial(_decorate, action=action, declared=declared, is_async=view.view_is_async)
+        decorate = partial(_decorate, action=action, declared=declared, cost=cost, is_async=view.view_is_async)
         return _remember(method_decorator(decorate, name="dispatch")(view), declared)
     decorator_inside = has_decorator_inside(view)
     throttle_inside = not decorator_inside and has_throttle_inside(view)
@@ -96,7 +105,7 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, is_async: bool 
             if declared is not None and not registry.is_synced(declared):
                 await sync_to_async(registry.ensure_synced)(declared)  # a view module imported late
             last = not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
-            state = await ainner_door(request, [action], last=last)
+            state = await ainner_door(request, [action], last=last, cost=cost)
             refused = refusal(request, state)
             if refused is not None:
                 return refused
@@ -114,7 +123,7 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, is_async: bool 
             if declared is not None:
                 registry.ensure_synced(declared)  # a view module imported after the policies were loaded
             last = not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
-            state = inner_door(request, [action], last=last)
+            state = inner_door(request, [action], last=last, cost=cost)
             refused = refusal(request, state)
             if refused is not None:
                 return refused
@@ -125,6 +134,8 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, is_async: bool 
             return _with_headers(response, state)
 
     limited.ratelimit_actions = (*getattr(view, "ratelimit_actions", ()), action)
+    if cost is not None:
+        limited.ratelimit_cost = cost  # the policy tester shows it
     return _remember(limited, declared)
 
 

@@ -41,8 +41,9 @@ class DenyCache:
         terms = (policy.id, policy.generation, policy.shape, policy.mode, policy.window_ms, policy.bucket_ms)
         return terms, check.subject.key, check.limit
 
-    def denied(self, checks: Sequence[Check]) -> list[Decision]:
-        """The cached denials among these checks, their times brought up to date; [] when none applies."""
+    def denied(self, checks: Sequence[Check], cost: int = 1) -> list[Decision]:
+        """The cached denials among these checks for a request of `cost` units, their times brought up
+        to date; [] when none applies. A refusal of N units holds for N or more: fewer may still fit."""
         if not self._until:
             return []
         now = time.monotonic()
@@ -54,29 +55,36 @@ class DenyCache:
             if entry is None:
                 continue
             until, decision = entry
+            if cost < decision.cost:
+                continue
             left = until - now
             if left <= 0:
                 with self._lock:
                     self._until.pop(self._key(check), None)
                 continue
             elapsed = decision.retry_after - left
-            found.append(decision._replace(retry_after=left, reset_in=max(decision.reset_in - elapsed, left)))
+            found.append(decision._replace(retry_after=left, reset_in=max(decision.reset_in - elapsed, left), cost=cost))
         if found:
             self._count(found)
         return found
 
     def remember(self, checks: Sequence[Check], decisions: Sequence[Decision], epoch: int) -> None:
         """Keep every enforcing decision over its limit until its retry time, unless the cache was
-        cleared since `epoch` (read before Redis was asked)."""
+        cleared since `epoch` (read before Redis was asked). Of two refusals of one subject, the one
+        of fewer units is kept: it refuses more requests."""
         now = time.monotonic()
         for check, decision in zip(checks, decisions):
             if not decision.allowed and decision.retry_after:
                 with self._lock:
                     if epoch != self.epoch:
                         return
+                    key = self._key(check)
+                    kept = self._until.get(key)
+                    if kept is not None and kept[1].cost < decision.cost and kept[0] > now:
+                        continue
                     if len(self._until) >= MAX_ENTRIES:
                         del self._until[next(iter(self._until))]
-                    self._until[self._key(check)] = (now + decision.retry_after, decision)
+                    self._until[key] = (now + decision.retry_after, decision)
 
     @staticmethod
     def _count(refusals: Sequence[Decision]) -> None:

@@ -31,7 +31,7 @@ from django.urls import Resolver404, resolve
 from . import headers, policies
 from .conf import get_setting
 from .lru import byte_bounded_cache
-from .limiter import STATE_ATTRIBUTE, RequestState, adecide, decide, state_of
+from .limiter import STATE_ATTRIBUTE, Cost, RequestState, adecide, decide, state_of
 from .responses import is_refusal, refusal
 from .subjects import http_request
 
@@ -204,21 +204,24 @@ def policy_throttle_is_last(throttle, view) -> bool:
     return not doors or type(throttle) is doors[-1] or type(throttle) not in doors
 
 
-def _gather(request, names) -> RequestState | None:
+def _gather(request, names, cost: Cost | None) -> RequestState | None:
     if not get_setting("RATELIMIT_ENABLED"):
         return None
     state = state_of(request)
     state.add_names(names)
+    if cost is not None:
+        state.cost = cost
     return state
 
 
-def inner_door(request, names, *, last: bool) -> RequestState | None:
-    """A decorator's or a throttle's turn: gather `names`; the last door inside makes the call.
+def inner_door(request, names, *, last: bool, cost: Cost | None = None) -> RequestState | None:
+    """A decorator's or a throttle's turn: gather `names` (and the code's `cost`: the door inside, the
+    nearer the view, says last); the last door inside makes the call.
 
     A door that is not last leaves the call to the door inside, and must call decide_left_over() with
     the view's response: DRF may refuse the request before its throttles run.
     """
-    state = _gather(request, names)
+    state = _gather(request, names, cost)
     if state is None:
         return state
     if not last:
@@ -228,8 +231,8 @@ def inner_door(request, names, *, last: bool) -> RequestState | None:
     return _refuse_if_denied(decide(request, state))
 
 
-async def ainner_door(request, names, *, last: bool) -> RequestState | None:
-    state = _gather(request, names)
+async def ainner_door(request, names, *, last: bool, cost: Cost | None = None) -> RequestState | None:
+    state = _gather(request, names, cost)
     if state is None:
         return state
     if not last:

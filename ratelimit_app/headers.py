@@ -51,8 +51,11 @@ def ratelimit_header(decisions: Sequence[Decision]) -> str:
     return ", ".join([f"{_quoted(d.policy.name)};r={d.remaining};t={seconds_left(d)}" for d in decisions])
 
 
-def retry_after(denied: Sequence[Decision]) -> int:
-    """Whole seconds, rounded up, never earlier than any denying policy's `t`, at least 1."""
+def retry_after(denied: Sequence[Decision]) -> int | None:
+    """Whole seconds, rounded up, never earlier than any denying policy's `t`, at least 1; None when
+    the request costs more than a denying policy ever allows (no wait would help)."""
+    if any(d.retry_after is None for d in denied):
+        return None
     return max([seconds_left(d) for d in denied] + [1])
 
 
@@ -62,5 +65,6 @@ def apply(response, decisions: Sequence[Decision], denied: Sequence[Decision] = 
     if decisions:
         response.headers["RateLimit-Policy"] = policy_header(decisions)
         response.headers["RateLimit"] = ratelimit_header(decisions)
-    if denied:
-        response.headers["Retry-After"] = str(retry_after(denied))
+    wait = retry_after(denied) if denied else None
+    if wait is not None:
+        response.headers["Retry-After"] = str(wait)

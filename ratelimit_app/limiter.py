@@ -6,7 +6,7 @@ Which door calls it, and when, is decided in doors.py; this module only plans an
 from __future__ import annotations
 
 import logging
-from typing import Iterable, NamedTuple, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence, Union
 
 from . import engine, events, metrics, policies
 from .conf import get_setting
@@ -21,6 +21,29 @@ logger = logging.getLogger("ratelimit_app")
 STATE_ATTRIBUTE = "_ratelimit"
 
 
+Cost = Union[int, Callable[[object], int]]  # units, or a function of the request that says how many
+
+
+def valid_cost(cost: object, where: str = "a cost") -> int:
+    """A cost as the engine takes it: a whole number of units, at least 1 (a computed 0 costs 1)."""
+    if isinstance(cost, bool) or not isinstance(cost, int):
+        raise TypeError(f"{where} must be a whole number of units, not {cost!r}")
+    return max(cost, 1)
+
+
+def request_cost(request, state: RequestState, index: policies.PolicyIndex, code: Cost | None = None) -> int:
+    """The units a request takes from each of its policies: the admin's cost of an action it meets
+    wins (an operator changes it without a deploy), then the code's (`code`, else the doors'), else 1."""
+    if index.costs:
+        found = index.cost_of(path=request.path_info, names=state.names)
+        if found is not None:
+            return found
+    code = state.cost if code is None else code
+    if code is None:
+        return 1
+    return valid_cost(code(request) if callable(code) else code, "the cost the view's code gives")
+
+
 class Planned(NamedTuple):
     """One policy that applies to a request: who it counts, which override (if any), the limit in effect."""
 
@@ -33,7 +56,9 @@ class Planned(NamedTuple):
 class RequestState:
     """What the doors know and decided about one request so far."""
 
-    __slots__ = ("names", "decided", "decisions", "denied", "unavailable", "outage", "awaiting", "refused", "json_api")
+    __slots__ = (
+        "names", "decided", "decisions", "denied", "unavailable", "outage", "awaiting", "refused", "json_api", "cost",
+    )
 
     def __init__(self) -> None:
         self.names: list[str] = []  # the names policies may match, gathered by every door
@@ -45,6 +70,7 @@ class RequestState:
         self.awaiting = False  # an outer door (middleware, decorator) left the call to a door inside the view
         self.refused = False  # a door refused the request (its response is the refusal)
         self.json_api = False  # the view is a DRF API: its clients expect JSON
+        self.cost: Cost | None = None  # what the view's code says the request costs (None: nothing)
 
     def add_names(self, names: Iterable[str | None]) -> None:
         for name in names:
@@ -136,9 +162,9 @@ def settle(request, state: RequestState, checks: list[Check], verdict: Verdict, 
         deny_cache.remember(checks, verdict.decisions, epoch)
 
 
-def denied_from_memory(state: RequestState, checks: list[Check]) -> bool:
-    """Refuse the request from the deny cache when a subject of it is still over an enforcing limit."""
-    cached = deny_cache.denied(checks) if deny_cache_enabled() else ()
+def denied_from_memory(state: RequestState, checks: list[Check], cost: int = 1) -> bool:
+    """Refuse the request from the deny cache when a subject of it still has no room for `cost` units."""
+    cached = deny_cache.denied(checks, cost) if deny_cache_enabled() else ()
     if not cached:
         return False
     metrics.record_verdict(Verdict(False, tuple(cached), None))
@@ -160,27 +186,31 @@ def unavailable(request, state: RequestState, error: engine.RedisUnavailable) ->
 
 
 class Call(NamedTuple):
-    """The one Redis call a request needs: its checks, and the deny cache's epoch when they were made
-    (a reset or reload meanwhile voids the refusals for memory; None: a time given by the caller,
-    which the memory of the real clock neither answers nor learns from)."""
+    """The one Redis call a request needs: its checks, the units it takes from each, and the deny
+    cache's epoch when they were made (a reset or reload meanwhile voids the refusals for memory;
+    None: a time given by the caller, which the memory of the real clock neither answers nor learns from)."""
 
     checks: list[Check]
     epoch: int | None
+    cost: int = 1
 
 
 def prepare(request, state: RequestState, index: policies.PolicyIndex | None, extra: Sequence[Check] = (),
-            pending: bool = True, now: float | None = None) -> Call | None:
-    """Plan -> overrides -> deny cache: the call to make, or None when Redis need not be asked (no
-    policy applies, or memory refuses the request). `extra`: checks a door computed itself (compat)."""
+            pending: bool = True, now: float | None = None, cost: Cost | None = None) -> Call | None:
+    """Plan -> overrides -> cost -> deny cache: the call to make, or None when Redis need not be asked
+    (no policy applies, or memory refuses the request). `extra`: checks a door computed itself
+    (compat); `cost`: the code's cost for this call, in place of the doors'."""
+    index = policies.get_index() if index is None else index
     checks = pending_checks(request, state, index) if pending else []
     checks += extra
     if not checks:
         return None
+    units = request_cost(request, state, index, cost)
     if now is not None:
-        return Call(checks, None)
-    if denied_from_memory(state, checks):
+        return Call(checks, None, units)
+    if denied_from_memory(state, checks, units):
         return None
-    return Call(checks, deny_cache.epoch)
+    return Call(checks, deny_cache.epoch, units)
 
 
 def conclude(request, state: RequestState, call: Call, outcome: Verdict | engine.RedisUnavailable) -> None:
@@ -192,13 +222,13 @@ def conclude(request, state: RequestState, call: Call, outcome: Verdict | engine
 
 
 def decide(request, state: RequestState, index: policies.PolicyIndex | None = None, *, extra: Sequence[Check] = (),
-           pending: bool = True, now: float | None = None) -> RequestState:
+           pending: bool = True, now: float | None = None, cost: Cost | None = None) -> RequestState:
     """Decide every pending policy of the request (and `extra`) in one Redis call, none when nothing applies."""
     denied_before = len(state.denied)
-    call = prepare(request, state, index, extra, pending, now)
+    call = prepare(request, state, index, extra, pending, now, cost)
     if call is not None:
         try:
-            outcome = engine.decide(call.checks, now=now, version=policies.version_due())
+            outcome = engine.decide(call.checks, now=now, version=policies.version_due(), cost=call.cost)
         except engine.RedisUnavailable as error:
             outcome = error
         conclude(request, state, call, outcome)
@@ -208,17 +238,17 @@ def decide(request, state: RequestState, index: policies.PolicyIndex | None = No
 
 
 async def adecide(request, state: RequestState, index: policies.PolicyIndex | None = None, *,
-                  extra: Sequence[Check] = (), pending: bool = True) -> RequestState:
+                  extra: Sequence[Check] = (), pending: bool = True, cost: Cost | None = None) -> RequestState:
     """decide() on an event loop: the same steps; the index, the user and Redis are awaited."""
     if index is None:
         index = await policies.aget_index()
     if index.needs_user:
         await resolve_user(request)
     denied_before = len(state.denied)
-    call = prepare(request, state, index, extra, pending)
+    call = prepare(request, state, index, extra, pending, cost=cost)
     if call is not None:
         try:
-            outcome = await engine.adecide(call.checks, version=policies.version_due())
+            outcome = await engine.adecide(call.checks, version=policies.version_due(), cost=call.cost)
         except engine.RedisUnavailable as error:
             outcome = error
         conclude(request, state, call, outcome)
@@ -242,46 +272,55 @@ def _report_shadow(decision: Decision, request) -> None:
     )
 
 
-def look(checks: Sequence[Check], *, now: float | None = None) -> Verdict:
+def look(checks: Sequence[Check], *, now: float | None = None, cost: int = 1) -> Verdict:
     """What Redis would answer to `checks`, counting nothing (raises RedisUnavailable)."""
-    verdict = engine.decide(checks, now=now, dry_run=True)
+    verdict = engine.decide(checks, now=now, dry_run=True, cost=cost)
     policies.observe_version(verdict.version)
     return verdict
 
 
-def check(request, action: str) -> Verdict:
-    """What would happen to `request` under the policies of `action`, counting nothing."""
+def check(request, action: str, cost: Cost | None = None) -> Verdict:
+    """What would happen to `request` (of `cost` units) under the policies of `action`, counting nothing."""
     if not get_setting("RATELIMIT_ENABLED"):
         return engine.NO_POLICIES
-    return look(checks_for(plan(request, [action])))
+    index = policies.get_index()
+    return look(checks_for(plan(request, [action], index=index)), cost=_looked_cost(request, action, index, cost))
 
 
-async def acheck(request, action: str) -> Verdict:
+async def acheck(request, action: str, cost: Cost | None = None) -> Verdict:
     """check() for async code."""
     if not get_setting("RATELIMIT_ENABLED"):
         return engine.NO_POLICIES
     index = await policies.aget_index()
     if index.needs_user:
         await resolve_user(request)
-    verdict = await engine.adecide(checks_for(plan(request, [action], index=index)), dry_run=True)
+    checks = checks_for(plan(request, [action], index=index))
+    verdict = await engine.adecide(checks, dry_run=True, cost=_looked_cost(request, action, index, cost))
     policies.observe_version(verdict.version)
     return verdict
 
 
-def hit(request, action: str) -> Verdict:
-    """Count `request` under the policies of `action` not decided yet for it; returns the verdict."""
+def _looked_cost(request, action: str, index: policies.PolicyIndex, cost: Cost | None) -> int:
+    state = RequestState()  # a look counts nothing: the request's own state stays as it was
+    state.add_names([action])
+    return request_cost(request, state, index, cost)
+
+
+def hit(request, action: str, cost: Cost | None = None) -> Verdict:
+    """Count `request` under the policies of `action` not decided yet for it, taking `cost` units
+    (a number, or a function of the request; the admin's cost for the action wins); returns the verdict."""
     if not get_setting("RATELIMIT_ENABLED"):
         return engine.NO_POLICIES
     state, before = _hit_state(request, action)
-    return _hit_verdict(decide(request, state), before)
+    return _hit_verdict(decide(request, state, cost=cost), before)
 
 
-async def ahit(request, action: str) -> Verdict:
+async def ahit(request, action: str, cost: Cost | None = None) -> Verdict:
     """hit() for async code."""
     if not get_setting("RATELIMIT_ENABLED"):
         return engine.NO_POLICIES
     state, before = _hit_state(request, action)
-    return _hit_verdict(await adecide(request, state), before)
+    return _hit_verdict(await adecide(request, state, cost=cost), before)
 
 
 def _hit_state(request, action: str) -> tuple[RequestState, int]:

@@ -70,9 +70,11 @@ def compile_policy(row: Policy) -> CompiledPolicy:
 class PolicyIndex:
     """Enabled policies by how they match: everywhere ('*'), by path prefix, by name."""
 
-    def __init__(self, policies: Iterable[CompiledPolicy], overrides: dict[int, PolicyOverrides] | None = None) -> None:
+    def __init__(self, policies: Iterable[CompiledPolicy], overrides: dict[int, PolicyOverrides] | None = None,
+                 costs: dict[str, int] | None = None) -> None:
         self.policies = tuple(policies)
         self.overrides = overrides or {}
+        self.costs = costs or {}
         self.everywhere = tuple(p for p in self.policies if p.action == "*")
         self.by_prefix = tuple(p for p in self.policies if p.action.startswith("/"))
         by_name: dict[str, list[CompiledPolicy]] = defaultdict(list)
@@ -87,6 +89,13 @@ class PolicyIndex:
 
     def __bool__(self) -> bool:
         return bool(self.policies)
+
+    def cost_of(self, *, path: str, names: Iterable[str | None] = ()) -> int | None:
+        """The largest cost the admin gives an action the request meets ('*', a prefix, a name); None: none."""
+        costs = self.costs
+        found = [costs[name] for name in names if name in costs]
+        found += [cost for action, cost in costs.items() if action == "*" or (action[:1] == "/" and path.startswith(action))]
+        return max(found, default=None)
 
     def matching(self, *, path: str, names: Iterable[str | None] = (), method: str = "GET") -> list[CompiledPolicy]:
         """The policies for a request to `path` with `method`, known by `names` (URL name, scope, action)."""

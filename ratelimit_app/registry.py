@@ -12,7 +12,7 @@ import threading
 from hashlib import blake2b
 from typing import Any, Callable, Iterable, Sequence
 
-from django.core.checks import Error, register
+from django.core.checks import Error, Tags, register
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DatabaseError, transaction
 from django.db.models.signals import post_migrate
@@ -144,6 +144,7 @@ class _Registry:
         self.providers: list[Callable[[], list[CodePolicy]]] = []
         self.synced: set[str] = set()  # names written to the database with their current values
         self.pending = True  # the providers' declarations are to be written (at startup, after a settings change)
+        self.costs: dict[str, tuple[int, str]] = {}  # action -> the largest fixed cost a view's code gives it, and where
         self.lock = threading.Lock()
 
 
@@ -162,6 +163,32 @@ def register_policy(policy: CodePolicy) -> CodePolicy:
         _registry.synced.discard(policy.name)
         _registry.pending = True
     return policy
+
+
+def capacity(values: dict[str, Any]) -> int:
+    """What a policy of these values allows at once: its limit, or a token bucket's burst under it."""
+    burst = strategies.get(values["strategy"]).burst(Policy(**{field: values[field] for field in RATE_FIELDS}))
+    return values["limit"] if burst is None else min(burst, values["limit"])
+
+
+def note_cost(action: str, cost: Any, declared: CodePolicy | None = None) -> None:
+    """Remember a fixed cost a view's code gives `action` (for the checks and the admin's form); a
+    cost above the capacity of the policy declared with it can never fit: ImproperlyConfigured."""
+    if cost is None or callable(cost):
+        return  # computed per request: a cost that never fits is answered then
+    if declared is not None and cost > capacity(declared.values):
+        raise ImproperlyConfigured(
+            f"{declared.origin}: a request costs {cost} units, more than the policy allows at once "
+            f"({capacity(declared.values)}): it could never be admitted."
+        )
+    known = _registry.costs.get(action)
+    if known is None or known[0] < cost:
+        _registry.costs[action] = (cost, declared.origin if declared else f"@ratelimit({action!r}, cost={cost})")
+
+
+def code_costs() -> dict[str, tuple[int, str]]:
+    """The fixed costs views' code gives actions: action -> (the largest, where it is declared)."""
+    return dict(_registry.costs)
 
 
 def add_provider(provider: Callable[[], list[CodePolicy]]) -> None:
@@ -356,6 +383,26 @@ def check_declared_policies(app_configs: object = None, **kwargs: object) -> lis
         Error(message, hint="Fix the entry in your settings. Where checks do not run (e.g. under gunicorn) it is skipped, with a logged error.", id="ratelimit_app.E010")
         for message in errors
     ]
+
+
+@register(Tags.database)
+def check_code_costs(app_configs: object = None, databases: Sequence[str] | None = None, **kwargs: object) -> list:
+    """A fixed cost in code above what an enforcing policy of its action allows at once never fits
+    (`manage.py check --database default`, and migrate, run it: it reads the policies)."""
+    if not databases:
+        return []
+    errors = []
+    for action, (cost, origin) in sorted(code_costs().items()):
+        for row in Policy.objects.using(databases[0]).filter(action=action, enabled=True, mode=Mode.ENFORCE):
+            allowed = capacity({field: getattr(row, field) for field in RATE_FIELDS})
+            if cost > allowed:
+                errors.append(Error(
+                    f"{origin}: a request of {action!r} costs {cost} units, more than policy {row.name!r} "
+                    f"allows at once ({allowed}): it could never be admitted.",
+                    hint="Lower the cost, or raise the policy's limit (or burst).",
+                    id="ratelimit_app.E018",
+                ))
+    return errors
 
 
 add_provider(settings_policies)

@@ -9,6 +9,7 @@ from . import headers
 from .conf import get_setting
 from .limiter import RequestState
 from .subjects import http_request
+from .values import Decision
 
 UNAVAILABLE_RETRY_AFTER = 1
 UNAVAILABLE_MESSAGE = "Rate limiting is unavailable and this site refuses requests meanwhile. Retry shortly."
@@ -50,16 +51,30 @@ def too_many_requests(request, state: RequestState) -> HttpResponse:
     if custom:
         response = import_string(custom)(request, state)
     else:
-        first = state.denied[0]
+        first = next((d for d in state.denied if d.retry_after is None), state.denied[0])
         wait = headers.retry_after(state.denied)
-        message = f"Too many requests: the limit of {first.limit} per {first.policy.window} s of policy " \
-            f"'{first.policy.name}' is reached. Retry in {wait} s."
+        body = {"detail": refusal_message(first, wait), "policy": first.policy.name}
+        if first.cost != 1:
+            body["cost"] = first.cost
+        if wait is not None:
+            body["retry_after"] = wait
+        message = body["detail"]
         if wants_json(request, state.json_api):
-            response = JsonResponse({"detail": message, "policy": first.policy.name, "retry_after": wait}, status=429)
+            response = JsonResponse(body, status=429)
         else:
             response = HttpResponse(message + "\n", status=429, content_type="text/plain; charset=utf-8")
     headers.apply(response, state.decisions, state.denied)
     return response
+
+
+def refusal_message(denied: Decision, wait: int | None) -> str:
+    policy = denied.policy
+    if wait is None:  # no wait admits it: say so rather than name a time
+        return f"Too many requests: this request costs {denied.cost} units, more than policy '{policy.name}' " \
+            f"allows at once ({policy.capacity(denied.limit)}); it can never be admitted."
+    units = "" if denied.cost == 1 else f" This request costs {denied.cost} units."
+    return f"Too many requests: the limit of {denied.limit} per {policy.window} s of policy " \
+        f"'{policy.name}' is reached.{units} Retry in {wait} s."
 
 
 def service_unavailable(request, json_api: bool = False) -> HttpResponse:

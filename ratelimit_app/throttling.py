@@ -22,13 +22,19 @@ class RateLimitUnavailable(APIException):
     wait = UNAVAILABLE_RETRY_AFTER  # DRF's exception handler turns this into Retry-After
 
 
+def view_cost(view, request):
+    """What a DRF view says a request costs: `get_throttle_cost(request)`, or `throttle_cost`; None: nothing."""
+    get_cost = getattr(view, "get_throttle_cost", None)
+    return get_cost(request) if get_cost is not None else getattr(view, "throttle_cost", None)
+
+
 class PolicyThrottle(BaseThrottle):
     ratelimit_door = True  # tells the middleware that this throttle will see the request
 
     def allow_request(self, request, view) -> bool:
         match = getattr(request, "resolver_match", None)
         names = (getattr(view, "throttle_scope", None), match.view_name if match else None)
-        self.state = inner_door(request, names, last=policy_throttle_is_last(self, view))
+        self.state = inner_door(request, names, last=policy_throttle_is_last(self, view), cost=view_cost(view, request))
         if self.state is None:
             return True
         if self.state.unavailable:
