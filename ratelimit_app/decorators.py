@@ -21,10 +21,13 @@ from . import headers, registry
 from .doors import (
     adecide_left_over,
     ainner_door,
+    alet_go,
     decide_left_over,
     has_decorator_inside,
     has_throttle_inside,
+    hold,
     inner_door,
+    let_go,
     passed_drf_throttles,
 )
 from .limiter import Cost, valid_cost
@@ -109,11 +112,15 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, cost: Cost | No
             refused = refusal(request, state)
             if refused is not None:
                 return refused
-            response = await view(request, *args, **kwargs)
+            try:
+                response = await view(request, *args, **kwargs)
+            except BaseException:  # a CancelledError too: the client left while the view ran
+                await alet_go(request)
+                raise
             if not last:  # DRF may have refused the request before the throttle that was to decide
                 state = await adecide_left_over(request, state)
                 response = refusal(request, state) or response
-            return _with_headers(response, state)
+            return _with_headers(request, response, state)
 
         markcoroutinefunction(limited)
     else:
@@ -127,11 +134,15 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, cost: Cost | No
             refused = refusal(request, state)
             if refused is not None:
                 return refused
-            response = view(request, *args, **kwargs)
+            try:
+                response = view(request, *args, **kwargs)
+            except BaseException:
+                let_go(request)
+                raise
             if not last:  # DRF may have refused the request before the throttle that was to decide
                 state = decide_left_over(request, state)
                 response = refusal(request, state) or response
-            return _with_headers(response, state)
+            return _with_headers(request, response, state)
 
     limited.ratelimit_actions = (*getattr(view, "ratelimit_actions", ()), action)
     if cost is not None:
@@ -139,10 +150,10 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, cost: Cost | No
     return _remember(limited, declared)
 
 
-def _with_headers(response, state):
+def _with_headers(request, response, state):
     if state is not None and state.decisions:
         headers.apply(response, state.decisions)
-    return response
+    return hold(request, response)
 
 
 def _remember(view, declared: CodePolicy | None):

@@ -20,21 +20,29 @@ The doors, outermost first: RateLimitMiddleware, @ratelimit on the view, PolicyT
    policies not decided yet, in a call of its own.
 6. This app's own admin pages are never counted or refused (the operator cannot be locked out by the
    policies being fixed); the admin login stays protected.
+7. Places taken in in-flight (concurrency) policies go back when the response is done: every door
+   hands them to the response it returns (hold), which gives them back when the server closes it
+   (after the last byte of a streamed body too, or when the client left); a view that raises, or is
+   cancelled because its client left, gives them back at once (let_go).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import logging
+from functools import partial
+from typing import NamedTuple, Sequence
 
 from django.urls import Resolver404, resolve
 
-from . import headers, policies
+from . import engine, headers, policies
 from .conf import get_setting
 from .lru import byte_bounded_cache
 from .limiter import STATE_ATTRIBUTE, Cost, RequestState, adecide, decide, state_of
 from .responses import is_refusal, refusal
 from .subjects import http_request
+from .values import Held
 
+logger = logging.getLogger("ratelimit_app")
 ADMIN_PAGES = "ratelimit_app_"  # URL names of this app's admin pages, in the admin's namespace
 
 
@@ -135,6 +143,7 @@ def _replacing(refused, response):
             refused.headers[name] = value
     for name, morsel in response.cookies.items():
         refused.cookies.setdefault(name, morsel)
+    refused._resource_closers.extend(response._resource_closers)  # what was to run when it closed (hold)
     return refused
 
 
@@ -159,7 +168,7 @@ def middleware_request(request):
 def middleware_response(request, response):
     """On the way out: decide what no door inside decided (DRF refused before its throttles); headers."""
     state: RequestState | None = request.__dict__.get(STATE_ATTRIBUTE)
-    return _answer(request, response, decide_left_over(request, state))
+    return hold(request, _answer(request, response, decide_left_over(request, state)))
 
 
 def decide_left_over(request, state: RequestState | None) -> RequestState | None:
@@ -185,7 +194,7 @@ async def amiddleware_request(request):
 
 async def amiddleware_response(request, response):
     state: RequestState | None = request.__dict__.get(STATE_ATTRIBUTE)
-    return _answer(request, response, await adecide_left_over(request, state))
+    return hold(request, _answer(request, response, await adecide_left_over(request, state)))
 
 
 async def adecide_left_over(request, state: RequestState | None) -> RequestState | None:
@@ -240,6 +249,55 @@ async def ainner_door(request, names, *, last: bool, cost: Cost | None = None) -
         return state
     state.awaiting = False
     return _refuse_if_denied(await adecide(request, state))
+
+
+# --- places in flight --------------------------------------------------------------------------
+
+
+def _taken(request) -> list[Held]:
+    """The places the request holds, now no longer its own to give back (each is given back once)."""
+    state: RequestState | None = http_request(request).__dict__.get(STATE_ATTRIBUTE)
+    if state is None or not state.held:
+        return []
+    held, state.held = state.held, []
+    return held
+
+
+def hold(request, response):
+    """Give the request's places back when `response` is closed: by the server after its last byte, or
+    when the client left (Django's handlers close every response they were given)."""
+    held = _taken(request)
+    if held:
+        response._resource_closers.append(partial(give_back, held))
+    return response
+
+
+def let_go(request) -> None:
+    """The view raised: its places go back now."""
+    give_back(_taken(request))
+
+
+async def alet_go(request) -> None:
+    """The view raised, or was cancelled because its client left: its places go back now."""
+    held = _taken(request)
+    if held:
+        try:
+            await engine.arelease(held)
+        except engine.RedisUnavailable as error:
+            _kept(held, error)
+
+
+def give_back(held: Sequence[Held]) -> None:
+    if held:
+        try:
+            engine.release(held)
+        except engine.RedisUnavailable as error:
+            _kept(held, error)
+
+
+def _kept(held: Sequence[Held], error: Exception) -> None:
+    logger.warning("ratelimit: places in flight of %s not given back (their lease runs out instead): %s",
+                   held[0].subject.display, error)
 
 
 def passed_drf_throttles(request) -> bool:

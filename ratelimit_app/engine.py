@@ -16,7 +16,7 @@ from .connection import aclient, cluster_configured, is_cluster
 from .decision_connection import decision_client
 from .scripts import now_arg, run_each, scripts
 from .tally import tally
-from .values import NO_POLICIES, Check, CompiledPolicy, Decision, Subject, Verdict
+from .values import NO_POLICIES, Check, CompiledPolicy, Decision, Held, Subject, Verdict
 
 
 __all__ = ["Check", "Decision", "Verdict", "NO_POLICIES", "RedisUnavailable", "decide", "adecide", "live_member"]
@@ -129,6 +129,38 @@ def _check_parts(
         policy.script_parts.clear()  # bounded: a flood of new subjects only costs building them again
     policy.script_parts[(subject, limit, key_prefix, shard_count, index_size)] = parts
     return parts
+
+
+# --- giving back the places of requests in flight ------------------------------------------------
+
+
+def release(held: Sequence[Held]) -> None:
+    """Give back the places a request held (its response is done): one call per policy strategy and
+    lease, all in one round trip. Raises RedisUnavailable (the leases then run out on their own)."""
+    if held:
+        redis_client = decision_client()
+        breaker.call(lambda: run_each(redis_client, scripts.get("release", redis_client), _release_calls(held)))
+
+
+async def arelease(held: Sequence[Held]) -> None:
+    """release() for async code."""
+    if not held:
+        return
+    if cluster_configured():
+        return await sync_to_async(release, thread_sensitive=False)(held)
+    redis_client = aclient()
+    script = scripts.get_async("release", redis_client)
+    for keys_, args in _release_calls(held):
+        await breaker.acall(lambda: script(keys_, args, redis_client))
+
+
+def _release_calls(held: Sequence[Held]) -> list[tuple[list[str], list]]:
+    """One call per counter: on a cluster each lives in its subject's slot."""
+    key_prefix = keys.prefix()
+    return [
+        ([keys.decision_keys(place.policy, place.subject.key, key_prefix)[0]], [place.lease, place.cost, place.policy.strategy])
+        for place in held
+    ]
 
 
 # --- Redis Cluster: one call per shard group ------------------------------------------------------

@@ -6,6 +6,7 @@ Which door calls it, and when, is decided in doors.py; this module only plans an
 from __future__ import annotations
 
 import logging
+import secrets
 from typing import Callable, Iterable, NamedTuple, Sequence, Union
 
 from . import engine, events, metrics, policies
@@ -15,7 +16,7 @@ from .deny_cache import deny_cache
 from .deny_cache import enabled as deny_cache_enabled
 from .overrides import CompiledOverride, matching_override
 from .subjects import http_request, subject_for
-from .values import Check, CompiledPolicy, Decision, Subject, Verdict
+from .values import Check, CompiledPolicy, Decision, Held, Subject, Verdict
 
 logger = logging.getLogger("ratelimit_app")
 STATE_ATTRIBUTE = "_ratelimit"
@@ -58,6 +59,7 @@ class RequestState:
 
     __slots__ = (
         "names", "decided", "decisions", "denied", "unavailable", "outage", "awaiting", "refused", "json_api", "cost",
+        "lease", "held",
     )
 
     def __init__(self) -> None:
@@ -71,6 +73,8 @@ class RequestState:
         self.refused = False  # a door refused the request (its response is the refusal)
         self.json_api = False  # the view is a DRF API: its clients expect JSON
         self.cost: Cost | None = None  # what the view's code says the request costs (None: nothing)
+        self.lease = ""  # what in-flight policies name this request's places after ('' until one applies)
+        self.held: list[Held] = []  # the places it holds until its response is done (doors.hold)
 
     def add_names(self, names: Iterable[str | None]) -> None:
         for name in names:
@@ -144,9 +148,11 @@ def pending_checks(request, state: RequestState, index: policies.PolicyIndex | N
     return checks
 
 
-def settle(request, state: RequestState, checks: list[Check], verdict: Verdict, epoch: int | None) -> None:
+def settle(request, state: RequestState, checks: list[Check], verdict: Verdict, epoch: int | None,
+           lease: str = "") -> None:
     """Keep what the engine said on the request; shadow policies that would deny are logged.
-    `epoch`: the deny cache's, read before Redis was asked (deny_cache.remember); None: not for memory."""
+    `epoch`: the deny cache's, read before Redis was asked (deny_cache.remember); None: not for memory.
+    `lease`: the request's, when in-flight policies took places under it (kept to give them back)."""
     policies.observe_version(verdict.version)
     metrics.record_verdict(verdict)
     for check in checks:
@@ -160,6 +166,8 @@ def settle(request, state: RequestState, checks: list[Check], verdict: Verdict, 
             _report_shadow(decision, request)
     if denied and epoch is not None and deny_cache_enabled():
         deny_cache.remember(checks, verdict.decisions, epoch)
+    if lease and verdict.allowed:  # a refused request took nothing anywhere
+        state.held += [Held(d.policy, d.subject, lease, d.cost) for d in verdict.decisions if d.policy.holds and not d.exceeded]
 
 
 def denied_from_memory(state: RequestState, checks: list[Check], cost: int = 1) -> bool:
@@ -193,6 +201,7 @@ class Call(NamedTuple):
     checks: list[Check]
     epoch: int | None
     cost: int = 1
+    lease: str = ""  # the request's lease, when an in-flight policy is among the checks
 
 
 def prepare(request, state: RequestState, index: policies.PolicyIndex | None, extra: Sequence[Check] = (),
@@ -206,11 +215,19 @@ def prepare(request, state: RequestState, index: policies.PolicyIndex | None, ex
     if not checks:
         return None
     units = request_cost(request, state, index, cost)
+    lease = lease_of(state) if any(check.policy.holds for check in checks) else ""
     if now is not None:
-        return Call(checks, None, units)
+        return Call(checks, None, units, lease)
     if denied_from_memory(state, checks, units):
         return None
-    return Call(checks, deny_cache.epoch, units)
+    return Call(checks, deny_cache.epoch, units, lease)
+
+
+def lease_of(state: RequestState) -> str:
+    """The request's lease: random, so that no two requests anywhere give back each other's places."""
+    if not state.lease:
+        state.lease = secrets.token_hex(8)
+    return state.lease
 
 
 def conclude(request, state: RequestState, call: Call, outcome: Verdict | engine.RedisUnavailable) -> None:
@@ -218,7 +235,7 @@ def conclude(request, state: RequestState, call: Call, outcome: Verdict | engine
     if isinstance(outcome, engine.RedisUnavailable):
         unavailable(request, state, outcome)
     else:
-        settle(request, state, call.checks, outcome, call.epoch)
+        settle(request, state, call.checks, outcome, call.epoch, call.lease)
 
 
 def decide(request, state: RequestState, index: policies.PolicyIndex | None = None, *, extra: Sequence[Check] = (),
@@ -228,7 +245,7 @@ def decide(request, state: RequestState, index: policies.PolicyIndex | None = No
     call = prepare(request, state, index, extra, pending, now, cost)
     if call is not None:
         try:
-            outcome = engine.decide(call.checks, now=now, version=policies.version_due(), cost=call.cost)
+            outcome = engine.decide(call.checks, now=now, version=policies.version_due(), cost=call.cost, lease=call.lease)
         except engine.RedisUnavailable as error:
             outcome = error
         conclude(request, state, call, outcome)
@@ -248,7 +265,7 @@ async def adecide(request, state: RequestState, index: policies.PolicyIndex | No
     call = prepare(request, state, index, extra, pending, cost=cost)
     if call is not None:
         try:
-            outcome = await engine.adecide(call.checks, version=policies.version_due(), cost=call.cost)
+            outcome = await engine.adecide(call.checks, version=policies.version_due(), cost=call.cost, lease=call.lease)
         except engine.RedisUnavailable as error:
             outcome = error
         conclude(request, state, call, outcome)

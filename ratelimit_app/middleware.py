@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
-from .doors import amiddleware_request, amiddleware_response, middleware_request, middleware_response
+from .doors import alet_go, amiddleware_request, amiddleware_response, let_go, middleware_request, middleware_response
 
 
 class RateLimitMiddleware:
@@ -25,10 +25,20 @@ class RateLimitMiddleware:
         refused = middleware_request(request)
         if refused is not None:
             return refused
-        return middleware_response(request, self.get_response(request))
+        try:
+            response = self.get_response(request)
+        except BaseException:
+            let_go(request)
+            raise
+        return middleware_response(request, response)
 
     async def __acall__(self, request):
         refused = await amiddleware_request(request)
         if refused is not None:
             return refused
-        return await amiddleware_response(request, await self.get_response(request))
+        try:
+            response = await self.get_response(request)
+        except BaseException:  # a CancelledError too: the client left while the view ran
+            await alet_go(request)
+            raise
+        return await amiddleware_response(request, response)

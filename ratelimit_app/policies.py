@@ -64,6 +64,7 @@ def compile_policy(row: Policy) -> CompiledPolicy:
         enforce=row.mode == Mode.ENFORCE,
         totals_bucket_ms=strategy.totals_bucket_ms(row.window * 1000, bucket_ms),
         counts_users=any(part.reads_user for part in key_spec),
+        holds=strategy.holds,
     )
 
 

@@ -11,7 +11,7 @@ from rest_framework.exceptions import APIException
 from rest_framework.throttling import BaseThrottle
 
 from . import headers
-from .doors import inner_door, policy_throttle_is_last
+from .doors import hold, inner_door, let_go, policy_throttle_is_last
 from .responses import UNAVAILABLE_MESSAGE, UNAVAILABLE_RETRY_AFTER
 
 
@@ -20,6 +20,24 @@ class RateLimitUnavailable(APIException):
     default_detail = UNAVAILABLE_MESSAGE
     default_code = "ratelimit_unavailable"
     wait = UNAVAILABLE_RETRY_AFTER  # DRF's exception handler turns this into Retry-After
+
+
+def _give_back_when_finalized(view, request) -> None:
+    """Places in flight go back with the response DRF finalizes (or at once when the view raises
+    what DRF does not handle): this view instance's two steps are wrapped, for this request only."""
+    finalize, handle_exception = view.finalize_response, view.handle_exception
+
+    def finalize_response(request, response, *args, **kwargs):
+        return hold(request, finalize(request, response, *args, **kwargs))
+
+    def handle(exc):
+        try:
+            return handle_exception(exc)
+        except BaseException:
+            let_go(request)
+            raise
+
+    view.finalize_response, view.handle_exception = finalize_response, handle
 
 
 def view_cost(view, request):
@@ -37,6 +55,8 @@ class PolicyThrottle(BaseThrottle):
         self.state = inner_door(request, names, last=policy_throttle_is_last(self, view), cost=view_cost(view, request))
         if self.state is None:
             return True
+        if self.state.held:
+            _give_back_when_finalized(view, request)
         if self.state.unavailable:
             raise RateLimitUnavailable()
         return not self.state.denied

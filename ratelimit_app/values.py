@@ -46,6 +46,7 @@ class CompiledPolicy:
     enforce: bool  # mode == enforce, kept as a plain bool for the hot path
     totals_bucket_ms: int  # the bucket of the policy's totals (see totals_bucket_ms)
     counts_users: bool  # whether computing the subject may read request.user (AuthenticationMiddleware first)
+    holds: bool  # a request keeps its place until its response is done (requests in flight)
     # the engine's KEYS and ARGV for a (subject, limit), made once: the same clients come back
     script_parts: dict = field(default_factory=dict, hash=False, compare=False, repr=False)
 
@@ -86,6 +87,15 @@ class Decision(NamedTuple):
     def never_fits(self) -> bool:
         """A cost above what the policy allows at once: no wait admits it."""
         return self.cost > self.policy.capacity(self.limit)
+
+
+class Held(NamedTuple):
+    """Places a request holds in an in-flight policy, given back when its response is done."""
+
+    policy: CompiledPolicy
+    subject: Subject
+    lease: str
+    cost: int
 
 
 class Verdict(NamedTuple):

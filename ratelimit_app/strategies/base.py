@@ -18,6 +18,9 @@ class Strategy:
     default: ClassVar[bool] = False  # the strategy of a policy that names none
     options: ClassVar[dict[str, str]] = {}  # the policy fields only this strategy reads, with their help
     live_per_key: ClassVar[bool] = False  # the live page sends each subject's limit with its key
+    # a request keeps what it took until its response is done, when the doors give it back (the Lua
+    # half then has `release`)
+    holds: ClassVar[bool] = False
 
     @property
     def lua(self) -> str:
