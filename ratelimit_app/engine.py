@@ -27,14 +27,17 @@ __all__ = ["Check", "Decision", "Verdict", "NO_POLICIES", "RedisUnavailable", "d
 # --- deciding ----------------------------------------------------------------------------------
 
 
-def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False, version: bool = False) -> Verdict:
+def decide(
+    checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False, version: bool = False, cost: int = 1
+) -> Verdict:
     """Decide every check in one Redis round trip; nothing is counted if an enforcing policy denies.
 
     `now` (seconds since the epoch) replaces the server's clock, for tests; `dry_run` decides
     without counting anything; `version` brings the policy version back in the same call (the
     doors ask for it when their worker is due to compare). On Redis Cluster, checks whose subjects
     live in different shards take one call per shard (_decide_across_shards) and the version is
-    read beside them. Raises RedisUnavailable when Redis cannot answer.
+    read beside them. Raises RedisUnavailable when Redis cannot answer. `cost` (units the request
+    takes) is accepted and not yet counted: the engine's side of issue 28 replaces this.
     """
     if not checks:
         return NO_POLICIES
@@ -57,7 +60,7 @@ def _decide(redis_client: redis.Redis, checks: Sequence[Check], now: float | Non
 
 
 async def adecide(
-    checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False, version: bool = False
+    checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False, version: bool = False, cost: int = 1
 ) -> Verdict:
     """decide() for async code: the same script and keys, through redis-py's asyncio client.
 
