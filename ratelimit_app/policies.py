@@ -103,12 +103,16 @@ class PolicyIndex:
         meets; None when it meets none (the code's cost, or 1, applies)."""
         if not self.costs:
             return None  # most sites price no action: one attribute read per request
-        found = [cost for prefix, cost in self.cost_by_prefix if path.startswith(prefix)]
+        return max((cost for _action, cost in self.priced_by(path=path, names=names)), default=None)
+
+    def priced_by(self, *, path: str, names: Iterable[str | None]) -> list[tuple[str, int]]:
+        """The (action, cost) pairs a request meets, matched like the policies (the tester names them)."""
+        found = [(prefix, cost) for prefix, cost in self.cost_by_prefix if path.startswith(prefix)]
         if self.cost_everywhere is not None:
-            found.append(self.cost_everywhere)
+            found.append(("*", self.cost_everywhere))
         by_name = self.cost_by_name
-        found += [by_name[name] for name in names if name and name in by_name]
-        return max(found, default=None)
+        found += [(name, by_name[name]) for name in dict.fromkeys(names) if name and name in by_name]
+        return found
 
     def matching(self, *, path: str, names: Iterable[str | None] = (), method: str = "GET") -> list[CompiledPolicy]:
         """The policies for a request to `path` with `method`, known by `names` (URL name, scope, action)."""
