@@ -156,6 +156,11 @@ class PolicyAdmin(admin.ModelAdmin):
         for policy in queryset:
             for field, value in changes.items():
                 setattr(policy, field, value)
+            try:
+                policy.validate_constraints()  # enabling or enforcing it must not meet a cost it can never admit
+            except ValidationError as error:
+                self.message_user(request, f"{policy.name} was not changed: {' '.join(error.messages)}", messages.ERROR)
+                continue
             policy.save()
             self.log_change(request, policy, [{"changed": {"fields": [Policy._meta.get_field(f).verbose_name for f in changes]}}])
             changed += 1

@@ -141,6 +141,18 @@ def test_switching_a_policy_to_enforce_from_the_list_meets_the_cost_too(admin_cl
     assert Policy.objects.get(pk=policy.pk).mode == "shadow"
 
 
+def test_the_enforce_action_skips_a_policy_that_could_never_admit_a_cost(admin_client):
+    from tests.test_admin import CHANGELIST
+
+    blocked = make_policy(name="x", action="search", limit=5, mode="shadow")
+    free = make_policy(name="y", action="login", limit=5, mode="shadow")
+    price(cost=10)
+    page = admin_client.post(CHANGELIST, {"action": "make_enforce", "_selected_action": [blocked.pk, free.pk]}, follow=True)
+    said = [str(message) for message in page.context["messages"]]
+    assert any(m.startswith("x was not changed: A request of 'search' costs 10 units") for m in said), said
+    assert dict(Policy.objects.values_list("name", "mode")) == {"x": "shadow", "y": "enforce"}
+
+
 # --- the index --------------------------------------------------------------------------------
 
 
