@@ -1,4 +1,4 @@
-"""The operator's side: policies and overrides in the admin, the live page, reset, and the tester."""
+"""The operator's side: policies, overrides and action costs in the admin, the live page, reset, and the tester."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from django.utils.html import format_html
 
 from . import operations, registry, tester
 from .breaker import RedisUnavailable
-from .models import Mode, Override, Policy
+from .models import ActionCost, Mode, Override, Policy
 from .rates import EXAMPLES, format_rate, human_window, parse_rate
 
 UNKNOWN = "?"  # shown in the list when Redis cannot tell
@@ -156,6 +156,11 @@ class PolicyAdmin(admin.ModelAdmin):
         for policy in queryset:
             for field, value in changes.items():
                 setattr(policy, field, value)
+            try:
+                policy.validate_constraints()  # enabling or enforcing it must not meet a cost it can never admit
+            except ValidationError as error:
+                self.message_user(request, f"{policy.name} was not changed: {' '.join(error.messages)}", messages.ERROR)
+                continue
             policy.save()
             self.log_change(request, policy, [{"changed": {"fields": [Policy._meta.get_field(f).verbose_name for f in changes]}}])
             changed += 1
@@ -336,15 +341,15 @@ class PolicyAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/ratelimit_app/policy/tester.html", context)
 
     def changes_view(self, request):
-        """Who changed which policy or override, and when (the admin's own log of changes)."""
+        """Who changed which policy, override or action cost, and when (the admin's own log of changes)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        types = ContentType.objects.get_for_models(Policy, Override).values()
+        types = ContentType.objects.get_for_models(Policy, Override, ActionCost).values()
         entries = LogEntry.objects.filter(content_type__in=types).select_related("user", "content_type")[:200]
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
-            "title": "Changes to policies and overrides",
+            "title": "Changes to policies, overrides and action costs",
             "crumb": "Changes",
             "entries": entries,
         }
@@ -366,6 +371,13 @@ class OverrideAdmin(admin.ModelAdmin):
     @admin.display(description="effect")
     def effect(self, override: Override) -> str:
         return "exempt" if override.exempt else f"limit {override.limit}"
+
+
+@admin.register(ActionCost)
+class ActionCostAdmin(admin.ModelAdmin):
+    list_display = ("action", "cost", "note")
+    search_fields = ("action",)
+    readonly_fields = ("updated",)
 
 
 def _rows(request) -> int:

@@ -1,9 +1,10 @@
-"""The models: Policy (one named rate limit) and Override (a different limit for some subjects)."""
+"""The models: Policy (one named rate limit), Override (a different limit for some subjects) and
+ActionCost (how many units a request of an action takes)."""
 
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -13,6 +14,7 @@ from .subjects import TOKEN, KeySpecError, ip_network, mask, parse_key_spec
 
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
 OPTION_NAMES = {"bucket_size": "bucket size", "burst": "burst"}  # the fields only some strategies read
+MAX_COST = 2**31 - 1  # what every database stores in an integer column
 
 # the strategies of the registry (strategies/) as Django choices, one member each by its upper-case name
 Strategy = models.TextChoices("Strategy", [(name.upper(), (name, label)) for name, label in strategies.choices()])
@@ -42,6 +44,22 @@ def validate_action(value: str) -> None:
             "it cannot be empty or contain spaces.",
             code="invalid_action",
         )
+
+
+def actions_overlap(first: str, second: str) -> bool:
+    """Whether one request can meet both actions: '*' meets every request, two path prefixes meet when
+    one starts the other ('/api/' and '/api/v1/'), a name meets itself. A name and a path prefix are not
+    compared: which paths a URL name resolves from is known only per request (the tester shows it)."""
+    if first == "*" or second == "*" or first == second:
+        return True
+    return first.startswith("/") and second.startswith("/") and (first.startswith(second) or second.startswith(first))
+
+
+def never_admitted(action: str, cost: int, policy_name: str, capacity: int) -> str:
+    return (
+        f"A request of {action!r} costs {cost} units, more than policy {policy_name!r} allows at once "
+        f"({capacity}): it could never be admitted."
+    )
 
 
 def parse_methods(value: str) -> frozenset[str]:
@@ -180,9 +198,86 @@ class Policy(models.Model):
                 raise ValidationError({option: f"The {shown} applies to {users} only; leave it blank."})
         strategy.clean(self)
 
+    def validate_constraints(self, exclude=None) -> None:
+        super().validate_constraints(exclude)
+        # a check across rows, like uniqueness: the admin and the import make it, loading the index
+        # (which skips constraints) does not, so a cost added by other means never hides a policy
+        if not (self.enabled and self.mode == Mode.ENFORCE and self.action and self.limit):
+            return  # a shadow or disabled policy denies nothing; a missing field reports its own error
+        capacity, field = self.capacity()
+        costs = ActionCost.objects.filter(cost__gt=capacity).order_by("-cost", "action")
+        costliest = next((c for c in costs if actions_overlap(c.action, self.action)), None)
+        if costliest is None:
+            return
+        message = (
+            never_admitted(costliest.action, costliest.cost, self.name, capacity)
+            + f" Raise the {OPTION_NAMES.get(field, field)} to at least {costliest.cost}, or lower the action's cost."
+        )
+        raise ValidationError({NON_FIELD_ERRORS if field in (exclude or ()) else field: message})
+
+    def capacity(self) -> tuple[int, str]:
+        """Units admitted at once, and the field they come from: the limit, or a smaller burst."""
+        strategy = strategies.STRATEGIES.get(self.strategy)
+        burst = strategy.burst(self) if strategy else None
+        return (burst, "burst") if burst and burst < self.limit else (self.limit, "limit")
+
     @property
     def methods_set(self) -> frozenset[str]:
         return parse_methods(self.methods)
+
+
+class ActionCost(models.Model):
+    """How many units of every policy that applies a request of one action takes (1 without a row)."""
+
+    action = models.CharField(
+        "action",
+        max_length=200,
+        unique=True,
+        validators=[validate_action],
+        help_text=(
+            "The requests it prices, matched like a policy's action: '*' for every request; a path prefix "
+            "starting with '/', e.g. '/api/export/'; or a name: a URL name ('demo:search'), a DRF view's "
+            "throttle_scope ('items') or the action given to @ratelimit('login')."
+        ),
+    )
+    cost = models.PositiveIntegerField(
+        "cost",
+        validators=[
+            MinValueValidator(1, "A request costs at least 1 unit."),
+            MaxValueValidator(MAX_COST, f"The cost can be at most {MAX_COST}."),
+        ],
+        help_text=(
+            "Units a request of this action takes from every policy that applies to it (1 = an ordinary "
+            "request). When the view's code also sets a cost (@ratelimit(cost=...), a DRF view's "
+            "throttle_cost), this one wins: operators change it without a deploy."
+        ),
+    )
+    note = models.TextField("note", blank=True, help_text="Why it costs this much, for other operators, e.g. 'one search = 5 queries'.")
+    updated = models.DateTimeField("updated", auto_now=True)
+
+    class Meta:
+        ordering = ["action"]
+        verbose_name = "action cost"
+        verbose_name_plural = "action costs"
+
+    def __str__(self) -> str:
+        return f"{self.action}: {self.cost} {'unit' if self.cost == 1 else 'units'}"
+
+    def validate_constraints(self, exclude=None) -> None:
+        super().validate_constraints(exclude)
+        # across rows, as Policy.validate_constraints: a cost no enforcing policy can admit is refused here
+        if not (self.action and self.cost) or self.cost == 1:
+            return
+        policies = Policy.objects.filter(models.Q(limit__lt=self.cost) | models.Q(burst__lt=self.cost), enabled=True, mode=Mode.ENFORCE)
+        blocking = [
+            (capacity, policy.name)
+            for policy in policies.order_by("name")
+            if actions_overlap(policy.action, self.action) and (capacity := policy.capacity()[0]) < self.cost
+        ]
+        if blocking:
+            capacity, name = min(blocking)
+            message = never_admitted(self.action, self.cost, name, capacity)
+            raise ValidationError({NON_FIELD_ERRORS if "cost" in (exclude or ()) else "cost": message})
 
 
 class MatchKind(models.TextChoices):

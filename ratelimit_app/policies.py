@@ -3,8 +3,8 @@
 The index is rebuilt when the policy version in Redis changes. Every decision call returns that
 version; when no call carried it for RATELIMIT_POLICY_RECHECK_SECONDS, it is read once on its own.
 Whatever happens to the version, the index is also rebuilt every RATELIMIT_POLICY_RELOAD_SECONDS.
-Saving or deleting a policy or an override (or changing a group's members) marks this process's
-index stale at once and bumps the version on commit.
+Saving or deleting a policy, an override or an action cost (or changing a group's members) marks
+this process's index stale at once and bumps the version on commit.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from . import strategies
 from .breaker import RedisUnavailable
 from .conf import get_setting
 from .deny_cache import deny_cache
-from .models import Mode, Override, Policy
+from .models import ActionCost, Mode, Override, Policy
 from .overrides import PolicyOverrides, compile_overrides
 from .subjects import parse_key_spec
 from .values import CompiledPolicy
@@ -69,13 +69,21 @@ def compile_policy(row: Policy) -> CompiledPolicy:
 
 
 class PolicyIndex:
-    """Enabled policies by how they match: everywhere ('*'), by path prefix, by name."""
+    """Enabled policies by how they match: everywhere ('*'), by path prefix, by name; and the costs of
+    actions (action -> units a request of it takes), matched the same three ways."""
 
-    def __init__(self, policies: Iterable[CompiledPolicy], overrides: dict[int, PolicyOverrides] | None = None,
-                 costs: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        policies: Iterable[CompiledPolicy],
+        overrides: dict[int, PolicyOverrides] | None = None,
+        costs: dict[str, int] | None = None,
+    ) -> None:
         self.policies = tuple(policies)
+        self.costs = dict(costs or {})
+        self.cost_everywhere = self.costs.get("*")
+        self.cost_by_prefix = tuple((action, cost) for action, cost in self.costs.items() if action.startswith("/"))
+        self.cost_by_name = {action: cost for action, cost in self.costs.items() if action != "*" and not action.startswith("/")}
         self.overrides = overrides or {}
-        self.costs = costs or {}
         self.everywhere = tuple(p for p in self.policies if p.action == "*")
         self.by_prefix = tuple(p for p in self.policies if p.action.startswith("/"))
         by_name: dict[str, list[CompiledPolicy]] = defaultdict(list)
@@ -89,14 +97,23 @@ class PolicyIndex:
         )
 
     def __bool__(self) -> bool:
-        return bool(self.policies)
+        return bool(self.policies)  # a cost without a policy charges nothing
 
-    def cost_of(self, *, path: str, names: Iterable[str | None] = ()) -> int | None:
-        """The largest cost the admin gives an action the request meets ('*', a prefix, a name); None: none."""
-        costs = self.costs
-        found = [costs[name] for name in names if name in costs]
-        found += [cost for action, cost in costs.items() if action == "*" or (action[:1] == "/" and path.startswith(action))]
-        return max(found, default=None)
+    def cost_of(self, *, path: str, names: Iterable[str | None]) -> int | None:
+        """The units a request to `path`, known by `names`, takes: the largest cost among the actions it
+        meets; None when it meets none (the code's cost, or 1, applies)."""
+        if not self.costs:
+            return None  # most sites price no action: one attribute read per request
+        return max((cost for _action, cost in self.priced_by(path=path, names=names)), default=None)
+
+    def priced_by(self, *, path: str, names: Iterable[str | None]) -> list[tuple[str, int]]:
+        """The (action, cost) pairs a request meets, matched like the policies (the tester names them)."""
+        found = [(prefix, cost) for prefix, cost in self.cost_by_prefix if path.startswith(prefix)]
+        if self.cost_everywhere is not None:
+            found.append(("*", self.cost_everywhere))
+        by_name = self.cost_by_name
+        found += [(name, by_name[name]) for name in dict.fromkeys(names) if name and name in by_name]
+        return found
 
     def matching(self, *, path: str, names: Iterable[str | None] = (), method: str = "GET") -> list[CompiledPolicy]:
         """The policies for a request to `path` with `method`, known by `names` (URL name, scope, action)."""
@@ -140,14 +157,28 @@ _state = _IndexState()
 
 
 def load_index() -> PolicyIndex:
-    """Read the enabled policies and their overrides; a bad row is skipped with a logged error."""
+    """Read the enabled policies, their overrides and the action costs; a bad row is skipped with a
+    logged error."""
     compiled = []
     for row in Policy.objects.filter(enabled=True).order_by("pk"):
         try:
             compiled.append(compile_policy(row))
         except (ValidationError, ValueError, KeyError) as error:
             logger.error("ratelimit: policy %r (id %s) is invalid and is skipped: %s", row.name, row.pk, error)
-    return PolicyIndex(compiled, _load_overrides({policy.id for policy in compiled}))
+    return PolicyIndex(compiled, _load_overrides({policy.id for policy in compiled}), _load_costs())
+
+
+def _load_costs() -> dict[str, int]:
+    costs = {}
+    for row in ActionCost.objects.order_by("pk"):
+        try:
+            # the fields only: a cost over some policy's capacity still counts (the engine refuses such a request)
+            row.full_clean(validate_unique=False, validate_constraints=False)
+        except ValidationError as error:
+            logger.error("ratelimit: action cost %r (id %s) is invalid and is skipped: %s", row.action, row.pk, error)
+            continue
+        costs[row.action] = row.cost
+    return costs
 
 
 def _load_overrides(policy_ids: set[int]) -> dict[int, PolicyOverrides]:

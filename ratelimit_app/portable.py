@@ -1,16 +1,19 @@
-"""Policies and overrides as plain JSON data, to review them and move them between environments.
+"""Policies, overrides and action costs as plain JSON data, to review them and move them between
+environments.
 
-Rows are identified by natural keys (a policy by its name, a user by username, a group by name), so
-a file exported on one site imports on another. Importing updates policies by name and replaces
-the overrides of every policy in the file. The whole file is checked first (its shape, every
-field's type, then every row as the admin would) and nothing is written unless all of it is good.
+Rows are identified by natural keys (a policy by its name, a cost by its action, a user by username,
+a group by name), so a file exported on one site imports on another. Importing updates policies by
+name and replaces the overrides of every policy in the file, and creates or updates the costs by
+action (a cost the file does not name stays). The whole file is checked first (its shape, every
+field's type, then every row as the admin would, then the rows against each other as they stand
+once written) and nothing is written unless all of it is good.
 """
 
 from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
@@ -18,7 +21,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils.dateparse import parse_datetime
 
-from .models import Override, Policy
+from .models import ActionCost, Override, Policy
 from .rates import parse_rate
 
 FORMAT = "ratelimit_app/1"
@@ -37,6 +40,14 @@ OVERRIDE_FIELDS: dict[str, tuple[str, bool]] = {
     "exempt": (FLAG, False), "limit": (WHOLE, True), "reason": (TEXT, False),
 }
 OVERRIDE_REFERENCES: dict[str, tuple[str, bool]] = {"user": (TEXT, True), "group": (TEXT, True), "expires_at": (TEXT, True)}
+COST_FIELDS: dict[str, tuple[str, bool]] = {"action": (TEXT, False), "cost": (WHOLE, False), "note": (TEXT, False)}
+TOP_FIELDS = ("format", "policies", "costs")  # 'costs' is optional: files exported before it still import
+
+
+class Imported(NamedTuple):
+    policies: int
+    overrides: int
+    costs: int
 
 
 class ImportRefused(ValueError):
@@ -52,7 +63,8 @@ def export_data() -> dict[str, Any]:
         entry = {name: getattr(policy, name) for name in POLICY_FIELDS}
         entry["overrides"] = [_export_override(o) for o in policy.overrides.all()]
         policies.append(entry)
-    return {"format": FORMAT, "policies": policies}
+    costs = [{name: getattr(cost, name) for name in COST_FIELDS} for cost in ActionCost.objects.order_by("action")]
+    return {"format": FORMAT, "policies": policies, "costs": costs}
 
 
 def _export_override(override: Override) -> dict[str, Any]:
@@ -130,7 +142,8 @@ def shape_problems(data: Any) -> list[str]:
     """Everything wrong with the file's structure and types, row by row and field by field."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         return [f"Not a ratelimit_app export: expected {{\"format\": \"{FORMAT}\", \"policies\": [...]}}."]
-    problems = [f"field {name!r}: unknown field (known: format, policies)." for name in data if name not in ("format", "policies")]
+    problems = [f"field {name!r}: unknown field (known: {', '.join(TOP_FIELDS)})." for name in data if name not in TOP_FIELDS]
+    problems += _cost_shape_problems(data.get("costs", []))
     policies = data.get("policies")
     if not isinstance(policies, list):
         return problems + [f"field 'policies': expected a list, got {_kind(policies)}."]
@@ -156,6 +169,29 @@ def shape_problems(data: Any) -> list[str]:
     return problems
 
 
+def _cost_shape_problems(costs: Any) -> list[str]:
+    if not isinstance(costs, list):
+        return [f"field 'costs': expected a list, got {_kind(costs)}."]
+    problems = []
+    seen: dict[str, int] = {}
+    for number, entry in enumerate(costs, 1):
+        where = _cost_label(number, entry)
+        problems += _type_problems(where, entry, COST_FIELDS)
+        action = entry.get("action") if isinstance(entry, dict) else None
+        if isinstance(entry, dict) and "action" not in entry:
+            problems.append(f"{where}, field 'action': required.")
+        elif isinstance(action, str) and action in seen:
+            problems.append(f"{where}, field 'action': the action is already priced by cost {seen[action]}.")
+        elif isinstance(action, str):
+            seen[action] = number
+    return problems
+
+
+def _cost_label(number: int, entry: Any) -> str:
+    action = entry.get("action") if isinstance(entry, dict) else None
+    return f"cost {number} ({action!r})" if isinstance(action, str) else f"cost {number}"
+
+
 def _policy_label(number: int, entry: Any) -> str:
     name = entry.get("name") if isinstance(entry, dict) else None
     return f"policy {number} ({name!r})" if isinstance(name, str) else f"policy {number}"
@@ -165,12 +201,14 @@ def _policy_label(number: int, entry: Any) -> str:
 
 
 @transaction.atomic
-def import_data(data: Any) -> tuple[int, int]:
-    """Create or update the policies of `data` and replace their overrides; returns (policies, overrides)."""
+def import_data(data: Any) -> Imported:
+    """Create or update the policies of `data` and replace their overrides, create or update its
+    action costs; returns how many of each were imported."""
     problems = shape_problems(data)
     if problems:
         raise ImportRefused("Nothing was imported:\n" + "\n".join(f"- {p}" for p in problems))
     imported_policies = imported_overrides = 0
+    written: list[tuple[str, Policy | ActionCost]] = []  # checked against each other once all are written
     for number, entry in enumerate(data["policies"], 1):
         where = _policy_label(number, entry)
         policy = Policy.objects.filter(name=entry["name"]).first() or Policy()
@@ -184,11 +222,13 @@ def import_data(data: Any) -> tuple[int, int]:
                 problems.append(f"{where}, field 'rate': {error}")
                 continue
         try:
-            policy.full_clean()
+            # whether its limit admits the costs is checked below, against the costs of this file too
+            policy.full_clean(validate_constraints=False)
         except ValidationError as error:
             problems.append(f"{where}: {_messages(error)}")
             continue
         policy.save()
+        written.append((where, policy))
         imported_policies += 1
         policy.overrides.all().delete()
         for index, item in enumerate(entry.get("overrides", []), 1):
@@ -197,10 +237,29 @@ def import_data(data: Any) -> tuple[int, int]:
                 imported_overrides += 1
             except (ValidationError, LookupError) as error:
                 problems.append(f"{where}, override {index}: {_messages(error)}")
+    for number, entry in enumerate(data.get("costs", []), 1):
+        where = _cost_label(number, entry)
+        cost = ActionCost.objects.filter(action=entry["action"]).first() or ActionCost()
+        for field in COST_FIELDS:
+            if field in entry:
+                setattr(cost, field, entry[field])
+        try:
+            cost.full_clean(validate_constraints=False)
+        except ValidationError as error:
+            problems.append(f"{where}: {_messages(error)}")
+            continue
+        cost.save()
+        written.append((where, cost))
+    # a cost and a limit are judged as the file leaves them, whichever of the two it changes first
+    for where, row in written:
+        try:
+            row.validate_constraints()
+        except ValidationError as error:
+            problems.append(f"{where}: {_messages(error)}")
     if problems:
         transaction.set_rollback(True)
         raise ImportRefused("Nothing was imported:\n" + "\n".join(f"- {p}" for p in problems))
-    return imported_policies, imported_overrides
+    return Imported(imported_policies, imported_overrides, sum(isinstance(row, ActionCost) for _, row in written))
 
 
 def _import_override(policy: Policy, item: dict[str, Any]) -> Override:

@@ -167,8 +167,7 @@ def register_policy(policy: CodePolicy) -> CodePolicy:
 
 def capacity(values: dict[str, Any]) -> int:
     """What a policy of these values allows at once: its limit, or a token bucket's burst under it."""
-    burst = strategies.get(values["strategy"]).burst(Policy(**{field: values[field] for field in RATE_FIELDS}))
-    return values["limit"] if burst is None else min(burst, values["limit"])
+    return Policy(**{field: values[field] for field in RATE_FIELDS}).capacity()[0]
 
 
 def note_cost(action: str, cost: Any, declared: CodePolicy | None = None) -> None:
@@ -394,7 +393,7 @@ def check_code_costs(app_configs: object = None, databases: Sequence[str] | None
     errors = []
     for action, (cost, origin) in sorted(code_costs().items()):
         for row in Policy.objects.using(databases[0]).filter(action=action, enabled=True, mode=Mode.ENFORCE):
-            allowed = capacity({field: getattr(row, field) for field in RATE_FIELDS})
+            allowed = row.capacity()[0]
             if cost > allowed:
                 errors.append(Error(
                     f"{origin}: a request of {action!r} costs {cost} units, more than policy {row.name!r} "

@@ -1,23 +1,90 @@
 """The admin's policy tester: which policies and overrides a described request meets, the subject
-each computes, and what each would decide now, counting nothing."""
+each computes, what the request costs and where that comes from, and what each policy would decide
+now, counting nothing."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from django import forms
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
 from django.test import RequestFactory
+from django.urls import Resolver404, resolve
 
 from . import engine
 from .doors import route_of
 from .limiter import Planned, plan
-from .policies import get_index
+from .policies import PolicyIndex, get_index
 from .subjects import meta_key
 from .values import Check, CompiledPolicy, Decision
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+PER_REQUEST = "per request"  # the view's code computes its cost from each request
+
+
+class Cost(NamedTuple):
+    """What a request costs, in units of every policy that applies, and where that comes from."""
+
+    units: int | None  # None: computed per request by the view's code (the tester counts 1)
+    action: str | None  # the admin action cost that sets it; it wins over the code's
+    code: int | str | None  # the view's code's cost: a number, PER_REQUEST, or None (none set)
+
+    @property
+    def text(self) -> str:
+        if self.action is not None:
+            overrides = ""
+            if self.code == PER_REQUEST:
+                overrides = "; overrides the code's cost computed per request"
+            elif self.code is not None:
+                overrides = f"; overrides the code's {self.code}"
+            return f"Cost: {_units(self.units)} (admin action cost {self.action!r}{overrides})"
+        if self.code == PER_REQUEST:
+            return "Cost: computed per request by the view's code"
+        if self.code is not None:
+            return f"Cost: {_units(self.code)} (from the view's code)"
+        return "Cost: 1 unit"
+
+    @property
+    def counted(self) -> int:
+        """The units the dry run asks for (1 for a cost the code computes per request)."""
+        return self.units or 1
+
+
+def _units(number: int | None) -> str:
+    return "1 unit" if number == 1 else f"{number} units"
+
+
+def code_cost(path: str, urlconf: str | None = None) -> int | str | None:
+    """The cost the view at `path` declares in code: @ratelimit(cost=...) sets `ratelimit_cost` on the
+    view (a number, or a callable of the request); a DRF view class has `throttle_cost` or
+    `get_throttle_cost()`. PER_REQUEST for a callable; None for a view that sets none."""
+    try:
+        match = resolve(path, urlconf)
+    except Resolver404:
+        return None
+    view_class = getattr(match.func, "cls", None)
+    declared: Any = getattr(match.func, "ratelimit_cost", None)
+    if declared is None and view_class is not None:
+        declared = getattr(view_class, "throttle_cost", None)
+        if declared is None and callable(getattr(view_class, "get_throttle_cost", None)):
+            return PER_REQUEST
+    if callable(declared):
+        return PER_REQUEST
+    return declared if isinstance(declared, int) and not isinstance(declared, bool) else None
+
+
+def request_cost(index: PolicyIndex, request, names: tuple[str | None, ...]) -> Cost:
+    """The request's cost: the largest admin action cost it meets (admin data wins over code), else
+    the code's, else 1."""
+    code = code_cost(request.path_info, getattr(request, "urlconf", None))
+    priced = index.priced_by(path=request.path_info, names=names)
+    if priced:
+        action, units = max(priced, key=lambda pair: pair[1])
+        return Cost(units, action, code)
+    if code == PER_REQUEST:
+        return Cost(None, None, code)
+    return Cost(1 if code is None else code, None, code)
 
 
 class Explanation(NamedTuple):
@@ -30,6 +97,7 @@ class Results(NamedTuple):
     names: tuple[str | None, ...]
     explanations: list[Explanation]
     error: str | None
+    cost: Cost
 
 
 class TesterForm(forms.Form):
@@ -78,15 +146,17 @@ class TesterForm(forms.Form):
     def explain(self) -> Results:
         request = self.request()
         names = route_of(request).names  # the URL name, a DRF scope, and the actions of @ratelimit on the view
-        matching = get_index().matching(path=request.path_info, names=names, method=request.method)
+        index = get_index()
+        matching = index.matching(path=request.path_info, names=names, method=request.method)
+        cost = request_cost(index, request, names)
         planned = {p.policy.id: p for p in plan(request, names)}
         asked = [p for p in planned.values() if p.limit is not None]
         decisions: dict[int, Decision] = {}
         error = None
         try:
-            verdict = engine.decide([Check(p.policy, p.subject, p.limit) for p in asked], dry_run=True)
+            verdict = engine.decide([Check(p.policy, p.subject, p.limit) for p in asked], dry_run=True, cost=cost.counted)
             decisions = {d.policy.id: d for d in verdict.decisions}
         except engine.RedisUnavailable as unavailable:
             error = f"Redis is unreachable, decisions cannot be shown: {unavailable}"
         explanations = [Explanation(p, planned.get(p.id), decisions.get(p.id)) for p in matching]
-        return Results(names, explanations, error)
+        return Results(names, explanations, error, cost)

@@ -117,6 +117,6 @@ def test_a_good_file_is_imported_with_its_overrides(tmp_path, existing):
 
 def test_the_import_says_how_many_policies_and_overrides_in_good_english(tmp_path, capsys):
     run_import(tmp_path, json.dumps(with_override()))
-    assert "Imported 1 policy and 1 override." in capsys.readouterr().out
-    run_import(tmp_path, json.dumps(policy_file(GOOD, {**GOOD, "name": "other"})))
-    assert "Imported 2 policies and 0 overrides." in capsys.readouterr().out
+    assert "Imported 1 policy, 1 override and 0 action costs." in capsys.readouterr().out
+    run_import(tmp_path, json.dumps(policy_file(GOOD, {**GOOD, "name": "other"}, costs=[{"action": "/api/", "cost": 2}])))
+    assert "Imported 2 policies, 0 overrides and 1 action cost." in capsys.readouterr().out

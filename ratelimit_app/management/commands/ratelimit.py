@@ -136,6 +136,7 @@ class Command(BaseCommand):
         results = form.explain()
         names = ", ".join(name for name in results.names if name) or "none (only '*' and path prefixes match)"
         self.stdout.write(f"{method.upper()} {path} is known by the names: {names}")
+        self.stdout.write(results.cost.text)
         if not results.explanations:
             self.stdout.write("No enabled policy matches this request: it is not limited.")
         table = [("policy", "mode", "action", "subject", "override", "limit in effect", "count", "would")]

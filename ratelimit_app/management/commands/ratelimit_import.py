@@ -1,4 +1,5 @@
-"""manage.py ratelimit_import FILE: create or update policies (by name) and replace their overrides."""
+"""manage.py ratelimit_import FILE: create or update policies (by name) and replace their overrides;
+create or update action costs (by action)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from ratelimit_app.portable import ImportRefused, import_data, parse_json
 
 
 class Command(BaseCommand):
-    help = "Import policies and overrides from a ratelimit_export file; all or nothing."
+    help = "Import policies, overrides and action costs from a ratelimit_export file; all or nothing."
 
     def add_arguments(self, parser):
         parser.add_argument("file", help="A file written by ratelimit_export ('-' for standard input).")
@@ -25,11 +26,14 @@ class Command(BaseCommand):
         except (OSError, UnicodeDecodeError) as error:
             raise CommandError(f"Cannot read {file}: {error}") from error
         try:
-            policies, overrides = import_data(parse_json(text))
+            imported = import_data(parse_json(text))
         except ImportRefused as error:
             raise CommandError(f"{file}: {error}") from error
-        self.stdout.write(self.style.SUCCESS(f"Imported {counted(policies, 'policy', 'policies')} and "
-                                             f"{counted(overrides, 'override', 'overrides')}."))
+        self.stdout.write(self.style.SUCCESS(
+            f"Imported {counted(imported.policies, 'policy', 'policies')}, "
+            f"{counted(imported.overrides, 'override', 'overrides')} and "
+            f"{counted(imported.costs, 'action cost', 'action costs')}."
+        ))
 
 
 def counted(number: int, one: str, many: str) -> str:
