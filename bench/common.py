@@ -18,6 +18,7 @@ from ratelimit_app.engine import Check
 from ratelimit_app.models import Policy, Strategy
 from ratelimit_app.policies import CompiledPolicy, compile_policy
 from ratelimit_app.subjects import Subject, parse_key_spec, subject_for
+from ratelimit_app.values import Held
 
 HUGE = 10**9  # a limit no measurement reaches: every decision admits and counts
 STRATEGIES: tuple[str, ...] = tuple(Strategy.values)  # what the Policy model offers, decidable or not yet
@@ -119,14 +120,33 @@ def subject(ip: str = "203.0.113.7") -> Subject:
 
 
 def decide(policies: list[CompiledPolicy], who: Subject, *, limit: int | None = None, now: float | None = None):
-    """One engine call deciding `policies` for `who` (each at its own limit unless `limit` is given)."""
-    return engine.decide([Check(p, who, p.limit if limit is None else limit) for p in policies], now=now)
+    """One engine call deciding `policies` for `who` (each at its own limit unless `limit` is given);
+    places taken in in-flight policies are kept (never given back)."""
+    checks = [Check(p, who, p.limit if limit is None else limit) for p in policies]
+    return engine.decide(checks, now=now, lease=lease() if any(p.holds for p in policies) else "")
 
 
-def decider(policies: list[CompiledPolicy], who: Subject):
-    """A call deciding `policies` for `who` again and again, its checks built once (as a door would)."""
+def lease() -> str:
+    """A request's lease, unique across the bench's processes."""
+    return secrets.token_hex(8)
+
+
+def decider(policies: list[CompiledPolicy], who: Subject, cost: int = 1):
+    """A call deciding `policies` for `who` again and again (each call `cost` units), its checks built
+    once (as a door would); with in-flight policies, a call takes places and gives them back, as a
+    request and its closed response do."""
     checks = [Check(p, who, p.limit) for p in policies]
-    return lambda: engine.decide(checks)
+    if not any(p.holds for p in policies):
+        return lambda: engine.decide(checks, cost=cost)
+
+    def take_and_give_back():
+        request_lease = lease()
+        verdict = engine.decide(checks, cost=cost, lease=request_lease)
+        if verdict.allowed:
+            engine.release([Held(d.policy, d.subject, request_lease, cost) for d in verdict.decisions if d.policy.holds])
+        return verdict
+
+    return take_and_give_back
 
 
 def client():

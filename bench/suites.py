@@ -18,7 +18,7 @@ from bench import e2e, paths, scale
 from bench.common import (HUGE, STRATEGIES, Results, Row, Spread, client, decide, decider, policy, request, server,
                           subject, unique)
 from bench.measure import admitted, interleaved_latencies, p50, p99, per_call, server_work, spread, throughput
-from ratelimit_app import connection, keys
+from ratelimit_app import connection, keys, strategies
 from ratelimit_app.rates import MAX_WINDOW
 
 MIXES = (3, 10)  # policies per request in the mixed rows
@@ -27,6 +27,7 @@ MIXES = (3, 10)  # policies per request in the mixed rows
 # never exhausts (500,000).
 BURST_TERMS = {"limit": 1_000_000, "window": MAX_WINDOW, "burst": 500_000}
 BURST_ROW = "ratelimit_app token_bucket, burst in use, 1 policy"
+COST_ROW = "ratelimit_app fixed_window, cost 3, 1 policy"
 SPREAD_SUBJECTS = 1_000
 SPREAD_DECISIONS = 10_000  # per process, 2 processes
 SMART = "django-smart-ratelimit fixed window (RedisBackend)"
@@ -91,22 +92,25 @@ def ours(results: Results) -> list[Contender]:
     decidable = results.decidable()
     contenders = [
         Contender(f"ratelimit_app {s}, 1 policy", "ours", partial(_deciding, (s,)), partial(_attempting, policy(s, limit=100)), (s,),
-                  refused=partial(_deciding, (s,), limit=1),
+                  refused=None if strategies.get(s).holds else partial(_deciding, (s,), limit=1),
                   spread=partial(_spreading, (s,)) if s == "fixed_window" else None)
         for s in decidable
     ]
+    if "fixed_window" in decidable:  # what a request worth 3 units costs beside one worth 1
+        contenders.append(Contender(COST_ROW, "ours", partial(_deciding, ("fixed_window",), cost=3), None, ("fixed_window",)))
     if "token_bucket" in decidable:
         contenders.append(Contender(BURST_ROW, "ours", partial(_deciding, ("token_bucket",), **BURST_TERMS), None,
                                     ("token_bucket",), spread=partial(_spreading, ("token_bucket",), **BURST_TERMS)))
+    counting = [s for s in decidable if not strategies.get(s).holds]  # in-flight rows also give places back
     for n in MIXES:
-        mix = tuple(decidable[i % len(decidable)] for i in range(n))
+        mix = tuple(counting[i % len(counting)] for i in range(n))
         contenders.append(Contender(f"ratelimit_app mixed, {n} policies", "ours", partial(_deciding, mix), None, mix,
                                     spread=partial(_spreading, mix) if n == 10 else None))
     return contenders
 
 
-def _deciding(strategies: tuple[str, ...], **terms) -> Callable[[], object]:
-    return decider([policy(s, **terms) for s in strategies], subject())
+def _deciding(names: tuple[str, ...], cost: int = 1, **terms) -> Callable[[], object]:
+    return decider([policy(s, **terms) for s in names], subject(), cost)
 
 
 def spread_addresses() -> list[str]:

@@ -97,7 +97,7 @@ class Policy(models.Model):
     limit = models.PositiveIntegerField(
         "limit",
         validators=[MinValueValidator(1, "The limit must be at least 1 request per window.")],
-        help_text="Requests allowed per window, e.g. 100.",
+        help_text=strategies.field_help("limit", "Requests allowed per window, e.g. 100."),
     )
     window = models.PositiveIntegerField(
         "window (seconds)",
@@ -105,7 +105,7 @@ class Policy(models.Model):
             MinValueValidator(1, "The window must be at least 1 second."),
             MaxValueValidator(MAX_WINDOW, "The window can be at most one year (31622400 seconds)."),
         ],
-        help_text="Length of the window in seconds, e.g. 60 for a minute, 3600 for an hour.",
+        help_text=strategies.field_help("window", "Length of the window in seconds, e.g. 60 for a minute, 3600 for an hour."),
     )
     strategy = models.CharField(
         "strategy",

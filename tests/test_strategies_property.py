@@ -75,12 +75,22 @@ class SlidingWindow(Model):  # whole buckets: a bucket counts until its last ms 
         return (time // self.bucket) * self.bucket + self.window
 
 
+class InFlight(Model):
+    """Requests in flight that are never given back (test_concurrency.py gives them back): each holds
+    its place for the lease (the window); a refusal says to retry in a second, or when a lease runs out sooner."""
+
+    def retry(self, who: str, now: int, limit: int, cost: int = 1) -> int | None:
+        exact = super().retry(who, now, limit, cost)
+        return None if exact is None else min(1000, exact)
+
+
 # one row per strategy: its model and the policy shape it is decided with (the token bucket has a
 # model of its own in test_token_bucket.py)
 MODELS = {
     "fixed_window": (FixedWindow, {"window": 4}),
     "sliding_window": (SlidingWindow, {"window": 4, "bucket_size": 1}),
     "sliding_log": (Model, {"window": 4}),
+    "concurrency": (InFlight, {"window": 4}),
 }
 STRATEGY_SHAPES = {name: shape for name, (_model, shape) in MODELS.items()}
 
@@ -108,12 +118,13 @@ def test_each_strategy_decides_as_the_model_does(redis_client, strategy, sequenc
     redis_client.flushdb()
     limited = policy(strategy=strategy, limit=4, **STRATEGY_SHAPES[strategy])
     model = model_of(limited)
-    now, requests = T0, []  # the requests admitted: the totals count requests, the counters units
+    now, requests, leases = T0, [], []  # the requests admitted: the totals count requests, the counters units
     for gap, who, limit, cost in sequence:
         now += gap
+        leases.append(now)  # each request its own lease (an in-flight policy names its places after it)
         expected_allowed, expected_count = model.decide(who, now, limit, cost)
         requests += [(who, now)] if expected_allowed else []
-        [decision] = engine.decide([check(limited, who, limit)], now=now / 1000, cost=cost).decisions
+        [decision] = engine.decide([check(limited, who, limit)], now=now / 1000, cost=cost, lease=f"r{len(leases)}").decisions
         where = (who, now - T0, limit, cost)
         assert (decision.allowed, decision.count, decision.remaining) == (
             expected_allowed, expected_count, max(limit - expected_count, 0)
@@ -132,7 +143,7 @@ def test_each_strategy_decides_as_the_model_does(redis_client, strategy, sequenc
         who: count for who, count in expected.items() if who not in lasting and who in shown
     }
     assert {who: shown.get(who) for who in lasting} == {who: expected[who] for who in lasting}
-    if strategy != "sliding_log" and lasting == set(expected):  # sliding_log's totals slide in steps
+    if strategy not in ("sliding_log", "concurrency") and lasting == set(expected):  # their totals slide in steps
         assert usage.allowed == len([1 for who, when in requests if who in shown and model.still_counted(when, now)])
 
 
@@ -144,14 +155,16 @@ def test_policies_decided_together_count_all_or_nothing(redis_client, sequence, 
     second = policy(strategy=shapes[1], limit=3, **STRATEGY_SHAPES[shapes[1]])
     models = [model_of(p) for p in (first, second)]
     now = T0
+    leases = []
     for gap, who, limit, cost in sequence:
         now += gap
+        leases.append(now)
         limits = (limit, 3)
         admits = all(len(m.counted(who, now)) + cost <= lim for m, lim in zip(models, limits))
         if admits:
             for m, lim in zip(models, limits):
                 m.decide(who, now, lim, cost)
-        verdict = engine.decide([check(first, who, limit), check(second, who, 3)], now=now / 1000, cost=cost)
+        verdict = engine.decide([check(first, who, limit), check(second, who, 3)], now=now / 1000, cost=cost, lease=f"r{len(leases)}")
         assert verdict.allowed == admits
         assert [d.count for d in verdict.decisions] == [len(m.counted(who, now)) for m in models]
 

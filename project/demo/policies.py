@@ -58,4 +58,14 @@ DEMO_POLICIES = [
         "mode": "shadow",
         "description": "Shadow: what a site-wide 60 a minute per address would deny, without denying.",
     },
+    {
+        "name": "reports-in-flight",
+        "action": "report",
+        "limit": 2,
+        "window": 60,
+        "strategy": "concurrency",
+        "key": "ip",
+        "description": "The slow async report view: at most 2 in progress at once per address (a place is held "
+        "at most 60 s if a worker dies).",
+    },
 ]

@@ -9,4 +9,5 @@ urlpatterns = [
     path("login/", views.login, name="login"),
     path("quote/", views.quote, name="quote"),
     path("quote/class/", views.QuoteView.as_view(), name="quote-class"),
+    path("report/", views.report, name="report"),
 ]

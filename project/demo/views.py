@@ -1,7 +1,11 @@
 """The kinds of view the demo policies protect: a plain Django view (middleware), a DRF view
-(throttle_scope 'items'), a decorated login-like view, and async views (function and class)."""
+(throttle_scope 'items'), a decorated login-like view, async views (function and class), and a slow
+async report whose requests in flight are limited."""
 
 from __future__ import annotations
+
+import asyncio
+import math
 
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import render
@@ -47,6 +51,20 @@ def login(request):
 async def quote(request):
     """An async view under @ratelimit: decided through the asyncio Redis client, no thread hop."""
     return JsonResponse({"quote": "Slow is smooth, and smooth is fast."})
+
+
+@ratelimit("report")
+async def report(request):
+    """A slow async view (`?seconds=`, at most 30): the 'report' policies count the reports in progress."""
+    try:
+        seconds = float(request.GET.get("seconds", "2"))
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds):
+        return JsonResponse({"detail": "seconds must be a number, e.g. ?seconds=2"}, status=400)
+    seconds = min(max(seconds, 0.0), 30.0)
+    await asyncio.sleep(seconds)
+    return JsonResponse({"report": "ready", "seconds": seconds})
 
 
 @ratelimit("quote")

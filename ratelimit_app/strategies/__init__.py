@@ -42,6 +42,12 @@ def using(option: str) -> list[str]:
     return [name for name, strategy in STRATEGIES.items() if option in strategy.options]
 
 
+def field_help(field: str, text: str) -> str:
+    """A shared field's help, with what it means for the strategies that read it their own way."""
+    notes = [f"For {name}: {strategy.notes[field]}." for name, strategy in STRATEGIES.items() if field in strategy.notes]
+    return " ".join([text, *notes])
+
+
 def option_help(option: str) -> str:
     """The admin's help for a field that only some strategies read."""
     names = using(option)

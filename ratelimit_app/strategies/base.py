@@ -17,6 +17,7 @@ class Strategy:
     order: ClassVar[int]  # its place among the choices
     default: ClassVar[bool] = False  # the strategy of a policy that names none
     options: ClassVar[dict[str, str]] = {}  # the policy fields only this strategy reads, with their help
+    notes: ClassVar[dict[str, str]] = {}  # what a field every strategy reads (limit, window) means for this one
     live_per_key: ClassVar[bool] = False  # the live page sends each subject's limit with its key
     # a request keeps what it took until its response is done, when the doors give it back (the Lua
     # half then has `release`)

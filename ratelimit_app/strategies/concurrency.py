@@ -9,13 +9,16 @@ class Concurrency(Strategy):
     name = "concurrency"
     label = "Concurrency (requests in flight)"
     help = (
-        "at most `limit` requests of a subject in progress at once; a place is taken when a request is "
-        "admitted and given back when its response is done. Here the window is a lease: a request still "
-        "running after it stops counting, so a killed worker never locks a subject out for longer."
+        "at most `limit` requests of a subject in progress at once: a place is taken when a request is "
+        "admitted and given back when its response is done; the window is a lease (see window)."
     )
     letter = "c"
     order = 5
     holds = True
+    notes = {
+        "limit": "requests in progress at once",
+        "window": "the lease: a request still running after it stops counting (a killed worker frees its place then)",
+    }
 
     def live_batch(self, policy, batch: int, field_budget: int) -> int:
         return batch // 2  # two sorted-set reads a counter: its count and its last lease

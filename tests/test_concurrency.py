@@ -1,0 +1,238 @@
+"""In-flight (concurrency) policies: a place per request while it runs, given back when its response
+is done, through every door; exact under processes; a reference model with releases."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from functools import partial
+
+import pytest
+from django.http import HttpResponse
+from django.test import Client, RequestFactory
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ratelimit_app
+from ratelimit_app import engine, live
+from ratelimit_app.middleware import RateLimitMiddleware
+from ratelimit_app.policies import get_index
+from ratelimit_app.values import Held
+from tests.helpers import check, in_processes, make_policy, policy, subject
+from tests.servers import Server, manage, site_env
+
+pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.inflight_urls")]
+
+IP = "203.0.113.7"
+make = partial(make_policy, name="inflight-per-ip", action="inflight", limit=2, window=60, strategy="concurrency")
+T0 = 1_800_000_000_000  # ms
+
+
+def inflight_policy():
+    return next(p for p in get_index().policies if p.action == "inflight")
+
+
+def in_flight(who: str = IP) -> int:
+    """The places the policy holds for `who` now."""
+    return engine.decide([check(inflight_policy(), f"ip:{who}")], dry_run=True).decisions[0].count
+
+
+# --- the engine against a model with releases ---------------------------------------------------
+
+
+@dataclass
+class Places:
+    """What a concurrency policy should do: leases held until given back or until they run out."""
+
+    window: int
+    held: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)  # who -> lease -> (until, units)
+
+    def count(self, who: str, now: int) -> int:
+        return sum(units for until, units in self.held.get(who, {}).values() if until > now)
+
+    def take(self, who: str, lease: str, now: int, limit: int, cost: int) -> bool:
+        if self.count(who, now) + cost > limit:
+            return False
+        self.held.setdefault(who, {})[lease] = (now + self.window, cost)
+        return True
+
+    def give_back(self, who: str, lease: str) -> None:
+        self.held.get(who, {}).pop(lease, None)
+
+
+operations = st.lists(
+    st.tuples(
+        st.sampled_from(["take", "take", "give back"]),
+        st.integers(min_value=0, max_value=1500),  # ms since the previous operation
+        st.sampled_from(["ip:198.51.100.1", "ip:198.51.100.2"]),
+        st.integers(min_value=1, max_value=3),  # the limit in effect
+        st.sampled_from([1, 1, 2, 4]),  # the cost (4: above every limit)
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=operations)
+def test_places_are_taken_and_given_back_as_the_model_says(redis_client, steps):
+    redis_client.flushdb()
+    limited = policy(strategy="concurrency", limit=3, window=4)
+    model, now, taken = Places(4000), T0, []
+    for number, (operation, gap, who, limit, cost) in enumerate(steps):
+        now += gap
+        if operation == "give back" and taken:
+            lease, place = taken.pop(0)
+            model.give_back(place.subject.display, lease)
+            engine.release([place])
+            continue
+        lease = f"lease{number}"
+        expected = model.take(who, lease, now, limit, cost)
+        [decision] = engine.decide([check(limited, who, limit)], now=now / 1000, cost=cost, lease=lease).decisions
+        assert (decision.allowed, decision.count) == (expected, model.count(who, now)), (number, who, now - T0)
+        if decision.allowed:
+            taken.append((lease, Held(limited, subject(who), lease, cost)))
+        elif cost <= limit:
+            assert 0 < decision.retry_after <= 1  # a second, unless a lease runs out sooner
+        else:
+            assert decision.retry_after is None
+
+
+def _hold(compiled, start, results, attempts=10):
+    start.wait()
+    results.put(sum(engine.decide([check(compiled)], lease=f"{id(start)}-{n}-{time.perf_counter_ns()}").allowed
+                    for n in range(attempts)))
+
+
+def test_eight_processes_hold_exactly_the_limit():
+    limited = policy(strategy="concurrency", limit=5, window=60)
+    assert sum(in_processes(_hold, (limited,))) == 5
+    assert engine.decide([check(limited)], dry_run=True).decisions[0].count == 5
+
+
+def test_a_refused_request_takes_no_place_anywhere():
+    places = policy(strategy="concurrency", limit=5)
+    tight = policy(limit=1)
+    assert engine.decide([check(places), check(tight)], lease="a").allowed
+    assert not engine.decide([check(places), check(tight)], lease="b").allowed
+    assert [d.count for d in engine.decide([check(places), check(tight)], dry_run=True).decisions] == [1, 1]
+
+
+# --- the doors give the place back when the response is done --------------------------------------
+
+
+def test_a_place_is_held_while_the_view_runs_and_given_back_after(client):
+    make()
+    response = client.get("/plain/", REMOTE_ADDR=IP)
+    assert response.content == b"1"
+    assert response["RateLimit"] == '"inflight-per-ip";r=1;t=60'
+    assert in_flight() == 0
+
+
+def test_a_view_that_raises_gives_its_place_back():
+    make()
+    client = Client(raise_request_exception=False)
+    assert [client.get("/boom/", REMOTE_ADDR=IP).status_code for _ in range(3)] == [500, 500, 500]
+    assert in_flight() == 0
+
+
+def test_a_streamed_response_holds_its_place_until_it_is_closed(client):
+    make()
+    response = client.get("/stream/", REMOTE_ADDR=IP)
+    assert b"".join(response.streaming_content) == b"first 1"  # held while the body was produced
+    response.close()
+    assert in_flight() == 0
+
+
+def test_the_limit_refuses_the_third_request_in_flight_with_retry_after_1():
+    make()
+    middleware = RateLimitMiddleware(lambda request: HttpResponse("ok"))  # responses not closed yet: still running
+    responses = [middleware(RequestFactory().get("/plain/", REMOTE_ADDR=IP)) for _ in range(3)]
+    assert [r.status_code for r in responses] == [200, 200, 429]
+    assert responses[2]["Retry-After"] == "1"
+    assert in_flight() == 2
+    responses[0].close()
+    assert in_flight() == 1
+
+
+@pytest.mark.parametrize("path", ["/decorated/", "/hit/", "/api/", "/decorated/async/"])
+def test_every_door_gives_the_place_back(client, path):
+    make()
+    response = client.get(path, REMOTE_ADDR=IP)
+    assert response.status_code == 200 and b"1" in response.content
+    assert in_flight() == 0
+
+
+@pytest.mark.parametrize("path", ["/decorated/boom/", "/api/boom/"])
+def test_views_that_raise_behind_the_doors_give_their_places_back(path):
+    make()
+    client = Client(raise_request_exception=False)
+    assert [client.get(path, REMOTE_ADDR=IP).status_code for _ in range(3)] == [500, 500, 500]
+    assert in_flight() == 0
+
+
+def test_without_the_middleware_the_decorator_and_drf_give_places_back(settings):
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "ratelimit" not in m]
+    make()
+    client = Client()
+    for path in ["/decorated/", "/api/", "/decorated/async/"]:
+        assert client.get(path, REMOTE_ADDR=IP).status_code == 200
+        assert in_flight() == 0, path
+
+
+def test_the_live_page_shows_the_requests_in_flight():
+    make()
+    compiled = inflight_policy()
+    engine.decide([check(compiled, f"ip:{IP}")], lease="one")
+    engine.decide([check(compiled, f"ip:{IP}")], lease="two")
+    [shown] = live.live_usage(compiled).subjects
+    assert (shown.display, shown.count) == (f"ip:{IP}", 2)
+
+
+# --- a real ASGI server: async views, a client that leaves ----------------------------------------------
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def _start_slow(port: int) -> socket.socket:
+    """A client asking for a slow report, which keeps its connection open."""
+    connection = socket.create_connection(("127.0.0.1", port), timeout=10)
+    connection.sendall(b"GET /demo/report/?seconds=30 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    return connection
+
+
+@pytest.mark.slow
+def test_under_uvicorn_a_client_that_leaves_gives_its_place_back(tmp_path):
+    env = site_env(tmp_path / "site.sqlite3")
+    manage(env, "migrate", "--noinput")
+    manage(env, "shell", "-c", "from ratelimit_app.models import Policy\n"
+           "Policy.objects.create(name='reports', action='report', limit=2, window=60, strategy='concurrency', key='ip')")
+    server = Server(env, asgi=True)
+    quick = server.url + "/demo/report/?seconds=0"
+    try:
+        assert _status(quick) == 200  # a finished async request gave its place back
+        assert _status(quick) == 200
+        slow = [_start_slow(server.port), _start_slow(server.port)]
+        statuses = [_status(quick)]  # until both slow reports hold their places
+        while statuses[-1] != 429 and len(statuses) < 200:
+            time.sleep(0.05)
+            statuses.append(_status(quick))
+        assert statuses[-1] == 429
+        slow[0].close()  # the client leaves: Django cancels the view, its place goes back
+        after = [_status(quick)]
+        while after[-1] != 200 and len(after) < 200:
+            time.sleep(0.05)
+            after.append(_status(quick))
+        assert after[-1] == 200
+        slow[1].close()
+    finally:
+        server.stop()
