@@ -16,7 +16,6 @@ from django.test import Client, RequestFactory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import ratelimit_app
 from ratelimit_app import engine, live
 from ratelimit_app.middleware import RateLimitMiddleware
 from ratelimit_app.policies import get_index
