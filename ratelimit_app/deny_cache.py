@@ -74,7 +74,8 @@ class DenyCache:
         of fewer units is kept: it refuses more requests."""
         now = time.monotonic()
         for check, decision in zip(checks, decisions):
-            if not decision.allowed and decision.retry_after:
+            # an in-flight place may come back any moment (its retry is a guess): never remembered
+            if not decision.allowed and decision.retry_after and not check.policy.holds:
                 with self._lock:
                     if epoch != self.epoch:
                         return

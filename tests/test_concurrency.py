@@ -235,3 +235,23 @@ def test_under_uvicorn_a_client_that_leaves_gives_its_place_back(tmp_path):
         slow[1].close()
     finally:
         server.stop()
+
+
+def test_a_concurrency_policy_declared_beside_a_view(client):
+    from ratelimit_app.decorators import ratelimit
+    from tests.helpers import declarations_forgotten
+
+    with declarations_forgotten():
+        view = ratelimit(rate="2/m", key="ip", strategy="concurrency", name="reports-here")(lambda request: HttpResponse("ok"))
+        responses = [view(RequestFactory().get("/", REMOTE_ADDR=IP)) for _ in range(3)]  # none closed yet
+        assert [r.status_code for r in responses] == [200, 200, 429]
+        for response in responses:
+            response.close()
+        assert view(RequestFactory().get("/", REMOTE_ADDR=IP)).status_code == 200
+
+
+@pytest.mark.urls("project.urls")
+def test_the_admin_offers_the_strategy_and_says_what_the_window_means_for_it(admin_client):
+    page = admin_client.get("/admin/ratelimit_app/policy/add/").content.decode()
+    assert "Concurrency (requests in flight)" in page
+    assert "For concurrency: the lease" in page and "For concurrency: requests in progress at once" in page
