@@ -415,3 +415,24 @@ def test_a_subject_key_that_is_not_a_hash_still_has_a_stable_shard(settings):
     settings.RATELIMIT_SHARDS = 16
     assert keys.shard_of("custom-subject") == keys.shard_of("custom-subject") in range(16)
     assert keys.shard_of("00000000000000ff") == 15
+
+
+def _costly(checks, start, results, attempts=100):
+    start.wait()
+    results.put(sum(engine.decide(checks, cost=3).allowed for _ in range(attempts)))
+
+
+def test_eight_processes_of_cost_3_admit_exactly_a_third_of_the_limit(cluster):
+    limited = policy(strategy="sliding_window", limit=300, window=3600, bucket_size=60)
+    assert sum(in_processes(_costly, ([check(limited)],))) == 100
+
+
+def test_places_in_flight_are_taken_and_given_back_on_the_cluster(cluster):
+    from ratelimit_app.values import Held
+
+    places = policy(strategy="concurrency", limit=2, window=60)
+    who = who_in_other_shards(2)
+    for n, ip in enumerate(who):
+        assert [engine.decide([check(places, ip)], lease=f"{n}-{k}").allowed for k in range(3)] == [True, True, False]
+    engine.release([Held(places, subject(ip), f"{n}-0", 1) for n, ip in enumerate(who)])
+    assert [engine.decide([check(places, ip)], dry_run=True).decisions[0].count for ip in who] == [1, 1]

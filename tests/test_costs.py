@@ -190,3 +190,38 @@ def test_a_subject_refused_at_a_high_cost_is_still_admitted_at_a_lower_one(setti
     assert not ratelimit_app.hit(request(), "search", cost=5).allowed  # remembered for 5 units or more
     assert not ratelimit_app.hit(request(), "search", cost=6).allowed
     assert ratelimit_app.hit(request(), "search", cost=2).allowed
+
+
+# --- the admin's cost ---------------------------------------------------------------------------------
+
+
+def test_the_admins_cost_is_charged_through_the_middleware(client):
+    from ratelimit_app.models import ActionCost
+
+    make_policy(name="demo-search", action="demo:search", limit=10, window=60)
+    ActionCost.objects.create(action="demo:search", cost=4)
+    responses = [client.get("/demo/search/", REMOTE_ADDR="203.0.113.20") for _ in range(3)]
+    assert [r.status_code for r in responses] == [200, 200, 429]
+    assert responses[1]["RateLimit"].startswith('"demo-search";r=2;')
+
+
+def test_the_admins_cost_wins_over_the_codes():
+    from ratelimit_app.models import ActionCost
+
+    make(limit=10)
+    ActionCost.objects.create(action="search", cost=2)
+    assert search(request())["RateLimit"].startswith('"search";r=8;')  # the code says 4, the admin 2
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_async_decorated_view_takes_its_cost():
+    from asgiref.sync import sync_to_async
+
+    @ratelimit("search", cost=3)
+    async def view(request):
+        return HttpResponse("ok")
+
+    await sync_to_async(make)(limit=10)
+    answers = [await view(request()) for _ in range(4)]
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    assert answers[2]["RateLimit"].startswith('"search";r=1;')
