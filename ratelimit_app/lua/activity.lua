@@ -9,9 +9,9 @@
 -- The totals, a hash of counts per totals bucket: 'a<bucket>' requests counted, 'd<bucket>' requests
 -- refused (by a shadow policy: that would have been), summed by the reader over the same window
 -- the counters use; and 'e<bucket>' the number of subjects whose counter empties in that bucket, so
--- the subjects still active are counted even when the index cannot hold them all. A refusal adds to
--- them with one HINCRBY; admitted requests are added by the workers a moment later, a bucket at a
--- time (tally.lua), so that a decision that admits costs no write here. The reader sums at most
+-- the subjects still active are counted even when the index cannot hold them all. Requests admitted
+-- and refused are added by the workers a moment later, a bucket at a time (tally.lua), so that a
+-- decision costs no write here for them. The reader sums at most
 -- window / bucket fields of each. The buckets that
 -- leave the window are rolled into 'A<window number>' and 'D<window number>' (the trend), kept for the
 -- last trend_windows(window) windows: once per bucket, never per decision.
@@ -221,9 +221,9 @@ function activity.counted(live, totals, member, terms, now, count, cost, before_
   if after ~= before then activity.moved(totals, before, after, now, window, bucket) end
 end
 
--- a request over the limit: the subject is marked blocked in the index and the refusal counted
-function activity.refused(live, totals, member, terms, now, reset)
+-- a request over the limit: the subject is marked blocked in the index (the worker counts the
+-- refusal in the totals, tally.lua)
+function activity.refused(live, member, terms, now, reset)
   local bucket, window = terms.totals_bucket, terms.window
   activity.index(live, member, BLOCKED + bucket_of(now, reset, bucket) * bucket, terms.index_size, now, window, bucket)
-  activity.count(totals, 'd', now, window, bucket)
 end

@@ -17,8 +17,8 @@
 --
 -- If any enforcing policy has no room for the cost, nothing stays counted anywhere (units taken
 -- before the refusal was known are given back in the same call); otherwise every policy with room
--- takes the cost. A shadow policy at its limit is reported, never counted. The totals of admitted
--- requests are left to the worker (tally.lua); refusals are counted here.
+-- takes the cost. A shadow policy at its limit is reported, never counted. The totals (requests
+-- admitted and refused) are left to the worker (tally.lua).
 -- Returns {now, then per policy: exceeded, count, reset (ms), retry after (ms); then the version
 -- token ('' when Redis holds none) if it was asked for}.
 --
@@ -83,13 +83,12 @@ for i = 1, n do
     policy.taken = false
   end
   if policy.taken then
-    -- keep the operator's index up to date; the totals of admitted requests are added by the
-    -- worker (tally.lua), not here
+    -- keep the operator's index up to date; the totals are added by the worker (tally.lua), not here
     policy.count = policy.count + cost
     activity.counted(live, totals, member, terms, now, policy.count, cost, policy.before_reset, policy.reset)
   else
     policy.reset = strategy.reset(key, now, terms.window, terms.bucket, policy.count, policy.state)
-    if policy.exceeded and not dry_run then activity.refused(live, totals, member, terms, now, policy.reset) end
+    if policy.exceeded and not dry_run then activity.refused(live, member, terms, now, policy.reset) end
   end
   local at = 4 * i - 2 -- the policy's four figures follow now and those of the policies before
   result[at], result[at + 1], result[at + 2], result[at + 3] =
