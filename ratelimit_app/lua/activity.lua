@@ -21,6 +21,13 @@ local BLOCKED = 2 ^ 43 -- about 278 years of ms: above any time, exact in a doub
 
 activity.BLOCKED = BLOCKED
 
+-- The blocked entries written lately, by counter key: {member, score}. Where the scripts are a
+-- Functions library this is kept between calls (elsewhere it starts empty each call): a subject
+-- refused again gets no second, identical mark, and decide.lua looks at its counter before counting.
+-- A hint only, never a wrong decision: a forgotten entry costs commands; a stale one (the index lost
+-- the mark since) leaves the subject unmarked until its refusals move to another totals bucket.
+local marks, marked, MARKS = {}, 0, 10000 -- entries at most, then forgotten all at once
+
 -- how many windows the trend keeps: the last hour, at least 2 and at most 60 windows (live.trend_windows)
 local function trend_windows(window)
   return math.max(2, math.min(60, math.floor(3600000 / window)))
@@ -206,12 +213,13 @@ local function bucket_of(now, reset, bucket)
   return math.ceil((now + reset) / bucket)
 end
 
--- a subject's counter went up by `cost` to `count` for a policy of these `terms` (terms.lua) and now empties
+-- a subject's counter `key` went up by `cost` to `count` for a policy of these `terms` (terms.lua) and now empties
 -- `reset` ms from now (before: `before_reset` ms from now; nil: it was empty): its entry in the live
 -- index `live` and the totals' count of active subjects follow, when the bucket in which it empties
 -- moves, or the count doubles
-function activity.counted(live, totals, member, terms, now, count, cost, before_reset, reset)
+function activity.counted(live, totals, key, member, terms, now, count, cost, before_reset, reset)
   local bucket, window = terms.totals_bucket, terms.window
+  marks[key] = nil -- counted: no longer refused lately
   local after = bucket_of(now, reset, bucket)
   local before = after -- the same reset (a fixed window's repeat request) needs no second bucket
   if before_reset ~= reset then before = before_reset and bucket_of(now, before_reset, bucket) or nil end
@@ -221,9 +229,22 @@ function activity.counted(live, totals, member, terms, now, count, cost, before_
   if after ~= before then activity.moved(totals, before, after, now, window, bucket) end
 end
 
--- a request over the limit: the subject is marked blocked in the index (the worker counts the
--- refusal in the totals, tally.lua)
-function activity.refused(live, member, terms, now, reset)
+-- whether the subject of this counter was refused lately (and has not been counted since)
+function activity.refused_lately(key)
+  return marks[key] ~= nil
+end
+
+-- a request over the limit: the subject is marked blocked in the index, unless its entry already
+-- says so (the worker counts the refusal in the totals, tally.lua)
+function activity.refused(live, key, member, terms, now, reset)
   local bucket, window = terms.totals_bucket, terms.window
-  activity.index(live, member, BLOCKED + bucket_of(now, reset, bucket) * bucket, terms.index_size, now, window, bucket)
+  local score = BLOCKED + bucket_of(now, reset, bucket) * bucket
+  local mark = marks[key]
+  if mark and mark[1] == member and mark[2] == score then return end
+  activity.index(live, member, score, terms.index_size, now, window, bucket)
+  if not mark then
+    if marked >= MARKS then marks, marked = {}, 0 end
+    marked = marked + 1
+  end
+  marks[key] = {member, score}
 end

@@ -57,11 +57,13 @@ for i = 1, n do
   local terms = terms(ARGV[2 * i + 2])
   local strategy, key, limit = terms.strategy, KEYS[3 * i - 2], terms.limit
   local count, retry, state, capacity, taken, reset, before_reset, exceeded
-  -- once the request is refused (or in a dry run), the remaining policies only look
-  if dry_run or denied then
+  -- once the request is refused (or in a dry run), the remaining policies only look; a policy that
+  -- refused the subject lately looks first, so that refusing it again writes nothing to take back
+  if dry_run or denied or activity.refused_lately(key) then
     count, retry, state, capacity = strategy.peek(key, now, terms.window, terms.bucket, limit, now_us, cost)
     exceeded = count + cost > (capacity or limit)
-  else
+  end
+  if not (dry_run or denied or exceeded) then
     count, retry, state, capacity, taken, reset, before_reset =
       strategy.take(key, now, terms.window, terms.bucket, limit, now_us, terms.totals_bucket, cost, lease)
     exceeded = not taken
@@ -85,10 +87,10 @@ for i = 1, n do
   if policy.taken then
     -- keep the operator's index up to date; the totals are added by the worker (tally.lua), not here
     policy.count = policy.count + cost
-    activity.counted(live, totals, member, terms, now, policy.count, cost, policy.before_reset, policy.reset)
+    activity.counted(live, totals, key, member, terms, now, policy.count, cost, policy.before_reset, policy.reset)
   else
     policy.reset = strategy.reset(key, now, terms.window, terms.bucket, policy.count, policy.state)
-    if policy.exceeded and not dry_run then activity.refused(live, member, terms, now, policy.reset) end
+    if policy.exceeded and not dry_run then activity.refused(live, key, member, terms, now, policy.reset) end
   end
   local at = 4 * i - 2 -- the policy's four figures follow now and those of the policies before
   result[at], result[at + 1], result[at + 2], result[at + 3] =
