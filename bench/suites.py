@@ -261,6 +261,14 @@ def _installed(results: Results, module: str, package: str, contender: Callable[
 # --- the decisions table -----------------------------------------------------------------------
 
 
+def _refused_once(make: Callable[[], Callable[[], object]]) -> Callable[[], object]:
+    """A call against a limit of 1 whose limit is already reached: per_call's own first call is the
+    first refusal, so every call it counts is a refused repeat (not the first, which marks the subject)."""
+    operation = make()
+    operation()
+    return operation
+
+
 def decisions(results: Results) -> None:
     """Every contender measured in the same run: latencies interleaved, throughput in alternating
     rounds, so that the machine's load weighs on all of them alike."""
@@ -270,7 +278,7 @@ def decisions(results: Results) -> None:
     redis_client = client()
     wire = {c.name: per_call(redis_client, operations[c.name], 200) for c in contenders}
     with override_settings(RATELIMIT_DENY_CACHE=False):  # engine.decide never asks it; said here all the same
-        refused = {c.name: per_call(redis_client, c.refused(), 200)[2] for c in contenders if c.refused}
+        refused = {c.name: per_call(redis_client, _refused_once(c.refused), 200)[2] for c in contenders if c.refused}
     rates = {c.name: 0.0 for c in contenders if c.kind != "floor"}
     rounds = 1 if results.quick else 4  # short alternating rounds: a burst of load elsewhere hits every row
     for number in range(rounds):

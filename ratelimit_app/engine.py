@@ -217,7 +217,8 @@ def _merged(checks: Sequence[Check], groups: dict[int, list[Check]], verdicts: d
 def _verdict(checks: Sequence[Check], reply: list, call: Ask) -> Verdict:
     now_ms, cost = reply[0], call.cost
     decisions = []
-    admitted = []  # the script leaves the totals of what it counted to the worker (tally.py)
+    # the script leaves the totals to the worker (tally.py): what it counted, and what it refused
+    admitted, refused = [], []
     denied = False
     for i, (policy, subject, limit) in enumerate(checks):
         exceeded, count, reset_ms, retry_ms = reply[1 + 4 * i : 5 + 4 * i]
@@ -232,10 +233,14 @@ def _verdict(checks: Sequence[Check], reply: list, call: Ask) -> Verdict:
                 capacity - count if count < capacity else 0, reset_ms / 1000, retry_after, cost,
             )
         )
-        if not exceeded:
-            admitted.append((policy, keys.shard_of(subject.key), "a", now_ms // policy.totals_bucket_ms))
-    if admitted and not (call.dry_run or denied):  # every policy below its limit counted the request
-        tally.add(admitted)
+        # a policy over its limit refuses (a shadow one: would have) even when another denied first
+        (refused if exceeded else admitted).append(
+            (policy, keys.shard_of(subject.key), "d" if exceeded else "a", now_ms // policy.totals_bucket_ms)
+        )
+    # every policy below its limit counted the request unless one denied it; refusals count either way
+    totals = refused if denied else admitted + refused
+    if totals and not call.dry_run:
+        tally.add(totals)
     asked = 1 + 4 * len(checks)  # the version follows the figures when it was asked for
     return Verdict(not denied, tuple(decisions), reply[asked] if len(reply) > asked else None)
 

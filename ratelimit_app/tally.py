@@ -1,7 +1,7 @@
 """Counts that reach the policies' totals from the workers rather than from the decision itself.
 
-A decision that admits a request does not touch the policy's totals in Redis (that would be one
-more command on every request); the engine adds it here instead, under the totals bucket of the
+A decision does not touch the policy's totals in Redis (that would be one more command on every
+request); the engine adds what it admitted and refused here instead, under the totals bucket of the
 decision's own time, and the refusals of the local deny cache join them. A background thread adds
 what is pending to Redis at most FLUSH_SECONDS later (lua/tally.lua), in one call per shard; a
 reader in this process flushes first, so what it shows is complete. The totals of other processes

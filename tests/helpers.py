@@ -59,6 +59,21 @@ def count_round_trips() -> Iterator[list[int]]:
         counter[0] = wire.trips
 
 
+def server_commands_per_call(redis_client, operation, count: int = 10) -> float:
+    """Commands the server ran per call of `operation` (INFO commandstats: a script or function counts
+    itself and every command it runs), the totals' background flush held back meanwhile."""
+    from bench.measure import server_commands
+    from ratelimit_app.tally import tally
+
+    tally.flush()  # what earlier calls owe the totals is not the measured calls' work
+    with tally._flushing:
+        redis_client.config_resetstat()
+        before = server_commands(redis_client)
+        for _ in range(count):
+            operation()
+        return (server_commands(redis_client) - before) / count
+
+
 @contextlib.contextmanager
 def declarations_forgotten(keep: str = "") -> Iterator[None]:
     """Policies a test declares in code do not outlive it (except those whose origin mentions `keep`)."""

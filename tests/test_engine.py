@@ -7,7 +7,8 @@ import time
 import pytest
 
 from ratelimit_app import engine
-from tests.helpers import check, count_round_trips, in_processes, policy
+from ratelimit_app.rates import MAX_WINDOW
+from tests.helpers import check, count_round_trips, in_processes, policy, server_commands_per_call
 
 T0 = 1_800_000_000.0  # a window boundary for every window used here (divisible by 60 and 3600)
 STRATEGIES = ["fixed_window", "sliding_window", "sliding_log"]
@@ -299,6 +300,19 @@ def test_a_repeat_decision_runs_few_commands_and_leaves_the_live_index_alone(red
     stats = redis_client.info("commandstats")
     calls = {name[len("cmdstat_"):]: s["calls"] for name, s in stats.items() if not name.startswith(("cmdstat_evalsha", "cmdstat_fcall", "cmdstat_config"))}
     assert calls == {name: 10 * count for name, count in budget.items()}
+
+
+@pytest.mark.parametrize("strategy", ["fixed_window", "token_bucket"])
+def test_a_refused_repeat_decision_runs_at_most_three_commands(redis_client, strategy):
+    """Without the deny cache every refusal reaches Redis: for a subject refused before, the call, TIME
+    and one read of its counter, nothing written (the refusal reaches the totals through the worker)."""
+    limited = policy(strategy=strategy, limit=1, window=MAX_WINDOW)  # no window ends during the test
+    assert [engine.decide([check(limited)]).allowed for _ in range(2)] == [True, False]
+
+    def refused():
+        assert not engine.decide([check(limited)]).allowed
+
+    assert server_commands_per_call(redis_client, refused) <= 3
 
 
 def test_a_one_second_sliding_window_slides_in_tenths(redis_client):

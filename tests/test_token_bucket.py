@@ -9,16 +9,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.measure import server_commands
-from ratelimit_app import engine, headers
+from ratelimit_app import engine, headers, keys
 from ratelimit_app.models import Override, Policy
 from ratelimit_app.policies import compile_policy
-from tests.helpers import check, in_processes, make_policy, policy
+from ratelimit_app.rates import MAX_WINDOW
+from tests.helpers import check, in_processes, make_policy, policy, server_commands_per_call, subject
 
 T0 = 1_800_000_000.0  # a window boundary for every window used here
 
 
-def hit(*checks, now, dry_run=False):
-    return engine.decide(list(checks), now=now, dry_run=dry_run)
+def hit(*checks, now, dry_run=False, cost=1):
+    return engine.decide(list(checks), now=now, dry_run=dry_run, cost=cost)
 
 
 def bucket(**fields):
@@ -130,6 +131,34 @@ def test_denied_requests_are_not_counted():
     assert not hit(check(limited), now=T0 + 20).allowed
 
 
+def test_what_redis_holds_decides_whatever_the_engine_wrote_last(redis_client):
+    """The TAT a decision wrote last is only a guess at the next one: a counter deleted (a reset, an
+    expiry) or set to another TAT behind the engine's back is what counts, whichever way it moved."""
+    limited = bucket(limit=100, window=60, burst=5)  # 5 at once, then one every 0.6 s
+    counter = keys.counter_key(limited, subject().key)
+
+    def taken(count, cost=1):
+        return [hit(check(limited), now=T0, cost=cost).allowed for _ in range(count)]
+
+    assert taken(2) == [True] * 2
+    two_in_use = redis_client.get(counter)
+    assert taken(4) == [True] * 3 + [False]
+    five_in_use = redis_client.get(counter)
+    redis_client.set(counter, two_in_use)  # the engine wrote a full bucket: Redis has room for 3
+    assert taken(4) == [True] * 3 + [False]
+    redis_client.delete(counter)
+    assert taken(1) == [True]
+    redis_client.set(counter, two_in_use)  # the engine wrote 1 in use: Redis has 2
+    assert taken(4) == [True] * 3 + [False]
+    redis_client.delete(counter)
+    assert taken(1) == [True]
+    redis_client.set(counter, five_in_use)  # the engine wrote 1 in use: Redis has no room
+    assert taken(1) == [False]
+    assert redis_client.get(counter) == five_in_use  # the refusal left it as it was
+    redis_client.delete(counter)  # the engine wrote (and read) a full bucket: Redis has an empty one
+    assert taken(1, cost=5) == [True]
+
+
 def test_a_full_bucket_is_reported_empty_and_forgotten_by_redis(redis_client):
     limited = bucket(limit=10, window=60)
     for _ in range(3):
@@ -222,6 +251,19 @@ def test_no_more_server_commands_than_the_fixed_window(redis_client):
     assert smooth <= fixed
     stats = redis_client.info("commandstats")  # of the token bucket's 20 decisions: one SET each
     assert stats["cmdstat_set"]["calls"] == 20 and "cmdstat_get" not in stats
+
+
+def test_a_decision_using_its_burst_runs_at_most_three_commands(redis_client):
+    """A subject spending its burst (each request moves the TAT further ahead of now): the call, TIME
+    and one SET ... GET, as for a subject within its rate."""
+    spending = bucket(limit=10**6, window=MAX_WINDOW, burst=1000)  # one request per 31.6 s sustained
+    for _ in range(20):  # then bursts of 21 to 30: no power of two, where the index records a busier subject
+        engine.decide([check(spending)])
+
+    def spend():
+        assert engine.decide([check(spending)]).allowed
+
+    assert server_commands_per_call(redis_client, spend) <= 3
 
 
 # --- exactness under concurrency ----------------------------------------------------------------

@@ -9,9 +9,9 @@
 -- The totals, a hash of counts per totals bucket: 'a<bucket>' requests counted, 'd<bucket>' requests
 -- refused (by a shadow policy: that would have been), summed by the reader over the same window
 -- the counters use; and 'e<bucket>' the number of subjects whose counter empties in that bucket, so
--- the subjects still active are counted even when the index cannot hold them all. A refusal adds to
--- them with one HINCRBY; admitted requests are added by the workers a moment later, a bucket at a
--- time (tally.lua), so that a decision that admits costs no write here. The reader sums at most
+-- the subjects still active are counted even when the index cannot hold them all. Requests admitted
+-- and refused are added by the workers a moment later, a bucket at a time (tally.lua), so that a
+-- decision costs no write here for them. The reader sums at most
 -- window / bucket fields of each. The buckets that
 -- leave the window are rolled into 'A<window number>' and 'D<window number>' (the trend), kept for the
 -- last trend_windows(window) windows: once per bucket, never per decision.
@@ -20,6 +20,13 @@ local activity = {}
 local BLOCKED = 2 ^ 43 -- about 278 years of ms: above any time, exact in a double with a time added
 
 activity.BLOCKED = BLOCKED
+
+-- The blocked entries written lately, by counter key: {member, score}. Where the scripts are a
+-- Functions library this is kept between calls (elsewhere it starts empty each call): a subject
+-- refused again gets no second, identical mark, and decide.lua looks at its counter before counting.
+-- A hint only, never a wrong decision: a forgotten entry costs commands; a stale one (the index lost
+-- the mark since) leaves the subject unmarked until its refusals move to another totals bucket.
+local marks, marked, MARKS = {}, 0, 10000 -- entries at most, then forgotten all at once
 
 -- how many windows the trend keeps: the last hour, at least 2 and at most 60 windows (live.trend_windows)
 local function trend_windows(window)
@@ -206,12 +213,13 @@ local function bucket_of(now, reset, bucket)
   return math.ceil((now + reset) / bucket)
 end
 
--- a subject's counter went up by `cost` to `count` for a policy of these `terms` (terms.lua) and now empties
+-- a subject's counter `key` went up by `cost` to `count` for a policy of these `terms` (terms.lua) and now empties
 -- `reset` ms from now (before: `before_reset` ms from now; nil: it was empty): its entry in the live
 -- index `live` and the totals' count of active subjects follow, when the bucket in which it empties
 -- moves, or the count doubles
-function activity.counted(live, totals, member, terms, now, count, cost, before_reset, reset)
+function activity.counted(live, totals, key, member, terms, now, count, cost, before_reset, reset)
   local bucket, window = terms.totals_bucket, terms.window
+  marks[key] = nil -- counted: no longer refused lately
   local after = bucket_of(now, reset, bucket)
   local before = after -- the same reset (a fixed window's repeat request) needs no second bucket
   if before_reset ~= reset then before = before_reset and bucket_of(now, before_reset, bucket) or nil end
@@ -221,9 +229,22 @@ function activity.counted(live, totals, member, terms, now, count, cost, before_
   if after ~= before then activity.moved(totals, before, after, now, window, bucket) end
 end
 
--- a request over the limit: the subject is marked blocked in the index and the refusal counted
-function activity.refused(live, totals, member, terms, now, reset)
+-- whether the subject of this counter was refused lately (and has not been counted since)
+function activity.refused_lately(key)
+  return marks[key] ~= nil
+end
+
+-- a request over the limit: the subject is marked blocked in the index, unless its entry already
+-- says so (the worker counts the refusal in the totals, tally.lua)
+function activity.refused(live, key, member, terms, now, reset)
   local bucket, window = terms.totals_bucket, terms.window
-  activity.index(live, member, BLOCKED + bucket_of(now, reset, bucket) * bucket, terms.index_size, now, window, bucket)
-  activity.count(totals, 'd', now, window, bucket)
+  local score = BLOCKED + bucket_of(now, reset, bucket) * bucket
+  local mark = marks[key]
+  if mark and mark[1] == member and mark[2] == score then return end
+  activity.index(live, member, score, terms.index_size, now, window, bucket)
+  if not mark then
+    if marked >= MARKS then marks, marked = {}, 0 end
+    marked = marked + 1
+  end
+  marks[key] = {member, score}
 end

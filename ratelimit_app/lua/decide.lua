@@ -17,8 +17,8 @@
 --
 -- If any enforcing policy has no room for the cost, nothing stays counted anywhere (units taken
 -- before the refusal was known are given back in the same call); otherwise every policy with room
--- takes the cost. A shadow policy at its limit is reported, never counted. The totals of admitted
--- requests are left to the worker (tally.lua); refusals are counted here.
+-- takes the cost. A shadow policy at its limit is reported, never counted. The totals (requests
+-- admitted and refused) are left to the worker (tally.lua).
 -- Returns {now, then per policy: exceeded, count, reset (ms), retry after (ms); then the version
 -- token ('' when Redis holds none) if it was asked for}.
 --
@@ -57,11 +57,13 @@ for i = 1, n do
   local terms = terms(ARGV[2 * i + 2])
   local strategy, key, limit = terms.strategy, KEYS[3 * i - 2], terms.limit
   local count, retry, state, capacity, taken, reset, before_reset, exceeded
-  -- once the request is refused (or in a dry run), the remaining policies only look
-  if dry_run or denied then
+  -- once the request is refused (or in a dry run), the remaining policies only look; a policy that
+  -- refused the subject lately looks first, so that refusing it again writes nothing to take back
+  if dry_run or denied or activity.refused_lately(key) then
     count, retry, state, capacity = strategy.peek(key, now, terms.window, terms.bucket, limit, now_us, cost)
     exceeded = count + cost > (capacity or limit)
-  else
+  end
+  if not (dry_run or denied or exceeded) then
     count, retry, state, capacity, taken, reset, before_reset =
       strategy.take(key, now, terms.window, terms.bucket, limit, now_us, terms.totals_bucket, cost, lease)
     exceeded = not taken
@@ -83,13 +85,12 @@ for i = 1, n do
     policy.taken = false
   end
   if policy.taken then
-    -- keep the operator's index up to date; the totals of admitted requests are added by the
-    -- worker (tally.lua), not here
+    -- keep the operator's index up to date; the totals are added by the worker (tally.lua), not here
     policy.count = policy.count + cost
-    activity.counted(live, totals, member, terms, now, policy.count, cost, policy.before_reset, policy.reset)
+    activity.counted(live, totals, key, member, terms, now, policy.count, cost, policy.before_reset, policy.reset)
   else
     policy.reset = strategy.reset(key, now, terms.window, terms.bucket, policy.count, policy.state)
-    if policy.exceeded and not dry_run then activity.refused(live, totals, member, terms, now, policy.reset) end
+    if policy.exceeded and not dry_run then activity.refused(live, key, member, terms, now, policy.reset) end
   end
   local at = 4 * i - 2 -- the policy's four figures follow now and those of the policies before
   result[at], result[at + 1], result[at + 2], result[at + 3] =

@@ -1,5 +1,5 @@
 -- tally: counts the workers add to the policies' totals (activity.lua) after the decisions that made
--- them: requests admitted ('a'), and refusals made from a worker's local deny cache ('d').
+-- them: requests admitted ('a') and refused ('d'), by decide.lua or from a worker's local deny cache.
 --
 -- KEYS the totals of the policies (a key may come more than once: one entry per bucket)
 -- ARGV[1] now in milliseconds, or '' to use the server's TIME

@@ -34,6 +34,19 @@ do  -- the helpers stay local to this file
     return whole_ms(tat + interval * capacity - now_us)
   end
 
+  -- The TAT this library wrote last, by key. Where the scripts are a Functions library this is kept
+  -- between calls (elsewhere it starts empty each call): a subject using its burst is then moved on
+  -- from it in one SET ... GET, which also tells whether the guess held (reset, expiry: one more SET).
+  local written, count_written, WRITTEN = {}, 0, 10000 -- keys at most, then forgotten all at once
+
+  local function remember(key, tat)
+    if written[key] == nil then
+      if count_written >= WRITTEN then written, count_written = {}, 0 end
+      count_written = count_written + 1
+    end
+    written[key] = tat
+  end
+
   local function peek(key, now, window, bucket, limit, now_us, cost)
     local interval, capacity = sizes(window, bucket, limit)
     now_us = now_us or now * 1000
@@ -52,29 +65,41 @@ do  -- the helpers stay local to this file
     end,
     -- take `cost` tokens if the burst allows: -> burst in use before, ms until they are there (when
     -- they are not), state, capacity, whether they were taken, ms until the bucket is full, and the
-    -- same before (nil: no key; at most 0: the bucket was full). One SET ... GET writes now + N * T
-    -- and reads the TAT: all a subject within its rate costs. A subject using its burst costs one
-    -- more SET (to TAT + N * T, or back to the TAT when the burst has no room).
+    -- same before (nil: no key; at most 0: the bucket was full). One SET ... GET writes max(TAT,
+    -- now) + N * T from the TAT this library wrote last (now when none is known) and reads the one
+    -- stored: all a subject costs when they agree. Otherwise one more SET (to the stored TAT + N * T,
+    -- or back to it when the burst has no room); a TAT known to leave no room is only read.
     take = function(key, now, window, bucket, limit, now_us, totals_bucket, cost)
       local interval, capacity = sizes(window, bucket, limit)
-      if cost > capacity then -- never fits: nothing written
-        local count, retry, state = peek(key, now, window, bucket, limit, now_us, cost)
-        return count, retry, state, capacity, false
-      end
       now_us = now_us or now * 1000
-      local fresh = now_us + interval * cost
+      local guess = math.max(written[key] or now_us, now_us)
+      if cost > capacity or in_use(guess - now_us, interval, capacity, cost) + cost > capacity then
+        local count, retry, state = peek(key, now, window, bucket, limit, now_us, cost)
+        if cost > capacity or count + cost > capacity then -- no room: nothing written
+          remember(key, state.tat)
+          return count, retry, state, capacity, false
+        end
+        guess = state.tat -- the guess was stale: room after all
+      end
+      local fresh = guess + interval * cost
       local stored = redis.call('SET', key, string.format('%.0f', fresh), 'PX', lifetime(fresh, now_us, interval, capacity), 'GET')
       local tat = tonumber(stored)
-      local state = {tat = tat or now_us, interval = interval, capacity = capacity, stored = stored, now_us = now_us}
+      local found = math.max(tat or now_us, now_us)
+      local state = {tat = found, interval = interval, capacity = capacity, stored = stored, now_us = now_us}
       local before = tat and whole_ms(tat - now_us) or nil
-      if not tat or tat <= now_us then return 0, 0, state, capacity, true, whole_ms(interval * cost), before end
-      local count, retry = in_use(tat - now_us, interval, capacity, cost)
+      local count, retry = in_use(found - now_us, interval, capacity, cost)
+      if found == guess then
+        remember(key, fresh)
+        return count, 0, state, capacity, true, whole_ms(fresh - now_us), before
+      end
       if count + cost > capacity then
         redis.call('SET', key, stored, 'PX', lifetime(tat, now_us, interval, capacity)) -- no room: as it was
+        remember(key, tat)
         return count, retry, state, capacity, false, before, before
       end
-      local moved_to = tat + interval * cost
+      local moved_to = found + interval * cost
       redis.call('SET', key, string.format('%.0f', moved_to), 'PX', lifetime(moved_to, now_us, interval, capacity))
+      remember(key, moved_to)
       return count, 0, state, capacity, true, whole_ms(moved_to - now_us), before
     end,
     -- give back what take() admitted (another policy refused the request): the TAT it found
@@ -84,6 +109,7 @@ do  -- the helpers stay local to this file
       else
         redis.call('DEL', key)
       end
+      remember(key, state.tat)
     end,
   }
 end
