@@ -209,8 +209,21 @@ def _start_slow(port: int) -> socket.socket:
     return connection
 
 
+def _places_held(redis_client) -> int:
+    """The places the site's in-flight policy holds now (its one subject, 127.0.0.1)."""
+    return sum(redis_client.zcard(key) for key in redis_client.scan_iter(match="*:c60"))
+
+
+def _until(condition, tries: int = 200) -> bool:
+    for _ in range(tries):
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
 @pytest.mark.slow
-def test_under_uvicorn_a_client_that_leaves_gives_its_place_back(tmp_path):
+def test_under_uvicorn_a_client_that_leaves_gives_its_place_back(tmp_path, redis_client):
     env = site_env(tmp_path / "site.sqlite3")
     manage(env, "migrate", "--noinput")
     manage(env, "shell", "-c", "from ratelimit_app.models import Policy\n"
@@ -218,21 +231,20 @@ def test_under_uvicorn_a_client_that_leaves_gives_its_place_back(tmp_path):
     server = Server(env, asgi=True)
     quick = server.url + "/demo/report/?seconds=0"
     try:
-        assert _status(quick) == 200  # a finished async request gave its place back
-        assert _status(quick) == 200
-        slow = [_start_slow(server.port), _start_slow(server.port)]
-        statuses = [_status(quick)]  # until both slow reports hold their places
-        while statuses[-1] != 429 and len(statuses) < 200:
-            time.sleep(0.05)
-            statuses.append(_status(quick))
-        assert statuses[-1] == 429
+        assert [_status(quick), _status(quick)] == [200, 200]
+        # given back when the server closes the response, a moment after the client has read it
+        assert _until(lambda: _places_held(redis_client) == 0)
+        slow = [_start_slow(server.port)]
+        assert _until(lambda: _places_held(redis_client) == 1)
+        slow.append(_start_slow(server.port))
+        assert _until(lambda: _places_held(redis_client) == 2)
+        assert _status(quick) == 429
         slow[0].close()  # the client leaves: Django cancels the view, its place goes back
-        after = [_status(quick)]
-        while after[-1] != 200 and len(after) < 200:
-            time.sleep(0.05)
-            after.append(_status(quick))
-        assert after[-1] == 200
+        assert _until(lambda: _places_held(redis_client) == 1)
+        assert _status(quick) == 200
+        assert _until(lambda: _places_held(redis_client) == 1)
         slow[1].close()
+        assert _until(lambda: _places_held(redis_client) == 0)
     finally:
         server.stop()
 
