@@ -256,6 +256,22 @@ def test_a_sliding_log_expires_once_its_requests_left_the_window(redis_client):
     assert 59_000 < redis_client.pttl(log) <= 61_000  # past the request's window, within a totals bucket (1 s)
 
 
+@pytest.mark.parametrize("strategy", ["fixed_window", "sliding_window", "sliding_log", "token_bucket"])
+def test_the_live_index_and_totals_outlive_every_counter_they_describe(redis_client, strategy):
+    """Their expiries move only when a subject's counter empties in a later bucket, not at each busier
+    score: still, neither may expire before a counter it lists, nor be left without an expiry."""
+    limited = policy(strategy=strategy, limit=100, window=60, **({"bucket_size": 1} if strategy == "sliding_window" else {}))
+    for n in range(17):  # new subjects, then counts of 2, 4, 8, 16: index rewrites
+        engine.decide([check(limited, "ip:198.51.100.1")])  # on the server's clock, as expiries are
+        if n == 3:
+            redis_client.delete(*redis_client.keys("rl:live:*"))  # an operator's reset meanwhile
+    engine.decide([check(limited, "ip:198.51.100.2")])
+    counters = [redis_client.pttl(key) for key in redis_client.keys("rl:{*")]
+    [live] = redis_client.keys("rl:live:*")
+    [totals] = redis_client.keys("rl:totals:*")
+    assert min(redis_client.pttl(live), redis_client.pttl(totals)) >= max(counters) > 0
+
+
 # --- exactness under concurrency ---------------------------------------------------------------
 
 

@@ -91,14 +91,18 @@ function activity.busier(count, cost)
   return power >= 2 and power > count - cost
 end
 
--- put a subject in the index; when it is new and the index is full, drop what has ended, then the quietest
-function activity.index(live, member, score, size, now, window, bucket)
-  if redis.call('ZADD', live, score, member) == 1 and redis.call('ZCARD', live) > size then
+-- put a subject in the index; when it is new and the index is full, drop what has ended, then the
+-- quietest. `moved`: the subject's counter now empties in another bucket than at its last write
+function activity.index(live, member, score, size, now, window, bucket, moved)
+  local added = redis.call('ZADD', live, score, member) == 1
+  if added and redis.call('ZCARD', live) > size then
     redis.call('ZREMRANGEBYSCORE', live, '-inf', now)
     redis.call('ZREMRANGEBYSCORE', live, BLOCKED, BLOCKED + now)
     redis.call('ZREMRANGEBYRANK', live, 0, -size - 1)
   end
-  expire(live, window, bucket)
+  -- an entry already there (a busier subject's new score) was written with an expiry covering
+  -- the bucket it empties in, and an expiry only ever moves later: unless that bucket moved
+  if added or moved then expire(live, window, bucket) end
 end
 
 -- a subject's counter now empties in bucket `after` instead of `before` (nil: it was empty)
@@ -113,9 +117,11 @@ function activity.moved(totals, before, after, now, window, bucket)
       redis.call('HDEL', totals, unpack(over))
     end
     redis.call('HSET', totals, 'ec', first)
+    -- once per bucket started, not per subject: every subject counted since empties within the
+    -- window and a bucket of it, which this expiry covers (it only ever moves later)
+    expire_totals(totals, window, bucket)
   end
   if before and before >= first then redis.call('HINCRBY', totals, 'e' .. before, -1) end
-  expire_totals(totals, window, bucket)
 end
 
 -- delete a series' buckets that left the window (each once, at most the window's bucket count),
@@ -224,7 +230,7 @@ function activity.counted(live, totals, key, member, terms, now, count, cost, be
   local before = after -- the same reset (a fixed window's repeat request) needs no second bucket
   if before_reset ~= reset then before = before_reset and bucket_of(now, before_reset, bucket) or nil end
   if after ~= before or activity.busier(count, cost) then
-    activity.index(live, member, activity.score(after, bucket, count), terms.index_size, now, window, bucket)
+    activity.index(live, member, activity.score(after, bucket, count), terms.index_size, now, window, bucket, after ~= before)
   end
   if after ~= before then activity.moved(totals, before, after, now, window, bucket) end
 end
@@ -241,7 +247,7 @@ function activity.refused(live, key, member, terms, now, reset)
   local score = BLOCKED + bucket_of(now, reset, bucket) * bucket
   local mark = marks[key]
   if mark and mark[1] == member and mark[2] == score then return end
-  activity.index(live, member, score, terms.index_size, now, window, bucket)
+  activity.index(live, member, score, terms.index_size, now, window, bucket, true)
   if not mark then
     if marked >= MARKS then marks, marked = {}, 0 end
     marked = marked + 1
