@@ -168,7 +168,9 @@ def middleware_request(request):
 def middleware_response(request, response):
     """On the way out: decide what no door inside decided (DRF refused before its throttles); headers."""
     state: RequestState | None = request.__dict__.get(STATE_ATTRIBUTE)
-    return hold(request, _answer(request, response, decide_left_over(request, state)))
+    if state is None:
+        return response
+    return hold(request, _answer(request, response, decide_left_over(request, state)), state)
 
 
 def decide_left_over(request, state: RequestState | None) -> RequestState | None:
@@ -194,7 +196,9 @@ async def amiddleware_request(request):
 
 async def amiddleware_response(request, response):
     state: RequestState | None = request.__dict__.get(STATE_ATTRIBUTE)
-    return hold(request, _answer(request, response, await adecide_left_over(request, state)))
+    if state is None:
+        return response
+    return hold(request, _answer(request, response, await adecide_left_over(request, state)), state)
 
 
 async def adecide_left_over(request, state: RequestState | None) -> RequestState | None:
@@ -254,19 +258,20 @@ async def ainner_door(request, names, *, last: bool, cost: Cost | None = None) -
 # --- places in flight --------------------------------------------------------------------------
 
 
-def _taken(request) -> list[Held]:
+def _taken(request, state: RequestState | None = None) -> list[Held]:
     """The places the request holds, now no longer its own to give back (each is given back once)."""
-    state: RequestState | None = http_request(request).__dict__.get(STATE_ATTRIBUTE)
+    if state is None:
+        state = http_request(request).__dict__.get(STATE_ATTRIBUTE)
     if state is None or not state.held:
         return []
     held, state.held = state.held, []
     return held
 
 
-def hold(request, response):
+def hold(request, response, state: RequestState | None = None):
     """Give the request's places back when `response` is closed: by the server after its last byte, or
     when the client left (Django's handlers close every response they were given)."""
-    held = _taken(request)
+    held = _taken(request, state)
     if held:
         response._resource_closers.append(partial(give_back, held))
     return response

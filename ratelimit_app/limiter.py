@@ -214,8 +214,9 @@ def prepare(request, state: RequestState, index: policies.PolicyIndex | None, ex
     checks += extra
     if not checks:
         return None
-    units = request_cost(request, state, index, cost)
-    lease = lease_of(state) if any(check.policy.holds for check in checks) else ""
+    # most requests: no cost anywhere, no policy in flight; each costs one attribute read then
+    units = 1 if cost is None and state.cost is None and not index.costs else request_cost(request, state, index, cost)
+    lease = lease_of(state) if index.holds and any(check.policy.holds for check in checks) else ""
     if now is not None:
         return Call(checks, None, units, lease)
     if denied_from_memory(state, checks, units):

@@ -84,6 +84,7 @@ class PolicyIndex:
         self.cost_by_prefix = tuple((action, cost) for action, cost in self.costs.items() if action.startswith("/"))
         self.cost_by_name = {action: cost for action, cost in self.costs.items() if action != "*" and not action.startswith("/")}
         self.overrides = overrides or {}
+        self.holds = any(p.holds for p in self.policies)  # a policy counts requests in flight
         self.everywhere = tuple(p for p in self.policies if p.action == "*")
         self.by_prefix = tuple(p for p in self.policies if p.action.startswith("/"))
         by_name: dict[str, list[CompiledPolicy]] = defaultdict(list)
