@@ -267,3 +267,10 @@ def test_the_admin_offers_the_strategy_and_says_what_the_window_means_for_it(adm
     page = admin_client.get("/admin/ratelimit_app/policy/add/").content.decode()
     assert "Concurrency (requests in flight)" in page
     assert "For concurrency: the lease" in page and "For concurrency: requests in progress at once" in page
+
+
+@pytest.mark.urls("project.urls")
+@pytest.mark.parametrize("seconds", ["abc", "nan", "inf"])
+def test_the_demo_report_refuses_a_bad_duration_with_a_400(client, seconds):
+    response = client.get(f"/demo/report/?seconds={seconds}")
+    assert response.status_code == 400 and "seconds must be a number" in response.json()["detail"]
