@@ -39,9 +39,12 @@ def redis_client():
 def empty_redis(redis_client):
     """Every test starts from an empty Redis, a closed circuit, no refusals in memory and a policy
     index to be reloaded."""
-    tally.discard()  # counts of the test before, whose totals are gone with its Redis
     deny_cache.clear()  # a reload does not always clear it, and the database may give a new policy an old id
-    redis_client.flushdb()
+    # counts of the test before, whose totals are gone with its Redis: a background flush sending
+    # some now is waited for, so that nothing of it lands after the flush of the database
+    with tally._flushing:
+        tally.discard()
+        redis_client.flushdb()
     connection.breaker.reset()
     policies._state.stale = True
     registry.forget_synced()  # the rows written for the test before were rolled back with it
