@@ -13,7 +13,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from . import operations, registry, tester
+from . import operations, registry, strategies, tester
 from .breaker import RedisUnavailable
 from .models import ActionCost, Mode, Override, Policy
 from .rates import EXAMPLES, format_rate, human_window, parse_rate
@@ -301,6 +301,8 @@ class PolicyAdmin(admin.ModelAdmin):
             "window": human_window(policy.window),
             "can_reset": self.has_change_permission(request, policy),
             "exempt": [o for o in policy.overrides.filter(exempt=True).select_related("user", "group")],
+            # an in-flight policy counts requests in progress, until their leases end
+            "in_flight": policy.strategy in strategies.STRATEGIES and strategies.get(policy.strategy).holds,
         }
         return TemplateResponse(request, "admin/ratelimit_app/policy/live.html", context, status=status)
 

@@ -274,3 +274,11 @@ def test_the_admin_offers_the_strategy_and_says_what_the_window_means_for_it(adm
 def test_the_demo_report_refuses_a_bad_duration_with_a_400(client, seconds):
     response = client.get(f"/demo/report/?seconds={seconds}")
     assert response.status_code == 400 and "seconds must be a number" in response.json()["detail"]
+
+
+@pytest.mark.urls("project.urls")
+def test_the_live_page_of_an_in_flight_policy_says_in_flight(admin_client):
+    row = make()
+    engine.decide([check(inflight_policy(), f"ip:{IP}")], lease="one")
+    page = admin_client.get(f"/admin/ratelimit_app/policy/{row.pk}/live/").content.decode()
+    assert "in flight" in page and f"ip:{IP}" in page
