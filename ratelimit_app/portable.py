@@ -221,11 +221,8 @@ def import_data(data: Any) -> Imported:
             except ValueError as error:
                 problems.append(f"{where}, field 'rate': {error}")
                 continue
-        try:
-            # whether its limit admits the costs is checked below, against the costs of this file too
-            policy.full_clean(validate_constraints=False)
-        except ValidationError as error:
-            problems.append(f"{where}: {_messages(error)}")
+        # whether its limit admits the costs is checked below, against the costs of this file too
+        if not _valid(policy, where, problems):
             continue
         policy.save()
         written.append((where, policy))
@@ -243,10 +240,7 @@ def import_data(data: Any) -> Imported:
         for field in COST_FIELDS:
             if field in entry:
                 setattr(cost, field, entry[field])
-        try:
-            cost.full_clean(validate_constraints=False)
-        except ValidationError as error:
-            problems.append(f"{where}: {_messages(error)}")
+        if not _valid(cost, where, problems):
             continue
         cost.save()
         written.append((where, cost))
@@ -260,6 +254,17 @@ def import_data(data: Any) -> Imported:
         transaction.set_rollback(True)
         raise ImportRefused("Nothing was imported:\n" + "\n".join(f"- {p}" for p in problems))
     return Imported(imported_policies, imported_overrides, sum(isinstance(row, ActionCost) for _, row in written))
+
+
+def _valid(row, where: str, problems: list[str]) -> bool:
+    """Whether `row` passes the admin's checks of its own fields (rows are checked against each other
+    once the whole file is written); its problems are added to `problems` when not."""
+    try:
+        row.full_clean(validate_constraints=False)
+    except ValidationError as error:
+        problems.append(f"{where}: {_messages(error)}")
+        return False
+    return True
 
 
 def _import_override(policy: Policy, item: dict[str, Any]) -> Override:
