@@ -20,7 +20,10 @@ class _Pinned(threading.local):
     packed: dict = {}  # commands sent through the kept connection, as redis-py packed them (each _pin makes its own)
 
 
-MAX_PACKED = 256  # packed commands a thread keeps: a subject's repeat requests send the same command
+# packed commands a thread keeps (a subject's repeat requests send the same command): as many as a
+# policy keeps script parts for (engine.MAX_PARTS), so a site with thousands of active subjects still
+# finds them, not one packing per request; at most about 2.5 MB a thread
+MAX_PACKED = 4096
 
 
 _pinned = _Pinned()
