@@ -14,7 +14,8 @@ REFUSED_BUDGET = 3  # server-side commands of a refused repeat decision without 
 BURST_BUDGET = 3  # and of a token-bucket decision using its burst
 SPREAD_RATE_BUDGET = 1.1  # spread workload: decisions/s of ours (fixed window, 1 policy) against limits' fixed window
 FLOOR_BUDGET = 0.95  # end to end: one policy against the same view doing one PING
-MEMORY_BUDGETS = {"fixed_window": (100, "<"), "token_bucket": (80, "<=")}
+# fixed window: no more than the 72 bytes its counter took when issue 29 was filed (the design asks < 100)
+MEMORY_BUDGETS = {"fixed_window": (72, "<="), "token_bucket": (80, "<=")}
 OVERHEAD_BUDGET_US = 30
 
 

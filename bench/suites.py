@@ -20,6 +20,7 @@ from bench.common import (HUGE, STRATEGIES, Results, Row, Spread, client, decide
 from bench.measure import admitted, interleaved_latencies, p50, p99, per_call, server_work, spread, throughput
 from ratelimit_app import connection, keys, strategies
 from ratelimit_app.rates import MAX_WINDOW
+from ratelimit_app.models import Policy
 
 MIXES = (3, 10)  # policies per request in the mixed rows
 # A token bucket whose burst is in use on every decision after a subject's first: one request per
@@ -336,7 +337,9 @@ def memory(results: Results) -> None:
     if "sliding_log" in results.decidable():
         cases.append(("sliding_log", 1000, 3000))
     for number, (strategy, limit, attempts) in enumerate(cases):
-        compiled = policy(strategy, limit=limit, window=60)
+        # saved: its id is the database's, as short as a site's (a made-up id of 7 to 10 digits would
+        # lengthen every key, and at 30 characters a key passes one of Redis' allocation sizes)
+        compiled = policy(strategy, limit=limit, window=60, save=True)
         who = subject(f"198.51.100.{number + 1}")  # one subject per case: a shared one adds up two cases' keys
         for i in range(attempts):  # spread over the window so that the sliding window fills its buckets
             decide([compiled], who, now=1_800_000_000 + i * 59 / attempts)
@@ -345,6 +348,7 @@ def memory(results: Results) -> None:
         size = sum(redis_client.memory_usage(name, samples=0) or 0 for name in names)
         entries = sum(_entries(redis_client, name) for name in names)
         results.memory.append((strategy, limit, size, entries))
+        Policy.objects.filter(pk=compiled.id).delete()
 
 
 def _entries(redis_client, name) -> int:
