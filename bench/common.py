@@ -62,6 +62,8 @@ class Served(NamedTuple):
     commands: float  # Redis commands per request (server side)
     redis_us: float  # Redis server microseconds per request
     server: str = "gunicorn"  # "gunicorn" (WSGI) or "uvicorn" (ASGI)
+    worker_cpu_us: float | None = None  # CPU (user + system) of the site's processes per request; None: not on Linux
+    redis_cpu_us: float | None = None  # CPU of the Redis server per request (INFO cpu): commands, sockets, event loop
 
 
 @dataclass

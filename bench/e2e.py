@@ -94,6 +94,10 @@ class Site:
                 time.sleep(0.2)
         raise RuntimeError(f"{self.server} did not start")
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user + system) the server and its workers have used so far; None where /proc is not."""
+        return processes_cpu(self.process.pid)
+
     def stop(self) -> None:
         self.process.terminate()
         try:
@@ -101,6 +105,33 @@ class Site:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+def processes_cpu(root: int) -> float | None:
+    """CPU seconds (user + system) of process `root` and its descendants, from /proc (Linux)."""
+    proc = Path("/proc")
+    if not (proc / str(root) / "stat").exists():
+        return None
+    parents, used = {}, {}
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # ended meanwhile
+                continue
+            parents[int(entry.name)] = int(fields[1])  # ppid, then utime and stime at 11 and 12
+            used[int(entry.name)] = int(fields[11]) + int(fields[12])
+    family, grown = {root}, True
+    while grown:
+        more = {pid for pid, parent in parents.items() if parent in family} - family
+        family |= more
+        grown = bool(more)
+    return sum(used.get(pid, 0) for pid in family) / os.sysconf("SC_CLK_TCK")
+
+
+def redis_cpu(client) -> float:
+    cpu = client.info("cpu")
+    return cpu["used_cpu_user"] + cpu["used_cpu_sys"]
 
 
 # --- load generators ---------------------------------------------------------------------------
@@ -177,7 +208,8 @@ def end_to_end(results: Results) -> None:
     load = generator(results)
     sites = {(c.server, c.middleware): None for c in configurations}
     sites = {(server_name, middleware): Site(middleware, server_name) for server_name, middleware in sites}
-    totals = {c.name: [0, 0.0, 0, 0, 0] for c in configurations}  # requests, seconds, failed, commands, usec
+    # requests, seconds, failed, commands, usec, worker CPU s, Redis CPU s
+    totals = {c.name: [0, 0.0, 0, 0, 0, 0.0, 0.0] for c in configurations}
     seconds = int(results.e2e_seconds)
     redis_client = server()
     try:
@@ -191,20 +223,25 @@ def end_to_end(results: Results) -> None:
                 load(site, configuration.path, 1)
         for number in range(results.e2e_rounds):
             for configuration in configurations if number % 2 == 0 else reversed(configurations):
-                before = server_work(redis_client)
-                done = load(sites[configuration.server, configuration.middleware], configuration.path, seconds)
-                after = server_work(redis_client)
+                site = sites[configuration.server, configuration.middleware]
+                before, cpu_before = server_work(redis_client), (site.cpu_seconds(), redis_cpu(redis_client))
+                done = load(site, configuration.path, seconds)
+                after, cpu_after = server_work(redis_client), (site.cpu_seconds(), redis_cpu(redis_client))
+                worker_cpu = None if cpu_before[0] is None else cpu_after[0] - cpu_before[0]
                 total = totals[configuration.name]
-                for i, value in enumerate((*done, after[0] - before[0], after[1] - before[1])):
-                    total[i] += value
+                for i, value in enumerate((*done, after[0] - before[0], after[1] - before[1], worker_cpu,
+                                           cpu_after[1] - cpu_before[1])):
+                    total[i] = None if value is None or total[i] is None else total[i] + value
     finally:
         for site in sites.values():
             site.stop()
         Policy.objects.all().delete()
     for configuration in configurations:
-        requests, taken, failed, commands, usec = totals[configuration.name]
+        requests, taken, failed, commands, usec, worker_cpu, redis_seconds = totals[configuration.name]
+        per_request = 1e6 / max(requests, 1)
         results.e2e.append(Served(configuration.name, requests / taken, requests, failed, commands / max(requests, 1),
-                                  usec / max(requests, 1), configuration.server))
+                                  usec / max(requests, 1), configuration.server,
+                                  None if worker_cpu is None else worker_cpu * per_request, redis_seconds * per_request))
         if commands < 0.5 * requests and not configuration.name.startswith("no ") and "no " not in configuration.name:
             # a limiter that never asked Redis decided nothing (a backend failing open): its figure is no comparison
             results.notes.append(f"end to end: {configuration.name} ran {commands / max(requests, 1):.2f} Redis "

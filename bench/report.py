@@ -208,13 +208,19 @@ def _end_to_end(results: Results) -> list[str]:
             "", f"## {title}", "",
             f"{how}, DEBUG off, on loopback; load: {results.e2e_generator}, interleaved. The same trivial view "
             "(bench/site.py) in every configuration; the floor is that view doing one PING, what any Redis-backed "
-            "limiter costs at least; Redis figures from INFO commandstats over each run.",
+            "limiter costs at least; Redis figures from INFO commandstats over each run. CPU per request: the "
+            "site's processes (user + system, from /proc: Django, the limiter and the client side of the round "
+            "trip) and the Redis server's (INFO cpu: its commands, sockets and event loop); with the load "
+            "generator, what the two cores spend on a request.",
             "",
-            "| configuration | requests/s | ratio to no limiter | ratio to the floor | Redis cmds / request | Redis server us / request | non-2xx |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "| configuration | requests/s | ratio to no limiter | ratio to the floor | Redis cmds / request "
+            "| Redis server us / request | site CPU us / request | Redis CPU us / request | non-2xx |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         lines += [f"| {s.name} | {s.rate:,.0f} | {s.rate / base:.2f} | "
-                  f"{f'{s.rate / floor_rate:.2f}' if floor_rate else '-'} | {s.commands:.1f} | {s.redis_us:.1f} | {s.failed:,} |"
+                  f"{f'{s.rate / floor_rate:.2f}' if floor_rate else '-'} | {s.commands:.1f} | {s.redis_us:.1f} | "
+                  f"{'-' if s.worker_cpu_us is None else f'{s.worker_cpu_us:.0f}'} | "
+                  f"{'-' if s.redis_cpu_us is None else f'{s.redis_cpu_us:.1f}'} | {s.failed:,} |"
                   for s in served]
     return lines
 
