@@ -185,7 +185,9 @@ async def amiddleware_request(request):
     """middleware_request() on an async stack, through the asyncio Redis client."""
     if not get_setting("RATELIMIT_ENABLED"):
         return None
-    index = await policies.aget_index()
+    index = policies.fresh_index()
+    if index is None:
+        index = await policies.aget_index()
     if not index:
         return None
     state = _enter(request, index)
@@ -198,7 +200,9 @@ async def amiddleware_response(request, response):
     state: RequestState | None = request.__dict__.get(STATE_ATTRIBUTE)
     if state is None:
         return response
-    return hold(request, _answer(request, response, await adecide_left_over(request, state)), state)
+    if state.awaiting:  # most requests were decided on the way in: no coroutine to await here
+        await adecide_left_over(request, state)
+    return hold(request, _answer(request, response, state), state)
 
 
 async def adecide_left_over(request, state: RequestState | None) -> RequestState | None:

@@ -201,9 +201,10 @@ def _load_overrides(policy_ids: set[int]) -> dict[int, PolicyOverrides]:
 
 def get_index() -> PolicyIndex:
     """The current index; reloads it when it is stale or the version in Redis moved on."""
+    index = fresh_index()
+    if index is not None:
+        return index  # the common case: one clock read, no setting read
     state = _state
-    if time.monotonic() < state.fresh_until and not state.stale:
-        return state.index  # the common case: one clock read, no setting read
     if time.monotonic() - state.loaded_at > get_setting("RATELIMIT_POLICY_RELOAD_SECONDS"):
         state.stale = True  # the safety net: whatever happened to the version, reload now and then
     if not state.stale and time.monotonic() - state.checked_at > get_setting("RATELIMIT_POLICY_RECHECK_SECONDS"):
@@ -216,11 +217,20 @@ def get_index() -> PolicyIndex:
     return state.index
 
 
-async def aget_index() -> PolicyIndex:
-    """get_index() for async code: the cached index at once; a reload (database) runs in a thread."""
+def fresh_index() -> PolicyIndex | None:
+    """The index while nothing needs checking (no call, no database), else None: the async doors
+    then await aget_index(), and skip an awaited call on every other request."""
     state = _state
     if time.monotonic() < state.fresh_until and not state.stale:
         return state.index
+    return None
+
+
+async def aget_index() -> PolicyIndex:
+    """get_index() for async code: the cached index at once; a reload (database) runs in a thread."""
+    index = fresh_index()
+    if index is not None:
+        return index
     return await sync_to_async(get_index)()
 
 

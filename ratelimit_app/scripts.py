@@ -71,7 +71,10 @@ def _server_of(client: Any) -> Any:
 
 
 def _uses_functions(client: Any) -> bool:
-    return get_setting("RATELIMIT_REDIS_FUNCTIONS") is not False and _server_of(client) not in _without_functions
+    if get_setting("RATELIMIT_REDIS_FUNCTIONS") is False:
+        return False
+    # asked on every decision: an empty set (the common case) is answered without making a weak reference
+    return not _without_functions or _server_of(client) not in _without_functions
 
 
 def _kind(error: BaseException) -> str | None:
