@@ -69,7 +69,8 @@ class Site:
         from project.devredis import free_port
 
         self.port = free_port()
-        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings_e2e", "BENCH_MIDDLEWARE": "1" if middleware else "0"}
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings_e2e", "BENCH_MIDDLEWARE": "1" if middleware else "0",
+               "BENCH_SERVER": server}
         command = {
             "gunicorn": ["gunicorn", "-w", "2", "-b", f"127.0.0.1:{self.port}", "--log-level", "warning", "project.wsgi"],
             "uvicorn": ["bench.asgi_server", str(self.port)],  # uvicorn --workers 2, with TCP_NODELAY (see there)

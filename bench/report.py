@@ -197,7 +197,8 @@ def _end_to_end(results: Results) -> list[str]:
     lines = []
     for server, title, how, floor in (
         ("gunicorn", "End to end", "gunicorn, 2 sync workers", WSGI_FLOOR),
-        ("uvicorn", "End to end, ASGI", "uvicorn, 2 workers, async views (ours: the async middleware)", ASGI_FLOOR),
+        ("uvicorn", "End to end, ASGI", "uvicorn, 2 workers, async views (ours: the async middleware), no other "
+         "middleware (Django would run the hooks of its own in a thread started per request)", ASGI_FLOOR),
     ):
         served = [s for s in results.e2e if s.server == server]
         if not served:
