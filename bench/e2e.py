@@ -130,9 +130,11 @@ def processes_cpu(root: int) -> float | None:
     return sum(used.get(pid, 0) for pid in family) / os.sysconf("SC_CLK_TCK")
 
 
-def redis_cpu(client) -> float:
-    cpu = client.info("cpu")
-    return cpu["used_cpu_user"] + cpu["used_cpu_sys"]
+def _work(site: Site, redis_client) -> tuple:
+    """What the server has done so far: Redis commands and their microseconds, the site's CPU seconds
+    (None where /proc is not) and Redis's CPU seconds."""
+    cpu = redis_client.info("cpu")
+    return (*server_work(redis_client), site.cpu_seconds(), cpu["used_cpu_user"] + cpu["used_cpu_sys"])
 
 
 # --- load generators ---------------------------------------------------------------------------
@@ -225,13 +227,11 @@ def end_to_end(results: Results) -> None:
         for number in range(results.e2e_rounds):
             for configuration in configurations if number % 2 == 0 else reversed(configurations):
                 site = sites[configuration.server, configuration.middleware]
-                before, cpu_before = server_work(redis_client), (site.cpu_seconds(), redis_cpu(redis_client))
+                before = _work(site, redis_client)
                 done = load(site, configuration.path, seconds)
-                after, cpu_after = server_work(redis_client), (site.cpu_seconds(), redis_cpu(redis_client))
-                worker_cpu = None if cpu_before[0] is None else cpu_after[0] - cpu_before[0]
+                spent = [None if b is None else a - b for a, b in zip(_work(site, redis_client), before)]
                 total = totals[configuration.name]
-                for i, value in enumerate((*done, after[0] - before[0], after[1] - before[1], worker_cpu,
-                                           cpu_after[1] - cpu_before[1])):
+                for i, value in enumerate((*done, *spent)):
                     total[i] = None if value is None or total[i] is None else total[i] + value
     finally:
         for site in sites.values():
