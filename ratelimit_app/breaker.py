@@ -25,14 +25,31 @@ class RedisUnavailable(Exception):
 
 
 class RedisCommandError(RedisUnavailable):
-    """Redis answered, with an error (WRONGTYPE, READONLY, a Lua error): not an outage, nothing decided."""
+    """Redis is up but gave this call no answer to use: an error reply (WRONGTYPE, READONLY, a Lua
+    error), a reply lost with its connection, or no connection free in the pool. Not an outage,
+    nothing decided."""
+
+
+class ReplyLost(redis.ConnectionError):
+    """Redis or a proxy closed the connection after the command was written (CLIENT KILL, a restart
+    under way): it may have run, so it is not sent again; the next call takes a new connection."""
+
+
+class PoolFull(redis.ConnectionError):
+    """Every connection the pool allows (max_connections) stayed in use for as long as a reply may
+    take: the site's own back-pressure, not Redis failing."""
+
+
+# errors that say nothing of whether Redis is up: they fail one call, and never open the circuit
+NOT_OUTAGES = (redis.ResponseError, ReplyLost, PoolFull, redis.exceptions.MaxConnectionsError)
 
 
 def is_outage(error: redis.RedisError) -> bool:
-    """Redis did not answer (refused, timed out, cluster down); any other error is an answer."""
+    """Redis did not answer (refused, timed out, cluster down); an error reply, a lost reply or a full
+    pool is no outage."""
     if isinstance(error, (redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError)):
         return True
-    return not isinstance(error, redis.ResponseError)
+    return not isinstance(error, NOT_OUTAGES)
 
 
 def describe(error: BaseException) -> str:
@@ -129,7 +146,7 @@ class CircuitBreaker:
             if now - self._error_logged_at < get_setting("RATELIMIT_BREAKER_SECONDS"):
                 return
             self._error_logged_at = now
-        logger.error("ratelimit: Redis answered with an error (%d so far): %s", self.errors, describe(error))
+        logger.error("ratelimit: Redis gave a call no answer to use (%d so far): %s", self.errors, describe(error))
         if isinstance(error, redis.ReadOnlyError):
             self.reconnect(error)  # a replica after a failover: a new connection may reach the new primary
 
@@ -164,7 +181,7 @@ class Outage:
                 return
             self._logged_at = now
         action = "letting requests through" if get_setting("RATELIMIT_FAIL_OPEN") else "refusing requests (503)"
-        what = "Redis answered with an error" if isinstance(error, RedisCommandError) else "Redis unavailable"
+        what = "Redis could not decide a request" if isinstance(error, RedisCommandError) else "Redis unavailable"
         logger.warning("ratelimit: %s, %s (%d so far): %s", what, action, self.requests, error)
 
 

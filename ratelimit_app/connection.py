@@ -7,7 +7,6 @@ import asyncio
 import inspect
 import socket
 import threading
-import weakref
 
 import redis
 import redis.asyncio
@@ -23,8 +22,9 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
-# the names tests and bench reach through this module since before the breaker had a module of its own
-from .breaker import RedisCommandError, RedisUnavailable, breaker, describe, is_outage, outage  # noqa: F401
+from .breaker import (  # noqa: F401  (the names tests and bench reach through this module)
+    PoolFull, RedisCommandError, RedisUnavailable, ReplyLost, breaker, describe, is_outage, outage,
+)
 from .conf import get_setting
 
 _client: redis.Redis | RedisCluster | None = None
@@ -118,8 +118,11 @@ def connect_cluster(url: str, options: dict) -> RedisCluster:
         raise redis.ConnectionError(f"Redis Cluster at {url} is unreachable: {error}") from error
 
 
-# asyncio connections belong to the event loop that opened them: one client per loop
-_async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, redis.asyncio.Redis] = weakref.WeakKeyDictionary()
+# asyncio connections belong to the event loop that opened them: one client per running loop, closed
+# with it. An async view under a WSGI server runs in a new loop per request: kept past their loops,
+# the clients would hold a socket each, for ever.
+_async_clients: dict[asyncio.AbstractEventLoop, tuple[redis.asyncio.Redis, object]] = {}
+_async_lock = threading.Lock()
 
 
 def aclient() -> redis.asyncio.Redis:
@@ -127,9 +130,40 @@ def aclient() -> redis.asyncio.Redis:
     loop = asyncio.get_running_loop()
     found = _async_clients.get(loop)
     if found is None:
-        options = settings.CACHES[get_setting("RATELIMIT_CACHE")].get("OPTIONS", {})
-        found = _async_clients[loop] = async_twin(client(), options.get("REDIS_CLIENT_KWARGS", {}))
-    return found
+        return _new_aclient(loop)
+    return found[0]
+
+
+def _new_aclient(loop: asyncio.AbstractEventLoop) -> redis.asyncio.Redis:
+    options = settings.CACHES[get_setting("RATELIMIT_CACHE")].get("OPTIONS", {})
+    made = async_twin(client(), options.get("REDIS_CLIENT_KWARGS", {}))
+    closer = _closed_with_loop(loop, made)
+    with _async_lock:
+        for old in [old for old in _async_clients if old.is_closed()]:
+            del _async_clients[old]  # closed without shutting its async generators down: the collector closes their sockets
+        _async_clients[loop] = (made, closer)
+    return made
+
+
+async def _close_at_shutdown(loop: asyncio.AbstractEventLoop, made: redis.asyncio.Redis):
+    try:
+        yield
+    finally:  # the loop shuts its async generators down (asyncio.run, asgiref, uvicorn), or this one was forgotten
+        with _async_lock:
+            if _async_clients.get(loop, (None,))[0] is made:
+                del _async_clients[loop]
+        await made.aclose(close_connection_pool=True)
+
+
+def _closed_with_loop(loop: asyncio.AbstractEventLoop, made: redis.asyncio.Redis) -> object:
+    """An async generator, started in `loop`, whose end closes `made`: the loop keeps such generators
+    (weakly) and closes them as it shuts down. Kept beside the client, so that it lives as long."""
+    closer = _close_at_shutdown(loop, made)
+    try:
+        closer.asend(None).send(None)  # to its first yield, which awaits nothing; the loop now knows it
+    except StopIteration:
+        pass
+    return closer
 
 
 _ASYNC_CONNECTIONS = {
@@ -153,15 +187,56 @@ def async_twin(shared: redis.Redis, client_kwargs: dict) -> redis.asyncio.Redis:
                                                      pool.connection_kwargs)
         found = redis.asyncio.sentinel.Sentinel(addresses, manager.min_other_sentinels, sentinel_kwargs, **connection_kwargs)
         pick = found.master_for if pool.is_master else found.slave_for
-        return pick(pool.service_name, max_connections=pool.max_connections, **client_kwargs)
+        return pick(pool.service_name, redis_class=SentOnce, max_connections=pool.max_connections, **client_kwargs)
     connection_class = _ASYNC_CONNECTIONS.get(pool.connection_class)
     if connection_class is None:
         raise ImproperlyConfigured(f"ratelimit_app has no asyncio counterpart of {pool.connection_class.__name__}")
-    async_pool = redis.asyncio.ConnectionPool(
+    connection_kwargs = _async_connection_kwargs(connection_class, pool.connection_kwargs)
+    # a full pool is waited for (up to the socket timeout), as on the sync path
+    async_pool = redis.asyncio.BlockingConnectionPool(
         connection_class=connection_class, max_connections=pool.max_connections,
-        **_async_connection_kwargs(connection_class, pool.connection_kwargs),
+        timeout=connection_kwargs.get("socket_timeout") or DEFAULT_POOL_WAIT, **connection_kwargs,
     )
-    return redis.asyncio.Redis(connection_pool=async_pool, **client_kwargs)
+    return SentOnce(connection_pool=async_pool, **client_kwargs)
+
+
+DEFAULT_POOL_WAIT = 1.0  # seconds a call waits for a connection of a full pool without a socket timeout
+
+
+class SentOnce(redis.asyncio.Redis):
+    """The asyncio client of decisions: each command written once, on a connection the pool found
+    open, never again by a retry policy (a reply lost with its connection may have counted)."""
+
+    async def execute_command(self, *args: object, **options: object) -> object:
+        if options:
+            return await super().execute_command(*args, **options)
+        pool = self.connection_pool
+        try:
+            connection = await pool.get_connection()  # a connection Redis closed at rest is made anew here
+        except redis.ConnectionError as error:
+            if isinstance(pool, redis.asyncio.BlockingConnectionPool) and str(error) == "No connection available.":
+                raise PoolFull(f"every one of the {pool.max_connections} connections of the pool stayed in use") from error
+            raise
+        try:
+            return await self._once(connection, args)
+        except BaseException:
+            await connection.disconnect(nowait=True)  # cancelled or failed with a reply unread
+            raise
+        finally:
+            await pool.release(connection)
+
+    async def _once(self, connection: redis.asyncio.Connection, args: tuple) -> object:
+        message = connection.pack_command(*args)
+        try:
+            await connection.send_packed_command(message, check_health=False)
+        except redis.ConnectionError:  # nothing reached Redis whole: safe to send anew
+            await connection.disconnect()
+            await connection.send_packed_command(message, check_health=False)
+        try:
+            return await self.parse_response(connection, args[0])
+        except redis.ConnectionError as error:
+            raise ReplyLost(f"the connection closed before Redis answered ({describe(error)}); the call may "
+                            "have counted, and is not sent again") from error
 
 
 def _async_connection_kwargs(connection_class: type, kwargs: dict) -> dict:
@@ -186,7 +261,8 @@ def forget_clients() -> None:
     global _client, _cluster_configured
     _cluster_configured = None
     _client = None
-    _async_clients.clear()
+    with _async_lock:
+        _async_clients.clear()  # each closes with its loop all the same (its generator is then collected)
 
 
 def pool_retry(pool_kwargs: dict) -> Retry:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 
 import redis
 from redis.cluster import RedisCluster
+from redis.exceptions import MaxConnectionsError
 
-from .breaker import breaker
-from .connection import client, is_cluster
+from .breaker import PoolFull, ReplyLost, breaker, describe
+from .connection import DEFAULT_POOL_WAIT, client, is_cluster
 
 
 class _Pinned(threading.local):
@@ -40,37 +42,97 @@ def decision_client() -> redis.Redis | RedisCluster:
 
 
 def execute(redis_client: redis.Redis | RedisCluster, *command: object, **options: object) -> object:
-    """redis_client.execute_command(*command, **options); on a kept connection, redis-py's own send
-    and read under the connection's retry policy, without what a client shared by threads adds
-    around every command (a lock, hooks). Any other client, or a command with options: as is."""
-    kept = getattr(redis_client, "connection", None)
-    if kept is None or options:
+    """redis_client.execute_command(*command, **options), sent at most once: a decision whose reply was
+    lost may have run, so no retry policy sends it again. On a connection found closed before writing
+    (idle timeout, CLIENT KILL, restart) it goes on a new one. A cluster client, or a command with
+    options: as is."""
+    if options or is_cluster(redis_client):
         return redis_client.execute_command(*command, **options)
-    return kept.retry.call_with_retry(lambda: _on_live_connection(kept, command), lambda _error: kept.disconnect())
-
-
-def _on_live_connection(kept: redis.Connection, command: tuple) -> object:
-    """The round trip, on a new connection if Redis or a proxy closed the one kept (idle timeout,
-    CLIENT KILL, restart): the pool checks a connection before lending it, we learn it on use."""
-    if kept._sock is None:  # not connected yet, or dropped after a failure: no stale socket to replace
-        return _round_trip(kept, command)
+    kept = getattr(redis_client, "connection", None)
+    if kept is not None:
+        return _once(kept, command)
+    pool = redis_client.connection_pool
+    connection = _borrow(pool)
     try:
-        return _round_trip(kept, command)
+        return _once(connection, command)
+    finally:
+        pool.release(connection)
+        with _returned:
+            _returned.notify()
+
+
+def _once(connection: redis.Connection, command: tuple) -> object:
+    """The round trip, on a live connection; after the command is written, no second try."""
+    _replace_if_closed(connection)
+    message = _packed(connection, command)
+    try:
+        connection.send_packed_command(message, check_health=False)
     except redis.ConnectionError:
-        kept.disconnect()
-        return _round_trip(kept, command)
+        # nothing reached Redis whole (a write that fails leaves at most part of a command): safe to send anew
+        connection.disconnect()
+        connection.send_packed_command(message, check_health=False)
+    try:
+        return connection.read_response()
+    except redis.ConnectionError as error:  # not a timeout (Redis not answering in time is an outage)
+        connection.disconnect()
+        # Redis (or a proxy) closed the connection with the command in it: it may have run
+        raise ReplyLost(f"the connection closed before Redis answered ({describe(error)}); the call may have "
+                        "counted, and is not sent again") from error
 
 
-def _round_trip(kept: redis.Connection, command: tuple) -> object:
+def _replace_if_closed(connection: redis.Connection) -> None:
+    """Whether Redis closed this connection while it rested shows as a readable socket: its end of file
+    (or an unsolicited reply). Then a new connection carries the command."""
+    if connection._sock is None:
+        return  # not connected: send_packed_command connects
+    try:
+        stale = connection.can_read(timeout=0)
+    except redis.ConnectionError:
+        stale = True
+    if stale:
+        connection.disconnect()
+
+
+def _packed(connection: redis.Connection, command: tuple) -> object:
     # a subject's repeat request sends the same command as before: packed once, then sent as it was
     packed = _pinned.packed
     if len(packed) >= MAX_PACKED:
         packed.clear()
     message = packed.get(command)
     if message is None:
-        message = packed[command] = kept.pack_command(*command)
-    kept.send_packed_command(message)
-    return kept.read_response()
+        message = packed[command] = connection.pack_command(*command)
+    return message
+
+
+# a decision's connection given back to the pool: a thread waiting for one (the pool was full) tries again
+_returned = threading.Condition()
+POOL_WAIT_STEP = 0.01  # seconds between tries when the connection freed went to another user of the pool
+
+
+def _borrow(pool: redis.ConnectionPool) -> redis.Connection:
+    """A connection of the pool. A full pool (max_connections in use) is the site's own back-pressure,
+    not an outage: wait for a connection, as long as the socket timeout allows a reply to take."""
+    deadline = None
+    while True:
+        try:
+            return pool.get_connection()
+        except redis.ConnectionError as error:
+            if not _pool_full(pool, error):
+                raise
+            now = time.monotonic()
+            deadline = deadline or now + (pool.connection_kwargs.get("socket_timeout") or DEFAULT_POOL_WAIT)
+            if now >= deadline:
+                raise PoolFull(f"every one of the {pool.max_connections} connections of the pool stayed in use "
+                               "while a decision waited") from error
+        with _returned:
+            _returned.wait(min(POOL_WAIT_STEP, deadline - now))
+
+
+def _pool_full(pool: redis.ConnectionPool, error: redis.ConnectionError) -> bool:
+    if isinstance(error, MaxConnectionsError):
+        return True
+    # a BlockingConnectionPool waited its own timeout for a connection, and says so only in words
+    return isinstance(pool, redis.BlockingConnectionPool) and str(error) == "No connection available."
 
 
 # the clients keeping a connection, by pool: a client leaves when its thread ends
@@ -88,8 +150,12 @@ def _pin() -> redis.Redis | RedisCluster:
             keeping = _kept.setdefault(pool, weakref.WeakSet())
             if len(keeping) < pool.max_connections // 2:
                 # takes a connection from the pool and connects: an outage raises here, inside the breaker
-                kept = redis.Redis(connection_pool=pool, single_connection_client=True)
-                keeping.add(kept)
+                try:
+                    kept = redis.Redis(connection_pool=pool, single_connection_client=True)
+                except MaxConnectionsError:
+                    kept = shared  # the site's other uses of the pool hold the rest: borrow per call
+                else:
+                    keeping.add(kept)
     _pinned.client, _pinned.generation, _pinned.packed = kept, _generation, {}
     return kept
 

@@ -81,9 +81,13 @@ def test_async_and_sync_decisions_log_in_as_the_caches_acl_user(settings, acl_us
 
 def test_async_connections_take_the_pool_options_of_the_cache(settings, private):
     use_cache(settings, plain_cache(private.url, CONNECTION_POOL_KWARGS={"client_name": "limiter-async"}))
-    assert async_answers(policy(limit=1), 2) == [True, False]
-    names = [client["name"] for client in redis.Redis(port=private.port).client_list()]
-    assert "limiter-async" in names
+    compiled = policy(limit=1)
+
+    async def names_while_deciding() -> list[str]:
+        assert [(await engine.adecide([check(compiled)])).allowed for _ in range(2)] == [True, False]
+        return [client["name"] for client in redis.Redis(port=private.port).client_list()]
+
+    assert "limiter-async" in asyncio.run(names_while_deciding())  # the loop's connection, until the loop ends
 
 
 def _kept_connections_closed(server: PrivateRedis) -> bool:
