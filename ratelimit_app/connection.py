@@ -226,6 +226,10 @@ class SentOnce(redis.asyncio.Redis):
             await pool.release(connection)
 
     async def _once(self, connection: redis.asyncio.Connection, args: tuple) -> object:
+        # closed by Redis while at rest (its end of file read by the loop): the pool does not always
+        # check (not with RESP3's maintenance notifications), so it is checked here, before writing
+        if connection.is_connected and await connection.can_read():
+            await connection.disconnect()
         message = connection.pack_command(*args)
         try:
             await connection.send_packed_command(message, check_health=False)

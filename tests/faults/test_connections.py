@@ -1,0 +1,221 @@
+"""Faults of the request path's connections, on real servers: connections killed or timed out while
+decisions run, a pool smaller than the threads deciding, async views served by a WSGI server. The
+promises: every decision counted at most once (and once when it was answered), no outage for a
+connection Redis closed or a full pool, sockets bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+
+from ratelimit_app import connection, engine
+from ratelimit_app.breaker import RedisUnavailable
+from tests.cluster import wait_for
+from tests.helpers import check, in_threads, policy
+from tests.servers import Server, manage, site_env
+
+pytestmark = pytest.mark.django_db
+TIMEOUTS = {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5}
+
+
+def use_server(settings, url: str, **pool_kwargs: object) -> None:
+    """RATELIMIT_CACHE on `url`, as the README configures it (timeouts; pool options when given)."""
+    options = {**TIMEOUTS, **({"CONNECTION_POOL_KWARGS": pool_kwargs} if pool_kwargs else {})}
+    settings.CACHES = {**settings.CACHES, "faults": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": url,
+                                                     "OPTIONS": options}}
+    settings.RATELIMIT_CACHE = "faults"
+
+
+def counted(compiled, who: str = "ip:203.0.113.7") -> int:
+    """What Redis holds for the subject, read without counting."""
+    return engine.decide([check(compiled, who)], dry_run=True).decisions[0].count
+
+
+@pytest.fixture
+def circuit():
+    """The breaker's outages and errors so far; the next test starts from a closed circuit."""
+    yield connection.breaker
+    connection.breaker.reset()
+
+
+@pytest.mark.slow
+def test_client_kill_in_a_loop_counts_every_decision_at_most_once(settings, private):
+    # 2 of the 4 threads keep a connection, the other 2 borrow one per call: both paths are killed
+    use_server(settings, private.url, max_connections=4)
+    compiled = policy(limit=10**9)
+    stop = threading.Event()
+
+    def killer():
+        admin = redis.Redis(port=private.port)
+        while not stop.wait(0.05):
+            admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        admin.close()
+
+    def decide_many(thread: int) -> tuple[list[str], int]:
+        answered, failed = [], 0
+        for i in range(1500):
+            who = f"ip:10.{thread}.{i // 250}.{i % 250}"  # a subject per decision: its count says how often it ran
+            try:
+                if engine.decide([check(compiled, who)]).allowed:
+                    answered.append(who)
+            except RedisUnavailable:
+                failed += 1  # a reply lost with its killed connection: the failure rule, not a second send
+        return answered, failed
+
+    killing = threading.Thread(target=killer)
+    killing.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(decide_many, range(4)))
+    finally:
+        stop.set()
+        killing.join()
+    counts = {f"ip:10.{t}.{i // 250}.{i % 250}": 0 for t in range(4) for i in range(1500)}
+    counts.update({who: counted(compiled, who) for who in counts})
+    answered, failed = [who for r in results for who in r[0]], sum(r[1] for r in results)
+    print("FIGURE kill", len(answered), failed, sum(c > 1 for c in counts.values()))
+    assert [who for who, count in counts.items() if count > 1] == []  # none counted twice
+    assert all(counts[who] == 1 for who in answered)  # each answered decision counted
+    assert failed < 0.05 * len(counts)  # a killed connection is no outage: the circuit stayed closed
+
+
+@pytest.mark.slow
+def test_idle_timeouts_replace_connections_without_an_outage(settings, private, circuit, caplog):
+    use_server(settings, private.url, max_connections=4)
+    compiled = policy(limit=10**9)
+    before = (circuit.failures, circuit.errors)
+    admin = redis.Redis(port=private.port)
+    admin.config_set("timeout", 1)
+    # a long-lived loop running all along, as uvicorn's: its connections time out too
+    loop = asyncio.new_event_loop()
+    running = threading.Thread(target=loop.run_forever)
+    running.start()
+
+    async def decide_async(times: int) -> int:
+        return sum([(await engine.adecide([check(compiled)])).allowed for _ in range(times)])
+
+    with caplog.at_level(logging.WARNING, logger="ratelimit_app"):
+        try:
+            for _round in range(3):
+                results, errors = in_threads(lambda: sum(engine.decide([check(compiled)]).allowed for _ in range(20)),
+                                             threads=4)
+                assert errors == [] and sum(results) == 80
+                assert asyncio.run_coroutine_threadsafe(decide_async(20), loop).result(timeout=30) == 20
+                # every connection of the app rests past the timeout, and Redis closes it
+                wait_for(lambda: len(admin.client_list()) == 1, 15, "Redis to close the idle connections")
+        finally:
+            asyncio.run_coroutine_threadsafe(loop.shutdown_asyncgens(), loop).result(timeout=30)
+            loop.call_soon_threadsafe(loop.stop)
+            running.join()
+            loop.close()
+            admin.close()
+    assert counted(compiled) == 3 * 100
+    assert (circuit.failures, circuit.errors) == before
+    assert [r.getMessage() for r in caplog.records] == []
+
+
+def test_a_bounded_pool_under_threads_admits_exactly_the_limit(settings, private, circuit):
+    use_server(settings, private.url, max_connections=4)
+    compiled = policy(limit=100)
+    before = circuit.failures
+
+    def decide_many():
+        admitted = 0
+        for _ in range(100):
+            try:
+                admitted += engine.decide([check(compiled)]).allowed
+            except RedisUnavailable:
+                admitted += 1  # failing open: let through, uncounted
+        return admitted
+
+    results, errors = in_threads(decide_many, threads=16)
+    assert errors == [] and sum(results) == 100
+    assert circuit.failures == before  # a full pool is no outage
+
+
+def test_a_bounded_pool_under_one_event_loop_admits_exactly_the_limit(settings, private, circuit):
+    use_server(settings, private.url, max_connections=4)
+    compiled = policy(limit=100)
+    before = circuit.failures
+
+    async def decide_one() -> bool:
+        try:
+            return (await engine.adecide([check(compiled)])).allowed
+        except RedisUnavailable:
+            return True  # failing open
+
+    async def decide_many() -> list[bool]:
+        return await asyncio.gather(*(decide_one() for _ in range(400)))
+
+    assert sum(asyncio.run(decide_many())) == 100
+    assert circuit.failures == before
+
+
+def _connected(private) -> int:
+    return redis.Redis(port=private.port).info("clients")["connected_clients"]
+
+
+def test_event_loops_that_ended_leave_no_sockets_behind(settings, private):
+    use_server(settings, private.url)
+    compiled = policy(limit=10**6)
+
+    async def decide() -> bool:
+        return (await engine.adecide([check(compiled)])).allowed
+
+    baseline = _connected(private)
+    assert all(asyncio.run(decide()) for _ in range(300))
+    assert counted(compiled) == 300
+    print("FIGURE loops", baseline, _connected(private))
+    # beside the sync client's connection (counted() reads through it): Redis sees the last loop's
+    # socket close a moment after the loop has closed it
+    wait_for(lambda: _connected(private) <= baseline + 1, 5, "the ended loops' sockets to close")
+
+
+def _open_files(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/fd").iterdir()))
+
+
+def _worker_of(master: int) -> int:
+    children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+@pytest.mark.slow
+def test_async_views_under_a_wsgi_server_keep_sockets_bounded(tmp_path, private):
+    env = site_env(tmp_path / "site.sqlite3", REDIS_URL=private.url)
+    manage(env, "migrate", "--noinput")
+    manage(env, "shell", "-c", "from ratelimit_app.models import Policy\n"
+           "Policy.objects.create(name='quote', action='quote', limit=10**6, window=3600, key='ip')")
+    server = Server(env, workers=1)  # gunicorn's sync worker: each async view runs in a loop of its own
+    try:
+        worker = _worker_of(server.process.pid)
+
+        def quotes(times: int) -> list[int]:
+            codes = []
+            for _ in range(times):
+                try:
+                    with urllib.request.urlopen(server.url + "/demo/quote/", timeout=10) as response:
+                        codes.append(response.status)
+                except urllib.error.HTTPError as error:
+                    codes.append(error.code)
+            return codes
+
+        assert quotes(20) == [200] * 20
+        clients, files = _connected(private), _open_files(worker)
+        assert quotes(300) == [200] * 300
+        print("FIGURE wsgi", clients, _connected(private), files, _open_files(worker))
+        wait_for(lambda: _connected(private) <= clients + 1, 5, "the ended loops' sockets to close")
+        assert _open_files(worker) <= files + 1
+    finally:
+        server.stop()
+    counts = redis.Redis(port=private.port)
+    assert counts.dbsize() > 0  # the requests were decided in this Redis
