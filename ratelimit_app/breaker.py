@@ -167,6 +167,10 @@ class Outage:
         self._logged_at = 0.0
         self._lock = threading.Lock()
 
+    def reset(self) -> None:
+        """Log the next request let through or refused at once (tests start from here)."""
+        self._logged_at = 0.0
+
     def record(self, error: RedisUnavailable, request: object = None) -> None:
         """Count one request; given the request, a second door reporting the same request adds nothing."""
         if request is not None:

@@ -7,6 +7,7 @@ import asyncio
 import inspect
 import socket
 import threading
+from typing import Callable
 
 import redis
 import redis.asyncio
@@ -38,8 +39,37 @@ def client() -> redis.Redis | RedisCluster:
     """
     global _client
     if _client is None:
-        _client = get_redis_connection(get_setting("RATELIMIT_CACHE"))
+        _client = _watch_flushes(get_redis_connection(get_setting("RATELIMIT_CACHE")))
     return _client
+
+
+_on_flush: list[Callable[[], None]] = []
+
+
+def when_flushed(forget: Callable[[], None]) -> None:
+    """Call `forget` whenever Redis answers a FLUSHDB or FLUSHALL sent through the app's client (what
+    django-redis' cache.clear() sends in a test, in the thread that decides): what the process
+    remembers of Redis' data is gone with it. A flush from elsewhere shows at the next version check."""
+    _on_flush.append(forget)
+
+
+def _watch_flushes(redis_client: redis.Redis | RedisCluster) -> redis.Redis | RedisCluster:
+    callbacks = getattr(redis_client, "response_callbacks", None)
+    if callbacks is None:
+        return redis_client
+    for command in ("FLUSHDB", "FLUSHALL"):
+        if getattr(callbacks.get(command), "watches_flushes", False):
+            continue  # django-redis hands the same client out again
+        parse = callbacks.get(command)
+
+        def flushed(response: object, _parse: Callable | None = parse, **options: object) -> object:
+            for forget in _on_flush:
+                forget()
+            return _parse(response, **options) if _parse else response
+
+        flushed.watches_flushes = True  # type: ignore[attr-defined]
+        redis_client.set_response_callback(command, flushed)
+    return redis_client
 
 
 def is_cluster(redis_client: object) -> bool:

@@ -2,9 +2,11 @@
 
 A flood from one subject then costs no Redis call per refused request. It only ever refuses (never
 admits), and only while the engine itself would refuse: until the retry time the engine gave, for the
-same subject and limit under the same terms of the same enforcing policy (its generation, mode,
-strategy, window and bucket). A reset or a policy change announced in Redis clears it (the index
-reloads), and a refusal Redis gave before such a clear is not remembered after it.
+same subject, limit and cost under the same terms of the same enforcing policy (its generation, mode,
+strategy, window and bucket). A request of another cost asks Redis: its wait is not the one remembered.
+A reset, a policy change announced in Redis, a FLUSHDB through the app's client (a test's
+cache.clear()) or a change of the cache settings clears it, and a refusal Redis gave before such a
+clear is not remembered after it.
 The refusals still reach the policies' totals through the tally (tally.py), as the engine's own do.
 """
 
@@ -14,7 +16,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from . import keys
+from . import connection, keys
 from .conf import get_setting
 from .tally import NOW, tally
 
@@ -35,15 +37,16 @@ class DenyCache:
         self.epoch = 0
 
     @staticmethod
-    def _key(check: Check) -> tuple:
+    def _key(check: Check, cost: int) -> tuple:
         policy = check.policy
         # whatever decides a refusal: a policy compiled anew with other terms meets none of its old entries
         terms = (policy.id, policy.generation, policy.shape, policy.mode, policy.window_ms, policy.bucket_ms)
-        return terms, check.subject.key, check.limit
+        return terms, check.subject.key, check.limit, cost
 
     def denied(self, checks: Sequence[Check], cost: int = 1) -> list[Decision]:
         """The cached denials among these checks for a request of `cost` units, their times brought up
-        to date; [] when none applies. A refusal of N units holds for N or more: fewer may still fit."""
+        to date; [] when none applies. Only a refusal of the same cost answers: fewer units may fit,
+        and more wait longer than the time remembered (a client retrying then must fit)."""
         if not self._until:
             return []
         now = time.monotonic()
@@ -51,27 +54,25 @@ class DenyCache:
         for check in checks:
             if not check.policy.enforce:
                 continue  # a shadow policy never refuses, from memory or not
-            entry = self._until.get(self._key(check))
+            key = self._key(check, cost)
+            entry = self._until.get(key)
             if entry is None:
                 continue
             until, decision = entry
-            if cost < decision.cost:
-                continue
             left = until - now
             if left <= 0:
                 with self._lock:
-                    self._until.pop(self._key(check), None)
+                    self._until.pop(key, None)
                 continue
             elapsed = decision.retry_after - left
-            found.append(decision._replace(retry_after=left, reset_in=max(decision.reset_in - elapsed, left), cost=cost))
+            found.append(decision._replace(retry_after=left, reset_in=max(decision.reset_in - elapsed, left)))
         if found:
             self._count(found)
         return found
 
     def remember(self, checks: Sequence[Check], decisions: Sequence[Decision], epoch: int) -> None:
-        """Keep every enforcing decision over its limit until its retry time, unless the cache was
-        cleared since `epoch` (read before Redis was asked). Of two refusals of one subject, the one
-        of fewer units is kept: it refuses more requests."""
+        """Keep every enforcing decision over its limit until its retry time, for its cost, unless the
+        cache was cleared since `epoch` (read before Redis was asked)."""
         now = time.monotonic()
         for check, decision in zip(checks, decisions):
             # an in-flight place may come back any moment (its retry is a guess): never remembered
@@ -79,13 +80,9 @@ class DenyCache:
                 with self._lock:
                     if epoch != self.epoch:
                         return
-                    key = self._key(check)
-                    kept = self._until.get(key)
-                    if kept is not None and kept[1].cost < decision.cost and kept[0] > now:
-                        continue
                     if len(self._until) >= MAX_ENTRIES:
                         del self._until[next(iter(self._until))]
-                    self._until[key] = (now + decision.retry_after, decision)
+                    self._until[self._key(check, decision.cost)] = (now + decision.retry_after, decision)
 
     @staticmethod
     def _count(refusals: Sequence[Decision]) -> None:
@@ -98,6 +95,9 @@ class DenyCache:
 
 
 deny_cache = DenyCache()
+# a FLUSHDB or FLUSHALL sent through the app's client (django-redis' cache.clear() in a test) empties
+# Redis: refusals from before it no longer hold
+connection.when_flushed(deny_cache.clear)
 
 
 def enabled() -> bool:

@@ -92,6 +92,11 @@ class Availability:
         logger.warning("ratelimit: Redis became unavailable: %s", error)
         _log_failures("redis_unavailable", redis_unavailable.send_robust(sender=None, error=error))
 
+    def reset(self) -> None:
+        """Available, as a process starts (tests): the next loss is logged and signalled again."""
+        with self._lock:
+            self.lost_at = None
+
     def found(self) -> None:
         with self._lock:
             if self.lost_at is None:

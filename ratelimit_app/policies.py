@@ -277,6 +277,11 @@ def policies_changed(using: str = "default") -> None:
     transaction.on_commit(_publish_change, using=using)
 
 
+def forget_index() -> None:
+    """Load the index again at the next request (tests: the rows it holds may have been rolled back)."""
+    _state.stale = True
+
+
 def forget_settings() -> None:
     """The recheck and reload intervals changed: the deadlines move with them."""
     _state.deadlines()

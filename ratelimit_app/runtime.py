@@ -10,6 +10,7 @@ from django.dispatch import receiver
 
 from . import admin_connection, conf, connection, decision_connection, doors, metrics, policies, registry, subjects
 from .breaker import breaker
+from .deny_cache import deny_cache
 
 CACHE_SETTINGS = {"CACHES", "RATELIMIT_CACHE", "RATELIMIT_USE_CACHE", "RATELIMIT_ADMIN_TIMEOUT"}
 
@@ -18,6 +19,7 @@ FORGET: tuple[tuple[set[str] | None, Callable[[], None]], ...] = (
     (None, conf.forget_settings),
     (CACHE_SETTINGS, connection.forget_clients),
     (CACHE_SETTINGS, decision_connection.unpin),
+    (CACHE_SETTINGS, deny_cache.clear),  # another server's refusals, or a server another cache emptied
     ({"RATELIMIT_USE_CACHE"}, breaker.reset),  # django-ratelimit's tests switch caches around an open circuit
     (CACHE_SETTINGS, admin_connection.forget_client),
     (None, subjects.forget_settings),  # several settings shape subjects: cheap to forget

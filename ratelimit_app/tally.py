@@ -95,8 +95,9 @@ class Tally:
             self._pending.update(counts)
 
     def discard(self) -> None:
-        """Forget what is pending (tests: what one test counted must not reach the next one's Redis)."""
-        with self._lock:
+        """Forget what is pending, once a flush under way has ended (tests: what one test counted must
+        not reach the next one's Redis)."""
+        with self._flushing, self._lock:
             self._pending.clear()
 
     def _forked(self) -> None:

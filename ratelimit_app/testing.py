@@ -1,14 +1,37 @@
-"""Helpers for your own tests: forget counters, install a policy for the length of a block."""
+"""Helpers for your own tests: forget what the app keeps in a process, forget counters, install a
+policy for the length of a block."""
 
 from __future__ import annotations
 
 import contextlib
 from typing import Iterator
 
-from . import keys
+from . import events, keys, policies, runtime
+from .breaker import breaker, outage
 from .connection import client as redis_client
+from .deny_cache import deny_cache
 from .models import Policy
 from .policies import policies_changed
+from .tally import tally
+
+
+def reset() -> None:
+    """Forget everything ratelimit_app keeps in this process, as if it had just started: the policy
+    index (loaded again at the next request), the code policies written to the database (written
+    again), refusals kept in memory, the circuit breaker and what the logs already said, counts not
+    yet added to the policies' totals, the Redis clients and kept connections, and whatever was
+    read from the settings. Redis and the database are left as they are (see reset_counters()).
+
+    Call it between tests that roll the database back or empty Redis, e.g. in an autouse fixture.
+    """
+    for _settings, forget in runtime.FORGET:  # settings, clients, kept connections, code policies' sync
+        forget()
+    policies.forget_index()
+    deny_cache.clear()
+    breaker.reset()
+    outage.reset()
+    events.availability.reset()
+    tally.discard()  # waits for a flush under way: what it sends lands before the caller empties Redis
 
 
 def reset_counters() -> int:
@@ -17,6 +40,7 @@ def reset_counters() -> int:
     names = list(client.scan_iter(match=f"{keys.prefix()}:*", count=1000))
     if names:
         client.delete(*names)
+    deny_cache.clear()  # the refusals of those counters
     policies_changed()
     return len(names)
 

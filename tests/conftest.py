@@ -9,9 +9,7 @@ from django.conf import settings
 from django_redis import get_redis_connection
 
 from project.devredis import PrivateRedis
-from ratelimit_app import connection, policies, registry
-from ratelimit_app.deny_cache import deny_cache
-from ratelimit_app.tally import tally
+from ratelimit_app import testing
 
 _private: PrivateRedis | None = None
 
@@ -37,19 +35,12 @@ def redis_client():
 
 @pytest.fixture(autouse=True)
 def empty_redis(redis_client):
-    """Every test starts from an empty Redis, a closed circuit, no refusals in memory and a policy
-    index to be reloaded."""
-    deny_cache.clear()  # a reload does not always clear it, and the database may give a new policy an old id
-    # counts of the test before, whose totals are gone with its Redis: a background flush sending
-    # some now is waited for, so that nothing of it lands after the flush of the database
-    with tally._flushing:
-        tally.discard()
-        redis_client.flushdb()
-    connection.breaker.reset()
-    policies._state.stale = True
-    registry.forget_synced()  # the rows written for the test before were rolled back with it
+    """Every test starts from an empty Redis and a process that remembers nothing of the test before
+    (index, refusals, circuit, logs, clients, code policies written to a rolled-back database)."""
+    testing.reset()  # waits for a flush of the totals under way: nothing of it lands after the FLUSHDB
+    redis_client.flushdb()
     yield
-    policies._state.stale = True
+    testing.reset()
 
 
 @pytest.fixture
@@ -72,7 +63,4 @@ def server(settings, private):
 def outage_forgotten():
     """The outage a test causes is not the one the next test's log should be quiet about."""
     yield
-    from ratelimit_app import limiter
-
-    limiter.outage._logged_at = 0.0
-    connection.breaker.reset()
+    testing.reset()

@@ -5,10 +5,14 @@ from __future__ import annotations
 import sys
 
 import pytest
+from django.core.cache import caches
 from django.test import RequestFactory
+
+import ratelimit_app
 
 from ratelimit_app import deny_cache as deny_cache_module
 from ratelimit_app import engine, limiter, live, policies
+from ratelimit_app.conf import get_setting
 from ratelimit_app.deny_cache import deny_cache
 from tests.helpers import check, in_threads, make_policy, policy
 
@@ -80,3 +84,34 @@ def test_threads_refusing_many_subjects_at_once_never_fail(monkeypatch):
     finally:
         sys.setswitchinterval(interval)
     assert errors == []
+
+
+def _hit(cost: int = 1, action: str = "export"):
+    return ratelimit_app.hit(RequestFactory().get("/", REMOTE_ADDR=IP), action, cost=cost)
+
+
+def test_a_larger_cost_is_not_answered_with_a_smaller_costs_wait():
+    make_policy(name="export", action="export", strategy="token_bucket", limit=10, window=10, key="ip")
+    assert _hit(cost=10).allowed  # the bucket is empty: a unit comes back every second
+    small = _hit(cost=2)
+    assert not small.allowed and small.decisions[0].retry_after <= 2
+    large = _hit(cost=9)  # memory knows the wait of 2 units, not of 9
+    assert not large.allowed
+    assert large.decisions[0].retry_after > 8  # what Redis says: 9 units take 9 seconds to come back
+    assert not _hit(cost=9).allowed  # and now remembered for 9 units, with its own wait
+    assert _hit(cost=9).decisions[0].retry_after > 7
+
+
+def test_a_cleared_cache_clears_the_refusals_kept_in_memory():
+    make_policy(name="export", action="export", limit=1, key="ip")
+    assert [_hit().allowed for _ in range(2)] == [True, False]  # the refusal is remembered
+    caches[get_setting("RATELIMIT_CACHE")].clear()  # what a test suite does between tests: FLUSHDB
+    assert [_hit().allowed for _ in range(2)] == [True, False]
+
+
+def test_another_cache_meets_none_of_the_refusals_of_the_one_before(settings, private):
+    make_policy(name="export", action="export", limit=1, key="ip")
+    assert [_hit().allowed for _ in range(2)] == [True, False]
+    settings.CACHES = {**settings.CACHES, "other": {**settings.CACHES["default"], "LOCATION": private.url}}
+    settings.RATELIMIT_CACHE = "other"  # an empty server: nothing refuses this address there
+    assert [_hit().allowed for _ in range(2)] == [True, False]

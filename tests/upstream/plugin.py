@@ -87,14 +87,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_state():
-    """Each upstream test starts with a closed circuit, a policy index to reload, no refusal in memory
-    (their setUp empties Redis) and the declarations to write again (their database was rolled back)."""
-    from ratelimit_app import connection, policies, registry
-    from ratelimit_app.deny_cache import deny_cache
+    """What a project's own suite does between tests (ratelimit_app.testing.reset): the database of the
+    test before was rolled back, so its code policies are written again and the index reloaded."""
+    from ratelimit_app import testing
 
-    connection.breaker.reset()
-    policies._state.stale = True
-    deny_cache.clear()
-    registry.forget_synced()
+    testing.reset()
     yield
-    connection.breaker.reset()
