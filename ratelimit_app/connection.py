@@ -231,6 +231,8 @@ def async_twin(shared: redis.Redis, client_kwargs: dict) -> redis.asyncio.Redis:
 
 
 DEFAULT_POOL_WAIT = 1.0  # seconds a call waits for a connection of a full pool without a socket timeout
+# a connection closed by Redis while being opened or written to (nothing of the command ran): tried anew
+WRITE_ATTEMPTS = 3
 
 
 class SentOnce(redis.asyncio.Redis):
@@ -241,12 +243,15 @@ class SentOnce(redis.asyncio.Redis):
         if options:
             return await super().execute_command(*args, **options)
         pool = self.connection_pool
-        try:
-            connection = await pool.get_connection()  # a connection Redis closed at rest is made anew here
-        except redis.ConnectionError as error:
-            if isinstance(pool, redis.asyncio.BlockingConnectionPool) and str(error) == "No connection available.":
-                raise PoolFull(f"every one of the {pool.max_connections} connections of the pool stayed in use") from error
-            raise
+        for attempt in range(1, WRITE_ATTEMPTS + 1):
+            try:
+                connection = await pool.get_connection()  # connects when need be: nothing written yet
+                break
+            except redis.ConnectionError as error:
+                if isinstance(pool, redis.asyncio.BlockingConnectionPool) and str(error) == "No connection available.":
+                    raise PoolFull(f"every one of the {pool.max_connections} connections of the pool stayed in use") from error
+                if attempt == WRITE_ATTEMPTS:
+                    raise
         try:
             return await self._once(connection, args)
         except BaseException:
@@ -261,11 +266,14 @@ class SentOnce(redis.asyncio.Redis):
         if connection.is_connected and await connection.can_read():
             await connection.disconnect()
         message = connection.pack_command(*args)
-        try:
-            await connection.send_packed_command(message, check_health=False)
-        except redis.ConnectionError:  # nothing reached Redis whole: safe to send anew
-            await connection.disconnect()
-            await connection.send_packed_command(message, check_health=False)
+        for attempt in range(1, WRITE_ATTEMPTS + 1):
+            try:
+                await connection.send_packed_command(message, check_health=False)
+                break
+            except redis.ConnectionError:  # nothing reached Redis whole: safe to send anew
+                await connection.disconnect()
+                if attempt == WRITE_ATTEMPTS:
+                    raise
         try:
             return await self.parse_response(connection, args[0])
         except redis.ConnectionError as error:

@@ -13,7 +13,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import MaxConnectionsError
 
 from .breaker import PoolFull, ReplyLost, breaker, describe
-from .connection import DEFAULT_POOL_WAIT, client, is_cluster
+from .connection import DEFAULT_POOL_WAIT, WRITE_ATTEMPTS, client, is_cluster
 
 
 class _Pinned(threading.local):
@@ -42,36 +42,55 @@ def decision_client() -> redis.Redis | RedisCluster:
 
 
 def execute(redis_client: redis.Redis | RedisCluster, *command: object, **options: object) -> object:
-    """redis_client.execute_command(*command, **options), sent at most once: a decision whose reply was
-    lost may have run, so no retry policy sends it again. On a connection found closed before writing
-    (idle timeout, CLIENT KILL, restart) it goes on a new one. A cluster client, or a command with
-    options: as is."""
-    if options or is_cluster(redis_client):
+    """redis_client.execute_command(*command, **options), written at most once (SentOnce); the
+    decision's own command, without options, as redis-py packed it the time before and unparsed (a
+    FCALL reply has no parser). A cluster client: as is."""
+    if is_cluster(redis_client):
         return redis_client.execute_command(*command, **options)
+    return _sent_once(redis_client, command, options, parse=bool(options))
+
+
+class SentOnce(redis.Redis):
+    """The request path's client, on the cache's pool: every command written once, on a connection
+    checked just before writing. A command whose reply was lost may have run (a decision counted):
+    no retry policy sends it again. A connection Redis closed while it rested (idle timeout, CLIENT
+    KILL, restart) is replaced before writing, so that costs nothing."""
+
+    def execute_command(self, *args: object, **options: object) -> object:
+        return _sent_once(self, args, options, parse=True)
+
+
+def _sent_once(redis_client: redis.Redis, command: tuple, options: dict, parse: bool) -> object:
     kept = getattr(redis_client, "connection", None)
     if kept is not None:
-        return _once(kept, command)
+        return _once(redis_client, kept, command, options, parse)
     pool = redis_client.connection_pool
     connection = _borrow(pool)
     try:
-        return _once(connection, command)
+        return _once(redis_client, connection, command, options, parse)
     finally:
         pool.release(connection)
         with _returned:
             _returned.notify()
 
 
-def _once(connection: redis.Connection, command: tuple) -> object:
+def _once(redis_client: redis.Redis, connection: redis.Connection, command: tuple, options: dict, parse: bool) -> object:
     """The round trip, on a live connection; after the command is written, no second try."""
     _replace_if_closed(connection)
-    message = _packed(connection, command)
+    message = _packed(connection, command) if not options else connection.pack_command(*command)
+    for attempt in range(1, WRITE_ATTEMPTS + 1):
+        try:
+            connection.send_packed_command(message, check_health=False)  # connects first when need be
+            break
+        except redis.ConnectionError:
+            # nothing reached Redis whole (a failed write leaves at most part of a command, which Redis
+            # never runs): safe to send anew. A refused connection fails again at once: an outage
+            connection.disconnect()
+            if attempt == WRITE_ATTEMPTS:
+                raise
     try:
-        connection.send_packed_command(message, check_health=False)
-    except redis.ConnectionError:
-        # nothing reached Redis whole (a write that fails leaves at most part of a command): safe to send anew
-        connection.disconnect()
-        connection.send_packed_command(message, check_health=False)
-    try:
+        if parse:
+            return redis_client.parse_response(connection, command[0], **options)
         return connection.read_response()
     except redis.ConnectionError as error:  # not a timeout (Redis not answering in time is an outage)
         connection.disconnect()
@@ -112,13 +131,16 @@ POOL_WAIT_STEP = 0.01  # seconds between tries when the connection freed went to
 def _borrow(pool: redis.ConnectionPool) -> redis.Connection:
     """A connection of the pool. A full pool (max_connections in use) is the site's own back-pressure,
     not an outage: wait for a connection, as long as the socket timeout allows a reply to take."""
-    deadline = None
+    deadline, attempts = None, 0
     while True:
         try:
-            return pool.get_connection()
+            return pool.get_connection()  # connects it, or checks the one it had: nothing written yet
         except redis.ConnectionError as error:
             if not _pool_full(pool, error):
-                raise
+                attempts += 1
+                if attempts == WRITE_ATTEMPTS:
+                    raise
+                continue
             now = time.monotonic()
             deadline = deadline or now + (pool.connection_kwargs.get("socket_timeout") or DEFAULT_POOL_WAIT)
             if now >= deadline:
@@ -146,14 +168,15 @@ def _pin() -> redis.Redis | RedisCluster:
     _drop_pinned()
     kept = shared
     if pool is not None and not is_cluster(shared):
+        kept = SentOnce(connection_pool=pool)  # a connection borrowed per call
         with _kept_lock:  # one thread at a time: the count of kept connections stays exact
             keeping = _kept.setdefault(pool, weakref.WeakSet())
             if len(keeping) < pool.max_connections // 2:
                 # takes a connection from the pool and connects: an outage raises here, inside the breaker
                 try:
-                    kept = redis.Redis(connection_pool=pool, single_connection_client=True)
+                    kept = SentOnce(connection_pool=pool, single_connection_client=True)
                 except MaxConnectionsError:
-                    kept = shared  # the site's other uses of the pool hold the rest: borrow per call
+                    pass  # the site's other uses of the pool hold the rest
                 else:
                     keeping.add(kept)
     _pinned.client, _pinned.generation, _pinned.packed = kept, _generation, {}

@@ -46,9 +46,51 @@ def circuit():
     connection.breaker.reset()
 
 
+def _subject(task: int, i: int) -> str:
+    return f"ip:10.{task}.{i // 250}.{i % 250}"  # a subject per decision: its count says how often it ran
+
+
+def _decide_each(decide, task: int) -> tuple[list[str], int]:
+    answered, failed = [], 0
+    for i in range(DECISIONS):
+        try:
+            if decide(_subject(task, i)):
+                answered.append(_subject(task, i))
+        except RedisUnavailable:
+            failed += 1  # a reply lost with its killed connection: the failure rule, not a second send
+    return answered, failed
+
+
+DECISIONS = 1500
+
+
+def _in_threads(compiled) -> list[tuple[list[str], int]]:
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        return list(pool.map(lambda task: _decide_each(lambda who: engine.decide([check(compiled, who)]).allowed, task),
+                             range(4)))
+
+
+def _in_one_loop(compiled) -> list[tuple[list[str], int]]:
+    async def decide_each(task: int) -> tuple[list[str], int]:
+        answered, failed = [], 0
+        for i in range(DECISIONS):
+            try:
+                if (await engine.adecide([check(compiled, _subject(task, i))])).allowed:
+                    answered.append(_subject(task, i))
+            except RedisUnavailable:
+                failed += 1
+        return answered, failed
+
+    async def all_tasks():
+        return await asyncio.gather(*(decide_each(task) for task in range(4)))
+
+    return asyncio.run(all_tasks())
+
+
 @pytest.mark.slow
-def test_client_kill_in_a_loop_counts_every_decision_at_most_once(settings, private):
-    # 2 of the 4 threads keep a connection, the other 2 borrow one per call: both paths are killed
+@pytest.mark.parametrize("deciding", [_in_threads, _in_one_loop], ids=["threads", "event-loop"])
+def test_client_kill_in_a_loop_counts_every_decision_at_most_once(settings, private, deciding):
+    # of the 4 threads, 2 keep a connection and 2 borrow one per call: both paths are killed
     use_server(settings, private.url, max_connections=4)
     compiled = policy(limit=10**9)
     stop = threading.Event()
@@ -59,29 +101,15 @@ def test_client_kill_in_a_loop_counts_every_decision_at_most_once(settings, priv
             admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
         admin.close()
 
-    def decide_many(thread: int) -> tuple[list[str], int]:
-        answered, failed = [], 0
-        for i in range(1500):
-            who = f"ip:10.{thread}.{i // 250}.{i % 250}"  # a subject per decision: its count says how often it ran
-            try:
-                if engine.decide([check(compiled, who)]).allowed:
-                    answered.append(who)
-            except RedisUnavailable:
-                failed += 1  # a reply lost with its killed connection: the failure rule, not a second send
-        return answered, failed
-
     killing = threading.Thread(target=killer)
     killing.start()
     try:
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            results = list(pool.map(decide_many, range(4)))
+        results = deciding(compiled)
     finally:
         stop.set()
         killing.join()
-    counts = {f"ip:10.{t}.{i // 250}.{i % 250}": 0 for t in range(4) for i in range(1500)}
-    counts.update({who: counted(compiled, who) for who in counts})
+    counts = {_subject(task, i): counted(compiled, _subject(task, i)) for task in range(4) for i in range(DECISIONS)}
     answered, failed = [who for r in results for who in r[0]], sum(r[1] for r in results)
-    print("FIGURE kill", len(answered), failed, sum(c > 1 for c in counts.values()))
     assert [who for who, count in counts.items() if count > 1] == []  # none counted twice
     assert all(counts[who] == 1 for who in answered)  # each answered decision counted
     assert failed < 0.05 * len(counts)  # a killed connection is no outage: the circuit stayed closed
@@ -173,7 +201,6 @@ def test_event_loops_that_ended_leave_no_sockets_behind(settings, private):
     baseline = _connected(private)
     assert all(asyncio.run(decide()) for _ in range(300))
     assert counted(compiled) == 300
-    print("FIGURE loops", baseline, _connected(private))
     # beside the sync client's connection (counted() reads through it): Redis sees the last loop's
     # socket close a moment after the loop has closed it
     wait_for(lambda: _connected(private) <= baseline + 1, 5, "the ended loops' sockets to close")
@@ -212,7 +239,6 @@ def test_async_views_under_a_wsgi_server_keep_sockets_bounded(tmp_path, private)
         assert quotes(20) == [200] * 20
         clients, files = _connected(private), _open_files(worker)
         assert quotes(300) == [200] * 300
-        print("FIGURE wsgi", clients, _connected(private), files, _open_files(worker))
         wait_for(lambda: _connected(private) <= clients + 1, 5, "the ended loops' sockets to close")
         assert _open_files(worker) <= files + 1
     finally:
