@@ -26,9 +26,11 @@ pytestmark = pytest.mark.django_db
 TIMEOUTS = {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5}
 
 
-def use_server(settings, url: str, **pool_kwargs: object) -> None:
+def use_server(settings, url: str, pool_class: str = "", **pool_kwargs: object) -> None:
     """RATELIMIT_CACHE on `url`, as the README configures it (timeouts; pool options when given)."""
     options = {**TIMEOUTS, **({"CONNECTION_POOL_KWARGS": pool_kwargs} if pool_kwargs else {})}
+    if pool_class:
+        options["CONNECTION_POOL_CLASS"] = pool_class
     settings.CACHES = {**settings.CACHES, "faults": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": url,
                                                      "OPTIONS": options}}
     settings.RATELIMIT_CACHE = "faults"
@@ -150,8 +152,10 @@ def test_idle_timeouts_replace_connections_without_an_outage(settings, private, 
     assert [r.getMessage() for r in caplog.records] == []
 
 
-def test_a_bounded_pool_under_threads_admits_exactly_the_limit(settings, private, circuit):
-    use_server(settings, private.url, max_connections=4)
+@pytest.mark.parametrize("pool", [{}, {"pool_class": "redis.BlockingConnectionPool", "timeout": 0.01}],
+                         ids=["ConnectionPool", "BlockingConnectionPool"])
+def test_a_bounded_pool_under_threads_admits_exactly_the_limit(settings, private, circuit, pool):
+    use_server(settings, private.url, max_connections=4, **pool)
     compiled = policy(limit=100)
     before = circuit.failures
 
@@ -243,5 +247,4 @@ def test_async_views_under_a_wsgi_server_keep_sockets_bounded(tmp_path, private)
         assert _open_files(worker) <= files + 1
     finally:
         server.stop()
-    counts = redis.Redis(port=private.port)
-    assert counts.dbsize() > 0  # the requests were decided in this Redis
+    assert redis.Redis(port=private.port).dbsize() > 0  # the requests were decided in this Redis
