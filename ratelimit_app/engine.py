@@ -220,7 +220,7 @@ def _verdict(checks: Sequence[Check], reply: list, call: Ask) -> Verdict:
     # the script leaves the totals to the worker (tally.py): what it counted, and what it refused
     admitted, refused = [], []
     denied = False
-    for i, (policy, subject, limit) in enumerate(checks):
+    for i, (policy, subject, limit, _plan) in enumerate(checks):
         exceeded, count, reset_ms, retry_ms = reply[1 + 4 * i : 5 + 4 * i]
         allowed = not (exceeded and policy.enforce)
         denied = denied or not allowed
