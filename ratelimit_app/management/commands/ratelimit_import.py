@@ -1,5 +1,6 @@
 """manage.py ratelimit_import FILE: create or update policies (by name) and replace their overrides;
-create or update action costs (by action)."""
+create or update action costs (by action); create or update plans (by name) and replace their limits
+and assignments."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from ratelimit_app.portable import ImportRefused, import_data, parse_json
 
 
 class Command(BaseCommand):
-    help = "Import policies, overrides and action costs from a ratelimit_export file; all or nothing."
+    help = "Import policies, overrides, action costs and plans from a ratelimit_export file; all or nothing."
 
     def add_arguments(self, parser):
         parser.add_argument("file", help="A file written by ratelimit_export ('-' for standard input).")
@@ -31,8 +32,10 @@ class Command(BaseCommand):
             raise CommandError(f"{file}: {error}") from error
         self.stdout.write(self.style.SUCCESS(
             f"Imported {counted(imported.policies, 'policy', 'policies')}, "
-            f"{counted(imported.overrides, 'override', 'overrides')} and "
-            f"{counted(imported.costs, 'action cost', 'action costs')}."
+            f"{counted(imported.overrides, 'override', 'overrides')}, "
+            f"{counted(imported.costs, 'action cost', 'action costs')} and "
+            f"{counted(imported.plans, 'plan', 'plans')} "
+            f"({counted(imported.assignments, 'assignment', 'assignments')})."
         ))
 
 
