@@ -380,18 +380,21 @@ class SubjectMatch(models.Model):
         return errors
 
 
-def limit_field(help_text: str) -> models.PositiveIntegerField:
-    """A limit in place of a policy's: blank when exempt, else from 1 to what every database stores."""
-    return models.PositiveIntegerField(
-        "limit",
-        null=True,
-        blank=True,
-        validators=[
-            MinValueValidator(1, "The limit must be at least 1 request per window."),
-            MaxValueValidator(MAX_COST, f"The limit can be at most {MAX_COST} per window."),
-        ],
-        help_text=help_text,
-    )
+class LimitField(models.PositiveIntegerField):
+    """A limit in place of a policy's: blank when exempt, else from 1 to what every database stores;
+    its form field says so in those words."""
+
+    MIN_MESSAGE = "The limit must be at least 1 request per window."
+    MAX_MESSAGE = f"The limit can be at most {MAX_COST} per window."
+    default_validators = [MinValueValidator(1, MIN_MESSAGE), MaxValueValidator(MAX_COST, MAX_MESSAGE)]
+
+    def formfield(self, **kwargs):
+        messages = {"min_value": self.MIN_MESSAGE, "max_value": self.MAX_MESSAGE}
+        return super().formfield(**{"min_value": 1, "max_value": MAX_COST, "error_messages": messages, **kwargs})
+
+
+def limit_field(help_text: str) -> LimitField:
+    return LimitField("limit", null=True, blank=True, help_text=help_text)
 
 
 def exemption_errors(exempt: bool, limit: int | None, what: str) -> dict[str, str]:
