@@ -226,7 +226,7 @@ def test_signals_mark_the_index_stale_and_bump_the_version_on_commit(search, pro
 # --- export and import --------------------------------------------------------------------------------
 
 
-def test_plans_survive_an_export_and_import_round_trip(tmp_path, search, pro):
+def test_plans_survive_an_export_and_import_round_trip(tmp_path, capsys, search, pro):
     alice = User.objects.create_user("alice")
     Group.objects.create(name="customers")
     PlanLimit.objects.create(plan=pro, policy=make_policy(name="login", action="login", limit=5, window=60), exempt=True)
@@ -239,6 +239,7 @@ def test_plans_survive_an_export_and_import_round_trip(tmp_path, search, pro):
     before = json.loads(exported.read_text())
     pro.delete()
     call_command("ratelimit_import", str(exported))
+    assert "Imported 2 policies, 0 overrides, 0 action costs and 1 plan (4 assignments)." in capsys.readouterr().out
     again = tmp_path / "again.json"
     call_command("ratelimit_export", str(again))
     assert json.loads(again.read_text()) == before

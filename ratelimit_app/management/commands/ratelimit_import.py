@@ -30,13 +30,11 @@ class Command(BaseCommand):
             imported = import_data(parse_json(text))
         except ImportRefused as error:
             raise CommandError(f"{file}: {error}") from error
-        self.stdout.write(self.style.SUCCESS(
-            f"Imported {counted(imported.policies, 'policy', 'policies')}, "
-            f"{counted(imported.overrides, 'override', 'overrides')}, "
-            f"{counted(imported.costs, 'action cost', 'action costs')} and "
-            f"{counted(imported.plans, 'plan', 'plans')} "
-            f"({counted(imported.assignments, 'assignment', 'assignments')})."
-        ))
+        parts = [counted(imported.policies, "policy", "policies"), counted(imported.overrides, "override", "overrides"),
+                 counted(imported.costs, "action cost", "action costs")]
+        if imported.plans:  # a file without plans reads as it always did
+            parts.append(f"{counted(imported.plans, 'plan', 'plans')} ({counted(imported.assignments, 'assignment', 'assignments')})")
+        self.stdout.write(self.style.SUCCESS(f"Imported {', '.join(parts[:-1])} and {parts[-1]}."))
 
 
 def counted(number: int, one: str, many: str) -> str:
