@@ -275,3 +275,33 @@ def test_a_bad_plan_in_an_import_is_refused_with_what_is_wrong(tmp_path, search,
         call_command("ratelimit_import", _plan_file(tmp_path, **plan))
     assert message in str(refused.value)
     assert not Plan.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_async_view_gives_a_user_on_a_plan_the_plans_limit():
+    from asgiref.sync import sync_to_async
+
+    from tests.test_async import ClientAt
+
+    def a_user_on_a_plan():
+        policy = make_policy(name="quote-per-ip", action="quote", limit=2, window=60, key="ip")
+        alice = User.objects.create_user("alice")
+        plan = Plan.objects.create(name="pro")
+        PlanLimit.objects.create(plan=plan, policy=policy, limit=5)
+        PlanAssignment.objects.create(plan=plan, kind="user", user=alice)
+        return alice
+
+    client = ClientAt(IP)
+    await client.aforce_login(await sync_to_async(a_user_on_a_plan)())
+    assert [(await client.get("/demo/quote/")).status_code for _ in range(6)] == [200] * 5 + [429]
+
+
+def test_a_bad_plan_row_written_behind_the_admins_back_is_skipped_and_logged(client, caplog, search, pro):
+    PlanAssignment.objects.create(plan=pro, kind="ip", network=IP)
+    PlanLimit.objects.filter(plan=pro).update(limit=0)  # no validation on this path
+    PlanAssignment.objects.create(plan=pro, kind="header", header="X-Api-Key", value="k")
+    PlanAssignment.objects.filter(kind="header").update(value="")
+    with caplog.at_level("ERROR", logger="ratelimit_app"):
+        assert statuses(client, 4) == [200, 200, 200, 429]  # the policy's own 3
+    assert "limit id" in caplog.text and "of plan 'pro' is invalid and is skipped" in caplog.text
+    assert "to plan 'pro' is invalid and is skipped" in caplog.text
