@@ -68,7 +68,9 @@ def plan_of(assignments: PlanAssignments | None, request) -> CompiledPlan | None
     return None if found is None else found.plan
 
 
-def limit_in_effect(limit: int, policy_id: int, override: CompiledOverride | None, plan: CompiledPlan | None) -> tuple[int | None, str]:
+def limit_in_effect(
+    limit: int, policy_id: int, override: CompiledOverride | None, plan: CompiledPlan | None
+) -> tuple[int | None, str]:
     """The limit under a policy (None: exempt) and the plan that set it ('' when none did): the
     subject's override first, then its plan's limit for that policy, then the policy's `limit`."""
     if override is not None:

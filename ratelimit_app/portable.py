@@ -5,9 +5,9 @@ Rows are identified by natural keys (a policy or a plan by its name, a cost by i
 username, a group by name), so a file exported on one site imports on another. Importing updates
 policies by name and replaces the overrides of every policy in the file, creates or updates the costs
 by action (a cost the file does not name stays), and creates or updates plans by name, replacing the
-limits and assignments of every plan in the file (a plan the file does not name stays). The whole file is checked first (its shape, every
-field's type, then every row as the admin would, then the rows against each other as they stand
-once written) and nothing is written unless all of it is good.
+limits and assignments of every plan in the file (a plan the file does not name stays). The whole
+file is checked first (its shape, every field's type, then every row as the admin would, then the
+rows against each other as they stand once written) and nothing is written unless all of it is good.
 """
 
 from __future__ import annotations
