@@ -53,7 +53,7 @@ class Planned(NamedTuple):
     subject: Subject
     override: CompiledOverride | None
     limit: int | None  # None: the subject is exempt
-    plan: CompiledPlan | None = None  # the request's plan (it sets the limit when it names the policy and no override does)
+    plan: CompiledPlan | None = None  # the request's plan, whether or not it names this policy
     by_plan: bool = False  # the plan set the limit in effect
 
 
@@ -113,8 +113,8 @@ def plan(
         if subject is None:
             continue  # e.g. a `user` policy on an anonymous request does not apply
         override = matching_override(index.overrides.get(policy.id), request) if index.overrides else None
-        limit, by_plan = limit_in_effect(policy.limit, policy.id, override, on_plan)
-        planned.append(Planned(policy, subject, override, limit, on_plan, bool(by_plan)))
+        limit, plan_name = limit_in_effect(policy.limit, policy.id, override, on_plan)
+        planned.append(Planned(policy, subject, override, limit, on_plan, bool(plan_name)))
     return planned
 
 
@@ -143,11 +143,11 @@ def pending_checks(request, state: RequestState, index: policies.PolicyIndex | N
             checks.append(Check(policy, subject, policy.limit))
             continue
         override = matching_override(overrides.get(policy.id), request) if overrides else None
-        limit, by_plan = limit_in_effect(policy.limit, policy.id, override, on_plan)
+        limit, plan_name = limit_in_effect(policy.limit, policy.id, override, on_plan)
         if limit is None:
             metrics.record_exempt(policy)
         else:
-            checks.append(Check(policy, subject, limit, by_plan))
+            checks.append(Check(policy, subject, limit, plan_name))
     return checks
 
 

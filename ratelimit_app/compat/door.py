@@ -78,5 +78,6 @@ def _check(index: policies.PolicyIndex, request, want: Want) -> Check | None:
         return None  # disabled in the admin (or invalid, which is logged when loading)
     limit = compiled.limit if want.limit is None else want.limit  # a callable rate computes it per request
     override = matching_override(index.overrides.get(compiled.id), request) if index.overrides else None
-    limit, by_plan = limit_in_effect(limit, compiled.id, override, plan_of(index.plans, request) if index.plans else None)
-    return None if limit is None else Check(compiled, want.subject, limit, by_plan)
+    on_plan = plan_of(index.plans, request) if index.plans else None
+    limit, plan_name = limit_in_effect(limit, compiled.id, override, on_plan)
+    return None if limit is None else Check(compiled, want.subject, limit, plan_name)
