@@ -103,10 +103,10 @@ def _script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[lis
     # the shards share the bound of a policy's index (on one shard: the setting itself)
     shard_count = keys.shards()  # part of the keys: a changed setting makes new parts
     index_size = -(-get_setting("RATELIMIT_LIVE_INDEX_SIZE") // shard_count)
-    for policy, subject, limit in checks:
-        parts = policy.script_parts.get((subject, limit, key_prefix, shard_count, index_size))
+    for policy, subject, limit, plan in checks:
+        parts = policy.script_parts.get((subject, limit, plan, key_prefix, shard_count, index_size))
         if parts is None:
-            parts = _check_parts(policy, subject, limit, key_prefix, shard_count, index_size)
+            parts = _check_parts(policy, subject, limit, plan, key_prefix, shard_count, index_size)
         script_keys += parts[0]
         args += parts[1]
     if version:
@@ -114,20 +114,20 @@ def _script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[lis
     return script_keys, args
 
 
-MAX_PARTS = 4096  # (subject, limit) pairs whose script parts a policy keeps
+MAX_PARTS = 4096  # (subject, limit, plan) whose script parts a policy keeps
 
 
 def _check_parts(
-    policy: CompiledPolicy, subject: Subject, limit: int, key_prefix: str, shard_count: int, index_size: int
+    policy: CompiledPolicy, subject: Subject, limit: int, plan: str, key_prefix: str, shard_count: int, index_size: int
 ) -> tuple[tuple, tuple]:
     """The KEYS and ARGV one check adds to decide.lua's call, kept on the compiled policy for next time."""
     parts = (
         tuple(keys.decision_keys(policy, subject.key, key_prefix)),
-        (policy_terms(policy, limit, index_size), live_member(subject, limit, policy)),
+        (policy_terms(policy, limit, index_size), live_member(subject, limit, policy, plan)),
     )
     if len(policy.script_parts) >= MAX_PARTS:
         policy.script_parts.clear()  # bounded: a flood of new subjects only costs building them again
-    policy.script_parts[(subject, limit, key_prefix, shard_count, index_size)] = parts
+    policy.script_parts[(subject, limit, plan, key_prefix, shard_count, index_size)] = parts
     return parts
 
 
@@ -220,7 +220,7 @@ def _verdict(checks: Sequence[Check], reply: list, call: Ask) -> Verdict:
     # the script leaves the totals to the worker (tally.py): what it counted, and what it refused
     admitted, refused = [], []
     denied = False
-    for i, (policy, subject, limit) in enumerate(checks):
+    for i, (policy, subject, limit, _plan) in enumerate(checks):
         exceeded, count, reset_ms, retry_ms = reply[1 + 4 * i : 5 + 4 * i]
         allowed = not (exceeded and policy.enforce)
         denied = denied or not allowed
@@ -251,6 +251,8 @@ def policy_terms(policy: CompiledPolicy, limit: int, index_size: int) -> str:
     return f"{policy.strategy} {limit} {policy.window_ms} {policy.bucket_ms} {enforce} {policy.totals_bucket_ms} {index_size}"
 
 
-def live_member(subject: Subject, limit: int, policy: CompiledPolicy) -> str:
-    """The live index entry of a subject: '<hash> <limit>[*] <display>', '*' marking an override."""
-    return f"{subject.key} {limit}{'*' if limit != policy.limit else ''} {subject.display}"
+def live_member(subject: Subject, limit: int, policy: CompiledPolicy, plan: str = "") -> str:
+    """The live index entry of a subject: '<hash> <limit>[*|@plan] <display>', '*' marking an
+    override's limit, '@plan' the limit of the subject's plan (a slug: no space)."""
+    mark = f"@{plan}" if plan else ("*" if limit != policy.limit else "")
+    return f"{subject.key} {limit}{mark} {subject.display}"

@@ -15,6 +15,7 @@ from .breaker import outage
 from .deny_cache import deny_cache
 from .deny_cache import enabled as deny_cache_enabled
 from .overrides import CompiledOverride, matching_override
+from .plans import CompiledPlan, limit_in_effect, plan_of
 from .subjects import http_request, subject_for
 from .values import Check, CompiledPolicy, Decision, Held, Subject, Verdict
 
@@ -52,6 +53,8 @@ class Planned(NamedTuple):
     subject: Subject
     override: CompiledOverride | None
     limit: int | None  # None: the subject is exempt
+    plan: CompiledPlan | None = None  # the request's plan, whether or not it names this policy
+    by_plan: bool = False  # the plan set the limit in effect
 
 
 class RequestState:
@@ -102,6 +105,7 @@ def plan(
     if not index:
         return []
     planned = []
+    on_plan = plan_of(index.plans, request) if index.plans else None
     for policy in index.matching(path=request.path_info, names=names, method=request.method):
         if policy.id in skip:
             continue
@@ -109,19 +113,13 @@ def plan(
         if subject is None:
             continue  # e.g. a `user` policy on an anonymous request does not apply
         override = matching_override(index.overrides.get(policy.id), request) if index.overrides else None
-        planned.append(Planned(policy, subject, override, limit_under(policy, override)))
+        limit, plan_name = limit_in_effect(policy.limit, policy.id, override, on_plan)
+        planned.append(Planned(policy, subject, override, limit, on_plan, bool(plan_name)))
     return planned
 
 
-def limit_under(policy: CompiledPolicy, override: CompiledOverride | None) -> int | None:
-    """The limit in effect under `override` (None: the subject is exempt)."""
-    if override is None:
-        return policy.limit
-    return None if override.exempt else override.limit
-
-
 def checks_for(planned: Iterable[Planned]) -> list[Check]:
-    return [Check(p.policy, p.subject, p.limit) for p in planned if p.limit is not None]
+    return [Check(p.policy, p.subject, p.limit, p.plan.name if p.by_plan else "") for p in planned if p.limit is not None]
 
 
 def pending_checks(request, state: RequestState, index: policies.PolicyIndex | None = None) -> list[Check]:
@@ -134,17 +132,22 @@ def pending_checks(request, state: RequestState, index: policies.PolicyIndex | N
     if not index:
         return checks
     decided, overrides = state.decided, index.overrides
+    on_plan = plan_of(index.plans, request) if index.plans else None
     for policy in index.matching(path=request.path_info, names=state.names, method=request.method):
         if policy.id in decided:
             continue
         subject = subject_for(policy.key_spec, request)
         if subject is None:
             continue
-        limit = policy.limit if not overrides else limit_under(policy, matching_override(overrides.get(policy.id), request))
+        if not (overrides or on_plan):  # most requests: the policy's own limit, no lookup
+            checks.append(Check(policy, subject, policy.limit))
+            continue
+        override = matching_override(overrides.get(policy.id), request) if overrides else None
+        limit, plan_name = limit_in_effect(policy.limit, policy.id, override, on_plan)
         if limit is None:
             metrics.record_exempt(policy)
         else:
-            checks.append(Check(policy, subject, limit))
+            checks.append(Check(policy, subject, limit, plan_name))
     return checks
 
 
@@ -206,7 +209,7 @@ class Call(NamedTuple):
 
 def prepare(request, state: RequestState, index: policies.PolicyIndex | None, extra: Sequence[Check] = (),
             pending: bool = True, now: float | None = None, cost: Cost | None = None) -> Call | None:
-    """Plan -> overrides -> cost -> deny cache: the call to make, or None when Redis need not be asked
+    """Plan -> overrides and plans -> cost -> deny cache: the call to make, or None when Redis need not be asked
     (no policy applies, or memory refuses the request). `extra`: checks a door computed itself
     (compat); `cost`: the code's cost for this call, in place of the doors'."""
     index = policies.get_index() if index is None else index

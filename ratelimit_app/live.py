@@ -36,7 +36,8 @@ class SubjectUsage(NamedTuple):
     count: int
     reset_in: float
     limit: int  # the limit in effect for this subject
-    overridden: bool  # an override gave this subject a limit other than the policy's
+    overridden: bool  # an override or a plan gave this subject a limit other than the policy's
+    plan: str = ""  # the plan whose limit this subject had ('' when none)
 
 
 class LiveUsage(NamedTuple):
@@ -66,10 +67,10 @@ def live_usage(policy: CompiledPolicy, *, rows: int | None = None, now: float | 
     limits = [limit or policy.limit for _key, limit, *_ in members]
     counts = _read_counters(policy, [keys.counter_key(policy, key) for key, *_ in members], now_ms, limits,
                             [keys.shard_of(key) for key, *_ in members])
-    for (subject_key, _limit, overridden, display), limit, (count, reset_ms) in zip(members, limits, counts):
+    for (subject_key, _limit, overridden, display, plan), limit, (count, reset_ms) in zip(members, limits, counts):
         if count > 0 and subject_key not in subjects:  # seen under two limits: the latest entry wins
             capacity = policy.capacity(limit)  # a token bucket's count is compared with its burst
-            subjects[subject_key] = SubjectUsage(subject_key, display, count, reset_ms / 1000, capacity, overridden)
+            subjects[subject_key] = SubjectUsage(subject_key, display, count, reset_ms / 1000, capacity, overridden, plan)
     busiest = sorted(subjects.values(), key=lambda s: (-s.count, s.display))
     blocked = sum(1 for s in busiest if s.count >= s.limit)
     return LiveUsage(allowed, denied, max(active, len(busiest)), index_full, busiest[:rows], len(busiest), blocked)
@@ -87,7 +88,7 @@ def policy_totals(policy: CompiledPolicy, *, now: float | None = None) -> tuple[
     return allowed, denied, active, replies[0][0]
 
 
-def _listed_members(policy: CompiledPolicy, now_ms: int) -> tuple[list[tuple[str, int, bool, str]], bool]:
+def _listed_members(policy: CompiledPolicy, now_ms: int) -> tuple[list[tuple[str, int, bool, str, str]], bool]:
     """The live index entries whose counters may still hold requests, highest score first in each shard,
     the shards one after the other; and whether an index is full.
 
@@ -174,10 +175,12 @@ def _run_batches(
     return run_each(client, script, calls)
 
 
-def parse_live_member(member: str) -> tuple[str, int, bool, str]:
-    """The parts of a live index entry written by engine.live_member: key, limit, overridden, display."""
+def parse_live_member(member: str) -> tuple[str, int, bool, str, str]:
+    """The parts of a live index entry written by engine.live_member: key, limit, overridden (by an
+    override or a plan), display, plan."""
     subject_key, limit, display = (member.split(" ", 2) + ["", ""])[:3]
-    return subject_key, int(limit.rstrip("*") or 0), limit.endswith("*"), display
+    limit, _at, plan = limit.partition("@")
+    return subject_key, int(limit.rstrip("*") or 0), limit.endswith("*") or bool(plan), display, plan
 
 
 # --- resets -------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ if prometheus_client is not None:
     DECISIONS = prometheus_client.Counter(
         "ratelimit_decisions",
         "Requests decided, per policy and outcome: allowed (counted), denied, shadow_denied (a shadow "
-        "policy would have denied), exempt (an override exempts the subject).",
+        "policy would have denied), exempt (an override or a plan exempts the subject).",
         ["policy", "outcome"],
     )
     REDIS_CALL = prometheus_client.Histogram(
@@ -101,7 +101,7 @@ def record_verdict(verdict: Verdict) -> None:
 
 
 def record_exempt(policy: CompiledPolicy) -> None:
-    """A request of a subject that an override exempts from `policy` (Redis was not asked for it)."""
+    """A request of a subject that an override or a plan exempts from `policy` (Redis was not asked for it)."""
     if _on:
         _child(DECISIONS, policy.name, "exempt").inc()
 

@@ -1,5 +1,6 @@
-"""The models: Policy (one named rate limit), Override (a different limit for some subjects) and
-ActionCost (how many units a request of an action takes)."""
+"""The models: Policy (one named rate limit), Override (a different limit for some subjects),
+ActionCost (how many units a request of an action takes), and Plan (limits over several policies for
+the subjects assigned to it)."""
 
 from __future__ import annotations
 
@@ -297,17 +298,15 @@ def validate_network(value: str) -> None:
         ) from error
 
 
-class Override(models.Model):
-    """A different limit, or an exemption, for one subject (or a network or group) under one policy."""
+class SubjectMatch(models.Model):
+    """Which requests a row matches: a user, an IP address or network, a header value (an API key) or
+    a group's members, until an optional expiry. Overrides and plan assignments match alike (overrides.py)."""
 
-    policy = models.ForeignKey(
-        Policy, on_delete=models.CASCADE, related_name="overrides", verbose_name="policy", help_text="The policy it changes."
-    )
     kind = models.CharField(
         "matches",
         max_length=10,
         choices=MatchKind.choices,
-        help_text="What the override matches: a user, an IP address or network, a header value, or a group.",
+        help_text="What it matches: a user, an IP address or network, a header value, or a group.",
     )
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -346,29 +345,15 @@ class Override(models.Model):
         blank=True,
         help_text="For 'header': the exact value, e.g. the API key. Shown masked in lists.",
     )
-    exempt = models.BooleanField("exempt", default=False, help_text="Matching requests are not limited by this policy at all.")
-    limit = models.PositiveIntegerField(
-        "limit",
-        null=True,
-        blank=True,
-        validators=[MinValueValidator(1, "The limit must be at least 1 request per window.")],
-        help_text="The limit in effect instead of the policy's, per window, e.g. 1000. Leave blank when exempt.",
-    )
     expires_at = models.DateTimeField(
-        "expires", null=True, blank=True, help_text="After this moment the override no longer applies. Blank: never."
+        "expires", null=True, blank=True, help_text="After this moment it no longer applies. Blank: never."
     )
     reason = models.CharField("reason", max_length=200, blank=True, help_text="Why, e.g. 'partner integration, ticket 123'.")
     created = models.DateTimeField("created", auto_now_add=True)
     updated = models.DateTimeField("updated", auto_now=True)
 
     class Meta:
-        ordering = ["policy__name", "kind", "pk"]
-        verbose_name = "override"
-        verbose_name_plural = "overrides"
-
-    def __str__(self) -> str:
-        effect = "exempt" if self.exempt else f"limit {self.limit}"
-        return f"{self.policy_id and self.policy.name}: {self.matcher_display()} -> {effect}"
+        abstract = True
 
     def matcher_display(self) -> str:
         if self.kind == MatchKind.USER:
@@ -379,23 +364,140 @@ class Override(models.Model):
             return f"ip {self.network}"
         return f"header {self.header}={mask(self.value)}"
 
-    def clean(self) -> None:
-        super().clean()
+    def match_errors(self) -> dict[str, str]:
+        """What is missing or wrong for the row to match anything (the network is made canonical)."""
         errors: dict[str, str] = {}
         required = {MatchKind.USER: "user", MatchKind.GROUP: "group", MatchKind.IP: "network", MatchKind.HEADER: "header"}
         field = required.get(self.kind)
         if field and not (getattr(self, f"{field}_id", None) if field in ("user", "group") else getattr(self, field)):
-            errors[field] = f"Required when the override matches by {self.kind}."
+            errors[field] = f"Required when it matches by {self.kind}."
         if self.kind == MatchKind.HEADER and not self.value:
-            errors["value"] = "Required when the override matches a header value."
+            errors["value"] = "Required when it matches a header value."
         if self.kind == MatchKind.HEADER and self.header and not TOKEN.match(self.header.strip()):
             errors["header"] = f"{self.header[:40]!r} is not an HTTP header name (no spaces or separators), e.g. X-Api-Key."
-        if self.exempt and self.limit:
-            errors["limit"] = "An exempt override has no limit: clear the limit or untick exempt."
-        if not self.exempt and not self.limit:
-            errors["limit"] = "Give a limit, or tick exempt."
         if self.kind == MatchKind.IP and self.network:
             self.network = canonical_network(self.network)
+        return errors
+
+
+class LimitField(models.PositiveIntegerField):
+    """A limit in place of a policy's: blank when exempt, else from 1 to what every database stores;
+    its form field says so in those words."""
+
+    MIN_MESSAGE = "The limit must be at least 1 request per window."
+    MAX_MESSAGE = f"The limit can be at most {MAX_COST} per window."
+    default_validators = [MinValueValidator(1, MIN_MESSAGE), MaxValueValidator(MAX_COST, MAX_MESSAGE)]
+
+    def formfield(self, **kwargs):
+        messages = {"min_value": self.MIN_MESSAGE, "max_value": self.MAX_MESSAGE}
+        return super().formfield(**{"min_value": 1, "max_value": MAX_COST, "error_messages": messages, **kwargs})
+
+
+def limit_field(help_text: str) -> LimitField:
+    return LimitField("limit", null=True, blank=True, help_text=help_text)
+
+
+def exemption_errors(exempt: bool, limit: int | None, what: str) -> dict[str, str]:
+    if exempt and limit:
+        return {"limit": f"An exempt {what} has no limit: clear the limit or untick exempt."}
+    if not exempt and not limit:
+        return {"limit": "Give a limit, or tick exempt."}
+    return {}
+
+
+class Override(SubjectMatch):
+    """A different limit, or an exemption, for one subject (or a network or group) under one policy."""
+
+    policy = models.ForeignKey(
+        Policy, on_delete=models.CASCADE, related_name="overrides", verbose_name="policy", help_text="The policy it changes."
+    )
+    exempt = models.BooleanField("exempt", default=False, help_text="Matching requests are not limited by this policy at all.")
+    limit = limit_field("The limit in effect instead of the policy's, per window, e.g. 1000. Leave blank when exempt.")
+
+    class Meta:
+        ordering = ["policy__name", "kind", "pk"]
+        verbose_name = "override"
+        verbose_name_plural = "overrides"
+
+    def __str__(self) -> str:
+        effect = "exempt" if self.exempt else f"limit {self.limit}"
+        return f"{self.policy_id and self.policy.name}: {self.matcher_display()} -> {effect}"
+
+    def clean(self) -> None:
+        super().clean()
+        errors = {**self.match_errors(), **exemption_errors(self.exempt, self.limit, "override")}
+        if errors:
+            raise ValidationError(errors)
+
+
+class Plan(models.Model):
+    """A named set of limits (or exemptions) over several policies, for the subjects assigned to it."""
+
+    name = models.SlugField(
+        "name", max_length=64, unique=True, help_text="Unique slug shown in the admin and the tester, e.g. 'pro'."
+    )
+    description = models.TextField("description", blank=True, help_text="What the plan is, e.g. 'paying customers, 10x the free limits'.")
+    created = models.DateTimeField("created", auto_now_add=True)
+    updated = models.DateTimeField("updated", auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "plan"
+        verbose_name_plural = "plans"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class PlanLimit(models.Model):
+    """The limit (or an exemption) a plan gives its subjects under one policy."""
+
+    plan = models.ForeignKey(Plan, on_delete=models.CASCADE, related_name="limits", verbose_name="plan", help_text="The plan it belongs to.")
+    policy = models.ForeignKey(
+        Policy, on_delete=models.CASCADE, related_name="plan_limits", verbose_name="policy", help_text="The policy whose limit the plan sets."
+    )
+    exempt = models.BooleanField("exempt", default=False, help_text="Subjects on the plan are not limited by this policy at all.")
+    limit = limit_field("The limit per window of the policy for subjects on the plan, e.g. 10000. Leave blank when exempt.")
+
+    class Meta:
+        ordering = ["plan__name", "policy__name"]
+        verbose_name = "plan limit"
+        verbose_name_plural = "plan limits"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["plan", "policy"], name="ratelimit_plan_limit_once", violation_error_message="The plan already sets a limit for this policy."
+            )
+        ]
+
+    def __str__(self) -> str:
+        effect = "exempt" if self.exempt else f"limit {self.limit}"
+        return f"{self.plan_id and self.plan.name}: {self.policy_id and self.policy.name} -> {effect}"
+
+    def clean(self) -> None:
+        super().clean()
+        errors = exemption_errors(self.exempt, self.limit, "plan limit")
+        if errors:
+            raise ValidationError(errors)
+
+
+class PlanAssignment(SubjectMatch):
+    """Puts the requests of a user, a group's members, an API key (a header value) or a network on a plan."""
+
+    plan = models.ForeignKey(
+        Plan, on_delete=models.CASCADE, related_name="assignments", verbose_name="plan", help_text="The plan they are on."
+    )
+
+    class Meta:
+        ordering = ["plan__name", "kind", "pk"]
+        verbose_name = "plan assignment"
+        verbose_name_plural = "plan assignments"
+
+    def __str__(self) -> str:
+        return f"{self.matcher_display()} -> plan {self.plan_id and self.plan.name}"
+
+    def clean(self) -> None:
+        super().clean()
+        errors = self.match_errors()
         if errors:
             raise ValidationError(errors)
 

@@ -57,7 +57,7 @@ def live_snapshot(policy: Policy, rows: int = LIVE_ROWS) -> tuple[dict, int]:
         {
             "subject": s.display, "key": s.key, "count": s.count, "limit": s.limit,
             "remaining": max(s.limit - s.count, 0), "reset_in": round(s.reset_in, 1),
-            "blocked": s.count >= s.limit, "overridden": s.overridden,
+            "blocked": s.count >= s.limit, "overridden": s.overridden, "plan": s.plan or None,
         }
         for s in usage.subjects
     ]

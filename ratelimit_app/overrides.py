@@ -1,8 +1,10 @@
 """Per-subject overrides: which limit is in effect for a request, resolved in Python from the index.
 
-Precedence: an exact subject (a user, a single IP address, a header value) before an IP network
-(longest prefix first) before a group; between equals, the older row (lower id) first, in every
-process. An expired override no longer applies, and the next one in line does. Everything is read from the in-process index: no query, no Redis call.
+Rows that match requests (overrides, plan assignments: models.SubjectMatch) are arranged by one
+SubjectMatcher. Precedence: an exact subject (a user, a single IP address, a header value) before an
+IP network (longest prefix first) before a group; between equals, the older row (lower id) first, in
+every process. An expired row no longer applies, and the next one in line does. Everything is read
+from the in-process index: no query, no Redis call.
 """
 
 from __future__ import annotations
@@ -10,14 +12,21 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Iterable, Iterator
+from typing import Generic, Iterable, Iterator, Protocol, TypeVar
 
 from django.utils import timezone
 
-from .models import MatchKind, Override
+from .models import MatchKind, Override, SubjectMatch
 from .subjects import client_address, ip_network, meta_key
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class Expiring(Protocol):
+    def active(self, now: datetime) -> bool: ...
+
+
+Item = TypeVar("Item", bound=Expiring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,42 +44,44 @@ class CompiledOverride:
 
 
 @dataclass(slots=True)
-class PolicyOverrides:
-    """The overrides of one policy, arranged for lookup by each kind of matcher.
+class SubjectMatcher(Generic[Item]):
+    """Compiled rows that match requests (each carried as an `Item`), arranged for lookup by each kind.
 
-    Several overrides may match the same user, address or header value (one expired, one active):
-    all are kept, in the order rows are loaded (by pk), and the first active one applies.
+    Several rows may match the same user, address or header value (one expired, one active):
+    all are kept, in the order rows are added (by pk), and the first active one applies.
     """
 
-    by_user: dict[int, list[CompiledOverride]] = field(default_factory=dict)
-    by_address: dict[str, list[CompiledOverride]] = field(default_factory=dict)
-    networks: list[tuple[IPNetwork, CompiledOverride]] = field(default_factory=list)
-    by_header: dict[tuple[str, str], list[CompiledOverride]] = field(default_factory=dict)
-    headers: dict[str, None] = field(default_factory=dict)  # META names some override reads, in row order
-    by_group: list[tuple[frozenset[int], CompiledOverride]] = field(default_factory=list)
+    by_user: dict[int, list[Item]] = field(default_factory=dict)
+    by_address: dict[str, list[Item]] = field(default_factory=dict)
+    networks: list[tuple[IPNetwork, Item]] = field(default_factory=list)
+    by_header: dict[tuple[str, str], list[Item]] = field(default_factory=dict)
+    headers: dict[str, None] = field(default_factory=dict)  # META names some row reads, in row order
+    by_group: list[tuple[frozenset[int], Item]] = field(default_factory=list)
 
-    def add(self, row: Override, members: dict[int, frozenset[int]]) -> None:
-        compiled = CompiledOverride(
-            row.pk, row.policy_id, row.kind, row.exempt, row.limit, row.expires_at, row.matcher_display()
-        )
+    def add(self, row: SubjectMatch, item: Item, members: dict[int, frozenset[int]]) -> None:
+        """Match the requests `row` describes with `item`; `members`: group id -> its users' ids."""
         if row.kind == MatchKind.USER:
-            self.by_user.setdefault(row.user_id, []).append(compiled)
+            self.by_user.setdefault(row.user_id, []).append(item)
         elif row.kind == MatchKind.GROUP:
-            self.by_group.append((members.get(row.group_id, frozenset()), compiled))
+            self.by_group.append((members.get(row.group_id, frozenset()), item))
         elif row.kind == MatchKind.HEADER:
             meta = meta_key(row.header)
             self.headers[meta] = None
-            self.by_header.setdefault((meta, row.value), []).append(compiled)
+            self.by_header.setdefault((meta, row.value), []).append(item)
         else:
             network = ip_network(row.network)  # as client addresses are matched: rows saved mapped match too
             if network.prefixlen == network.max_prefixlen:
-                self.by_address.setdefault(str(network.network_address), []).append(compiled)
+                self.by_address.setdefault(str(network.network_address), []).append(item)
             else:
-                self.networks.append((network, compiled))
+                self.networks.append((network, item))
                 self.networks.sort(key=lambda pair: -pair[0].prefixlen)  # stable: same prefix keeps row order
 
-    def candidates(self, request) -> Iterator[CompiledOverride]:
-        """Every override matching the request, most specific first.
+    @property
+    def reads_user(self) -> bool:
+        return bool(self.by_user or self.by_group)
+
+    def candidates(self, request) -> Iterator[Item]:
+        """Every item matching the request, most specific first.
 
         Addresses are matched on the client's own address, not on the group a policy counts
         (RATELIMIT_IPV6_PREFIX, RATELIMIT_IPV4_PREFIX): an override for one client is that client's.
@@ -86,25 +97,34 @@ class PolicyOverrides:
         for name in self.headers:
             yield from self.by_header.get((name, meta.get(name, "")), ())
         if address is not None and self.networks:
-            for network, override in self.networks:
+            for network, item in self.networks:
                 if address.version == network.version and address in network:
-                    yield override
+                    yield item
         if user_id is not None:
-            for members, override in self.by_group:
+            for members, item in self.by_group:
                 if user_id in members:
-                    yield override
+                    yield item
+
+    def first_active(self, request) -> Item | None:
+        """The most specific item matching the request that has not expired, or None."""
+        now = timezone.now()
+        return next((item for item in self.candidates(request) if item.active(now)), None)
+
+
+PolicyOverrides = SubjectMatcher[CompiledOverride]  # the overrides of one policy
+
+
+def compile_override(row: Override) -> CompiledOverride:
+    return CompiledOverride(row.pk, row.policy_id, row.kind, row.exempt, row.limit, row.expires_at, row.matcher_display())
 
 
 def compile_overrides(rows: Iterable[Override], members: dict[int, frozenset[int]]) -> dict[int, PolicyOverrides]:
     by_policy: dict[int, PolicyOverrides] = {}
     for row in rows:
-        by_policy.setdefault(row.policy_id, PolicyOverrides()).add(row, members)
+        by_policy.setdefault(row.policy_id, SubjectMatcher()).add(row, compile_override(row), members)
     return by_policy
 
 
 def matching_override(overrides: PolicyOverrides | None, request) -> CompiledOverride | None:
     """The override in effect for this request under one policy, or None."""
-    if overrides is None:
-        return None
-    now = timezone.now()
-    return next((o for o in overrides.candidates(request) if o.active(now)), None)
+    return None if overrides is None else overrides.first_active(request)

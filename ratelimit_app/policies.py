@@ -3,7 +3,8 @@
 The index is rebuilt when the policy version in Redis changes. Every decision call returns that
 version; when no call carried it for RATELIMIT_POLICY_RECHECK_SECONDS, it is read once on its own.
 Whatever happens to the version, the index is also rebuilt every RATELIMIT_POLICY_RELOAD_SECONDS.
-Saving or deleting a policy, an override or an action cost (or changing a group's members) marks
+Saving or deleting a policy, an override, an action cost or a plan (its limits, its assignments),
+or changing a group's members, marks
 this process's index stale at once and bumps the version on commit.
 """
 
@@ -25,8 +26,9 @@ from . import strategies
 from .breaker import RedisUnavailable
 from .conf import get_setting
 from .deny_cache import deny_cache
-from .models import ActionCost, Mode, Override, Policy
+from .models import ActionCost, Mode, Override, PlanAssignment, PlanLimit, Policy
 from .overrides import PolicyOverrides, compile_overrides
+from .plans import PlanAssignments, compile_plans
 from .subjects import parse_key_spec
 from .values import CompiledPolicy
 
@@ -77,6 +79,7 @@ class PolicyIndex:
         policies: Iterable[CompiledPolicy],
         overrides: dict[int, PolicyOverrides] | None = None,
         costs: dict[str, int] | None = None,
+        plans: PlanAssignments | None = None,
     ) -> None:
         self.policies = tuple(policies)
         self.costs = dict(costs or {})
@@ -84,6 +87,7 @@ class PolicyIndex:
         self.cost_by_prefix = tuple((action, cost) for action, cost in self.costs.items() if action.startswith("/"))
         self.cost_by_name = {action: cost for action, cost in self.costs.items() if action != "*" and not action.startswith("/")}
         self.overrides = overrides or {}
+        self.plans = plans  # who is on which plan; None when no one is
         self.holds = any(p.holds for p in self.policies)  # a policy counts requests in flight
         self.everywhere = tuple(p for p in self.policies if p.action == "*")
         self.by_prefix = tuple(p for p in self.policies if p.action.startswith("/"))
@@ -92,9 +96,11 @@ class PolicyIndex:
             if policy.action != "*" and not policy.action.startswith("/"):
                 by_name[policy.action].append(policy)
         self.by_name = {name: tuple(found) for name, found in by_name.items()}
-        # whether computing subjects or overrides may read request.user (async views load it first)
-        self.needs_user = any(p.counts_users for p in self.policies) or any(
-            o.by_user or o.by_group for o in self.overrides.values()
+        # whether computing subjects, overrides or plans may read request.user (async views load it first)
+        self.needs_user = (
+            any(p.counts_users for p in self.policies)
+            or any(o.reads_user for o in self.overrides.values())
+            or (plans is not None and plans.reads_user)
         )
 
     def __bool__(self) -> bool:
@@ -158,15 +164,16 @@ _state = _IndexState()
 
 
 def load_index() -> PolicyIndex:
-    """Read the enabled policies, their overrides and the action costs; a bad row is skipped with a
-    logged error."""
+    """Read the enabled policies, their overrides, the action costs and the plans; a bad row is
+    skipped with a logged error."""
     compiled = []
     for row in Policy.objects.filter(enabled=True).order_by("pk"):
         try:
             compiled.append(compile_policy(row))
         except (ValidationError, ValueError, KeyError) as error:
             logger.error("ratelimit: policy %r (id %s) is invalid and is skipped: %s", row.name, row.pk, error)
-    return PolicyIndex(compiled, _load_overrides({policy.id for policy in compiled}), _load_costs())
+    ids = {policy.id for policy in compiled}
+    return PolicyIndex(compiled, _load_overrides(ids), _load_costs(), _load_plans(ids))
 
 
 def _load_costs() -> dict[str, int]:
@@ -190,13 +197,37 @@ def _load_overrides(policy_ids: set[int]) -> dict[int, PolicyOverrides]:
             rows.append(row)
         except ValidationError as error:
             logger.error("ratelimit: override id %s of policy %r is invalid and is skipped: %s", row.pk, row.policy.name, error)
-    group_ids = {row.group_id for row in rows if row.group_id}
+    return compile_overrides(rows, _members({row.group_id for row in rows if row.group_id}))
+
+
+def _load_plans(policy_ids: set[int]) -> PlanAssignments | None:
+    assignments = []
+    for row in PlanAssignment.objects.select_related("user", "group", "plan").order_by("pk"):
+        try:
+            row.full_clean(exclude=["plan", "user", "group"], validate_unique=False, validate_constraints=False)
+            assignments.append(row)
+        except ValidationError as error:
+            logger.error("ratelimit: assignment id %s to plan %r is invalid and is skipped: %s", row.pk, row.plan.name, error)
+    if not assignments:
+        return None  # most sites sell nothing: no plan limit is read either
+    limits = []
+    for row in PlanLimit.objects.filter(policy_id__in=policy_ids).select_related("plan").order_by("pk"):
+        try:
+            row.full_clean(exclude=["plan", "policy"], validate_unique=False, validate_constraints=False)
+            limits.append(row)
+        except ValidationError as error:
+            logger.error("ratelimit: limit id %s of plan %r is invalid and is skipped: %s", row.pk, row.plan.name, error)
+    return compile_plans(limits, assignments, _members({row.group_id for row in assignments if row.group_id}))
+
+
+def _members(group_ids: set[int]) -> dict[int, frozenset[int]]:
+    """The users of each group: group id -> their ids."""
     members: dict[int, set[int]] = defaultdict(set)
     if group_ids:
         memberships = get_user_model().groups.through.objects.filter(group_id__in=group_ids)
         for group_id, user_id in memberships.values_list("group_id", get_user_model()._meta.model_name + "_id"):
             members[group_id].add(user_id)
-    return compile_overrides(rows, {group_id: frozenset(users) for group_id, users in members.items()})
+    return {group_id: frozenset(users) for group_id, users in members.items()}
 
 
 def get_index() -> PolicyIndex:

@@ -1,12 +1,13 @@
-"""Policies, overrides and action costs as plain JSON data, to review them and move them between
-environments.
+"""Policies, overrides, action costs and plans as plain JSON data, to review them and move them
+between environments.
 
-Rows are identified by natural keys (a policy by its name, a cost by its action, a user by username,
-a group by name), so a file exported on one site imports on another. Importing updates policies by
-name and replaces the overrides of every policy in the file, and creates or updates the costs by
-action (a cost the file does not name stays). The whole file is checked first (its shape, every
-field's type, then every row as the admin would, then the rows against each other as they stand
-once written) and nothing is written unless all of it is good.
+Rows are identified by natural keys (a policy or a plan by its name, a cost by its action, a user by
+username, a group by name), so a file exported on one site imports on another. Importing updates
+policies by name and replaces the overrides of every policy in the file, creates or updates the costs
+by action (a cost the file does not name stays), and creates or updates plans by name, replacing the
+limits and assignments of every plan in the file (a plan the file does not name stays). The whole
+file is checked first (its shape, every field's type, then every row as the admin would, then the
+rows against each other as they stand once written) and nothing is written unless all of it is good.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils.dateparse import parse_datetime
 
-from .models import ActionCost, Override, Policy
+from .models import ActionCost, Override, Plan, PlanAssignment, PlanLimit, Policy, SubjectMatch
 from .rates import parse_rate
 
 FORMAT = "ratelimit_app/1"
@@ -35,19 +36,25 @@ POLICY_FIELDS: dict[str, tuple[str, bool]] = {
     "enabled": (FLAG, False), "bucket_size": (WHOLE, True), "burst": (WHOLE, True), "description": (TEXT, False),
 }
 IMPORTED_POLICY_FIELDS = {**POLICY_FIELDS, "rate": (TEXT, False)}  # '100/m' may stand for limit and window
-OVERRIDE_FIELDS: dict[str, tuple[str, bool]] = {
-    "kind": (TEXT, False), "network": (TEXT, False), "header": (TEXT, False), "value": (TEXT, False),
-    "exempt": (FLAG, False), "limit": (WHOLE, True), "reason": (TEXT, False),
+MATCH_FIELDS: dict[str, tuple[str, bool]] = {
+    "kind": (TEXT, False), "network": (TEXT, False), "header": (TEXT, False), "value": (TEXT, False), "reason": (TEXT, False),
 }
-OVERRIDE_REFERENCES: dict[str, tuple[str, bool]] = {"user": (TEXT, True), "group": (TEXT, True), "expires_at": (TEXT, True)}
+MATCH_REFERENCES: dict[str, tuple[str, bool]] = {"user": (TEXT, True), "group": (TEXT, True), "expires_at": (TEXT, True)}
+OVERRIDE_FIELDS: dict[str, tuple[str, bool]] = {**MATCH_FIELDS, "exempt": (FLAG, False), "limit": (WHOLE, True)}
+OVERRIDE_REFERENCES = MATCH_REFERENCES
 COST_FIELDS: dict[str, tuple[str, bool]] = {"action": (TEXT, False), "cost": (WHOLE, False), "note": (TEXT, False)}
-TOP_FIELDS = ("format", "policies", "costs")  # 'costs' is optional: files exported before it still import
+PLAN_FIELDS: dict[str, tuple[str, bool]] = {"name": (TEXT, False), "description": (TEXT, False)}
+PLAN_LIMIT_FIELDS: dict[str, tuple[str, bool]] = {"policy": (TEXT, False), "limit": (WHOLE, True), "exempt": (FLAG, False)}
+# 'costs' and 'plans' are optional: files exported before them still import
+TOP_FIELDS = ("format", "policies", "costs", "plans")
 
 
 class Imported(NamedTuple):
     policies: int
     overrides: int
     costs: int
+    plans: int = 0
+    assignments: int = 0
 
 
 class ImportRefused(ValueError):
@@ -64,15 +71,32 @@ def export_data() -> dict[str, Any]:
         entry["overrides"] = [_export_override(o) for o in policy.overrides.all()]
         policies.append(entry)
     costs = [{name: getattr(cost, name) for name in COST_FIELDS} for cost in ActionCost.objects.order_by("action")]
-    return {"format": FORMAT, "policies": policies, "costs": costs}
+    return {"format": FORMAT, "policies": policies, "costs": costs, "plans": _export_plans()}
 
 
 def _export_override(override: Override) -> dict[str, Any]:
-    entry = {name: getattr(override, name) for name in OVERRIDE_FIELDS}
-    entry["user"] = override.user.get_username() if override.user_id else None
-    entry["group"] = override.group.name if override.group_id else None
-    entry["expires_at"] = override.expires_at.isoformat() if override.expires_at else None
+    return _export_match(override, OVERRIDE_FIELDS)
+
+
+def _export_match(row: SubjectMatch, fields: dict[str, tuple[str, bool]]) -> dict[str, Any]:
+    entry = {name: getattr(row, name) for name in fields}
+    entry["user"] = row.user.get_username() if row.user_id else None
+    entry["group"] = row.group.name if row.group_id else None
+    entry["expires_at"] = row.expires_at.isoformat() if row.expires_at else None
     return entry
+
+
+def _export_plans() -> list[dict[str, Any]]:
+    plans = []
+    for plan in Plan.objects.prefetch_related("limits__policy", "assignments__user", "assignments__group").order_by("name"):
+        entry: dict[str, Any] = {name: getattr(plan, name) for name in PLAN_FIELDS}
+        entry["limits"] = [
+            {"policy": row.policy.name, "limit": row.limit, "exempt": row.exempt}
+            for row in sorted(plan.limits.all(), key=lambda row: row.policy.name)
+        ]
+        entry["assignments"] = [_export_match(row, MATCH_FIELDS) for row in plan.assignments.order_by("pk")]
+        plans.append(entry)
+    return plans
 
 
 # --- reading a file -----------------------------------------------------------------------------
@@ -144,6 +168,7 @@ def shape_problems(data: Any) -> list[str]:
         return [f"Not a ratelimit_app export: expected {{\"format\": \"{FORMAT}\", \"policies\": [...]}}."]
     problems = [f"field {name!r}: unknown field (known: {', '.join(TOP_FIELDS)})." for name in data if name not in TOP_FIELDS]
     problems += _cost_shape_problems(data.get("costs", []))
+    problems += _plan_shape_problems(data.get("plans", []))
     policies = data.get("policies")
     if not isinstance(policies, list):
         return problems + [f"field 'policies': expected a list, got {_kind(policies)}."]
@@ -187,6 +212,42 @@ def _cost_shape_problems(costs: Any) -> list[str]:
     return problems
 
 
+def _plan_shape_problems(plans: Any) -> list[str]:
+    if not isinstance(plans, list):
+        return [f"field 'plans': expected a list, got {_kind(plans)}."]
+    problems = []
+    seen: dict[str, int] = {}
+    for number, entry in enumerate(plans, 1):
+        where = _plan_label(number, entry)
+        problems += _type_problems(where, entry, PLAN_FIELDS, nested=("limits", "assignments"))
+        if not isinstance(entry, dict):
+            continue
+        name = entry.get("name")
+        if "name" not in entry:
+            problems.append(f"{where}, field 'name': required.")
+        elif isinstance(name, str) and name in seen:
+            problems.append(f"{where}, field 'name': the name is already used by plan {seen[name]}.")
+        elif isinstance(name, str):
+            seen[name] = number
+        for nested, what, fields in (
+            ("limits", "limit", PLAN_LIMIT_FIELDS), ("assignments", "assignment", {**MATCH_FIELDS, **MATCH_REFERENCES})
+        ):
+            items = entry.get(nested, [])
+            if not isinstance(items, list):
+                problems.append(f"{where}, field {nested!r}: expected a list, got {_kind(items)}.")
+                continue
+            for index, item in enumerate(items, 1):
+                problems += _type_problems(f"{where}, {what} {index}", item, fields)
+                if nested == "limits" and isinstance(item, dict) and "policy" not in item:
+                    problems.append(f"{where}, {what} {index}, field 'policy': required.")
+    return problems
+
+
+def _plan_label(number: int, entry: Any) -> str:
+    name = entry.get("name") if isinstance(entry, dict) else None
+    return f"plan {number} ({name!r})" if isinstance(name, str) else f"plan {number}"
+
+
 def _cost_label(number: int, entry: Any) -> str:
     action = entry.get("action") if isinstance(entry, dict) else None
     return f"cost {number} ({action!r})" if isinstance(action, str) else f"cost {number}"
@@ -203,7 +264,8 @@ def _policy_label(number: int, entry: Any) -> str:
 @transaction.atomic
 def import_data(data: Any) -> Imported:
     """Create or update the policies of `data` and replace their overrides, create or update its
-    action costs; returns how many of each were imported."""
+    action costs, create or update its plans and replace their limits and assignments; returns how
+    many of each were imported."""
     problems = shape_problems(data)
     if problems:
         raise ImportRefused("Nothing was imported:\n" + "\n".join(f"- {p}" for p in problems))
@@ -244,6 +306,7 @@ def import_data(data: Any) -> Imported:
             continue
         cost.save()
         written.append((where, cost))
+    plans, assignments = _import_plans(data.get("plans", []), problems)
     # a cost and a limit are judged as the file leaves them, whichever of the two it changes first
     for where, row in written:
         try:
@@ -253,7 +316,41 @@ def import_data(data: Any) -> Imported:
     if problems:
         transaction.set_rollback(True)
         raise ImportRefused("Nothing was imported:\n" + "\n".join(f"- {p}" for p in problems))
-    return Imported(imported_policies, imported_overrides, sum(isinstance(row, ActionCost) for _, row in written))
+    costs = sum(isinstance(row, ActionCost) for _, row in written)
+    return Imported(imported_policies, imported_overrides, costs, plans, assignments)
+
+
+def _import_plans(entries: list[dict[str, Any]], problems: list[str]) -> tuple[int, int]:
+    """Create or update each plan by name and replace its limits and assignments (the policies named
+    may be the file's own, written before); returns how many plans and assignments were written."""
+    plans = assignments = 0
+    for number, entry in enumerate(entries, 1):
+        where = _plan_label(number, entry)
+        plan = Plan.objects.filter(name=entry["name"]).first() or Plan()
+        for field in PLAN_FIELDS:
+            if field in entry:
+                setattr(plan, field, entry[field])
+        if not _valid(plan, where, problems):
+            continue
+        plan.save()
+        plans += 1
+        plan.limits.all().delete()
+        plan.assignments.all().delete()
+        for index, item in enumerate(entry.get("limits", []), 1):
+            try:
+                row = PlanLimit(plan=plan, policy=_lookup(Policy.objects, name=item["policy"]), exempt=item.get("exempt", False))
+                row.limit = item.get("limit")
+                row.full_clean()
+                row.save()
+            except (ValidationError, LookupError) as error:
+                problems.append(f"{where}, limit {index}: {_messages(error)}")
+        for index, item in enumerate(entry.get("assignments", []), 1):
+            try:
+                _matching(PlanAssignment(plan=plan), item, MATCH_FIELDS).save()
+                assignments += 1
+            except (ValidationError, LookupError) as error:
+                problems.append(f"{where}, assignment {index}: {_messages(error)}")
+    return plans, assignments
 
 
 def _valid(row, where: str, problems: list[str]) -> bool:
@@ -268,14 +365,21 @@ def _valid(row, where: str, problems: list[str]) -> bool:
 
 
 def _import_override(policy: Policy, item: dict[str, Any]) -> Override:
-    override = Override(policy=policy, **{name: item[name] for name in OVERRIDE_FIELDS if name in item})
+    return _matching(Override(policy=policy), item, OVERRIDE_FIELDS)
+
+
+def _matching(row: SubjectMatch, item: dict[str, Any], fields: dict[str, tuple[str, bool]]) -> Any:
+    """`row` (an override, an assignment) with the fields of `item` and what they name, checked."""
+    for name in fields:
+        if name in item:
+            setattr(row, name, item[name])
     if item.get("user"):
-        override.user = _lookup(get_user_model().objects, **{get_user_model().USERNAME_FIELD: item["user"]})
+        row.user = _lookup(get_user_model().objects, **{get_user_model().USERNAME_FIELD: item["user"]})
     if item.get("group"):
-        override.group = _lookup(Group.objects, name=item["group"])
-    override.expires_at = _moment(item.get("expires_at"))
-    override.full_clean()
-    return override
+        row.group = _lookup(Group.objects, name=item["group"])
+    row.expires_at = _moment(item.get("expires_at"))
+    row.full_clean()
+    return row
 
 
 def _moment(value: str | None) -> datetime | None:

@@ -1,6 +1,6 @@
-"""The admin's policy tester: which policies and overrides a described request meets, the subject
-each computes, what the request costs and where that comes from, and what each policy would decide
-now, counting nothing."""
+"""The admin's policy tester: which policies, overrides and plan a described request meets, the
+subject each computes, what the request costs and where that comes from, and what each policy would
+decide now, counting nothing."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from django.urls import Resolver404, resolve
 
 from . import engine
 from .doors import route_of
-from .limiter import Planned, plan
+from .limiter import Planned, checks_for, plan
+from .plans import CompiledAssignment, assignment_of
 from .policies import PolicyIndex, get_index
 from .subjects import meta_key
-from .values import Check, CompiledPolicy, Decision
+from .values import CompiledPolicy, Decision
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 PER_REQUEST = "per request"  # the view's code computes its cost from each request
@@ -92,12 +93,22 @@ class Explanation(NamedTuple):
     planned: Planned | None  # None: the policy matches but its subject cannot be computed
     decision: Decision | None  # None: not asked (no subject, exempt, or Redis unreachable)
 
+    @property
+    def limit_from(self) -> str:
+        """Where the limit in effect comes from: 'override', 'plan <name>' or 'policy'."""
+        if self.planned is None:
+            return "-"
+        if self.planned.override is not None:
+            return "override"
+        return f"plan {self.planned.plan.name}" if self.planned.by_plan else "policy"
+
 
 class Results(NamedTuple):
     names: tuple[str | None, ...]
     explanations: list[Explanation]
     error: str | None
     cost: Cost
+    assignment: CompiledAssignment | None = None  # what puts the request on a plan (None: on none)
 
 
 class TesterForm(forms.Form):
@@ -149,14 +160,13 @@ class TesterForm(forms.Form):
         index = get_index()
         matching = index.matching(path=request.path_info, names=names, method=request.method)
         cost = request_cost(index, request, names)
-        planned = {p.policy.id: p for p in plan(request, names)}
-        asked = [p for p in planned.values() if p.limit is not None]
+        planned = {p.policy.id: p for p in plan(request, names, index=index)}
         decisions: dict[int, Decision] = {}
         error = None
         try:
-            verdict = engine.decide([Check(p.policy, p.subject, p.limit) for p in asked], dry_run=True, cost=cost.counted)
+            verdict = engine.decide(checks_for(planned.values()), dry_run=True, cost=cost.counted)
             decisions = {d.policy.id: d for d in verdict.decisions}
         except engine.RedisUnavailable as unavailable:
             error = f"Redis is unreachable, decisions cannot be shown: {unavailable}"
         explanations = [Explanation(p, planned.get(p.id), decisions.get(p.id)) for p in matching]
-        return Results(names, explanations, error, cost)
+        return Results(names, explanations, error, cost, assignment_of(index.plans, request))

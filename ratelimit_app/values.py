@@ -69,6 +69,7 @@ class Check(NamedTuple):
     policy: CompiledPolicy
     subject: Subject
     limit: int
+    plan: str = ""  # the plan that set the limit ('' when the policy or an override did)
 
 
 class Decision(NamedTuple):

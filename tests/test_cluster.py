@@ -436,3 +436,19 @@ def test_places_in_flight_are_taken_and_given_back_on_the_cluster(cluster):
         assert [engine.decide([check(places, ip)], lease=f"{n}-{k}").allowed for k in range(3)] == [True, True, False]
     engine.release([Held(places, subject(ip), f"{n}-0", 1) for n, ip in enumerate(who)])
     assert [engine.decide([check(places, ip)], dry_run=True).decisions[0].count for ip in who] == [1, 1]
+
+
+@pytest.mark.django_db
+def test_a_subject_on_a_plan_gets_the_plans_limit_on_the_cluster(cluster, client, admin_client):
+    from ratelimit_app.models import Plan, PlanAssignment, PlanLimit
+
+    row = make_policy(name="search-per-ip", action="demo:search", limit=2, window=60)
+    pro = Plan.objects.create(name="pro")
+    PlanLimit.objects.create(plan=pro, policy=row, limit=4)
+    PlanAssignment.objects.create(plan=pro, kind="ip", network=IP)
+    assert [search(client, IP) for _ in range(5)] == [200] * 4 + [429]
+    assert [search(client, "198.51.100.9") for _ in range(3)] == [200, 200, 429]
+    data = admin_client.get(reverse("admin:ratelimit_app_policy_live", args=[row.pk]) + "?format=json").json()
+    assert {s["subject"]: (s["limit"], s["plan"]) for s in data["subjects"]} == {
+        f"ip:{IP}": (4, "pro"), "ip:198.51.100.9": (2, None)
+    }

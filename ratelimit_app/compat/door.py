@@ -9,6 +9,7 @@ from .. import limiter, policies, registry
 from ..doors import inner_door
 from ..limiter import state_of
 from ..overrides import matching_override
+from ..plans import limit_in_effect, plan_of
 from ..registry import CodePolicy
 from ..subjects import _bounded, _hash
 from ..values import Check, Decision, Subject
@@ -77,8 +78,6 @@ def _check(index: policies.PolicyIndex, request, want: Want) -> Check | None:
         return None  # disabled in the admin (or invalid, which is logged when loading)
     limit = compiled.limit if want.limit is None else want.limit  # a callable rate computes it per request
     override = matching_override(index.overrides.get(compiled.id), request) if index.overrides else None
-    if override is not None:
-        if override.exempt:
-            return None
-        limit = override.limit
-    return Check(compiled, want.subject, limit)
+    on_plan = plan_of(index.plans, request) if index.plans else None
+    limit, plan_name = limit_in_effect(limit, compiled.id, override, on_plan)
+    return None if limit is None else Check(compiled, want.subject, limit, plan_name)

@@ -99,11 +99,11 @@ class Command(BaseCommand):
         table = [("subject", "count", "limit", "remaining", "reset in", "")]
         for s in data["subjects"]:
             blocked = ("would be denied" if row.mode == Mode.SHADOW else "blocked") if s["blocked"] else ""
-            limit_shown = f"{s['limit']}*" if s["overridden"] else str(s["limit"])
+            limit_shown = f"{s['limit']} (plan {s['plan']})" if s["plan"] else f"{s['limit']}*" if s["overridden"] else str(s["limit"])
             table.append((s["subject"], str(s["count"]), limit_shown, str(s["remaining"]), f"{s['reset_in']:.1f} s", blocked))
         self._print_table(table, numeric=(1, 2, 3, 4))
         if data["active"] > len(data["subjects"]):
-            self.stdout.write(f"(top {len(data['subjects'])} of {data['active']}; * = an override's limit)")
+            self.stdout.write(f"(top {len(data['subjects'])} of {data['active']}; * = an override's limit, (plan x) = plan x's)")
 
     # --- reset ------------------------------------------------------------------------------
 
@@ -137,9 +137,15 @@ class Command(BaseCommand):
         names = ", ".join(name for name in results.names if name) or "none (only '*' and path prefixes match)"
         self.stdout.write(f"{method.upper()} {path} is known by the names: {names}")
         self.stdout.write(results.cost.text)
+        assignment = results.assignment
+        if assignment is not None:
+            until = f", until {assignment.expires_at.isoformat()}" if assignment.expires_at else ""
+            self.stdout.write(f"Plan: {assignment.plan.name} (assigned to {assignment.description}{until})")
+        else:
+            self.stdout.write("Plan: none")
         if not results.explanations:
             self.stdout.write("No enabled policy matches this request: it is not limited.")
-        table = [("policy", "mode", "action", "subject", "override", "limit in effect", "count", "would")]
+        table = [("policy", "mode", "action", "subject", "override", "limit from", "limit in effect", "count", "would")]
         for item in results.explanations:
             table.append(_explanation_row(item))
         if results.explanations:
@@ -191,10 +197,10 @@ def _explanation_row(item) -> tuple[str, ...]:
     """One line of the tester's answer, worded as the admin's tester page words it."""
     policy, planned, decision = item.policy, item.planned, item.decision
     if planned is None:
-        return (policy.name, policy.mode, policy.action, "-", "-", "-", "-", f"does not apply: no subject ({policy.key} cannot be computed)")
+        return (policy.name, policy.mode, policy.action, "-", "-", "-", "-", "-", f"does not apply: no subject ({policy.key} cannot be computed)")
     override = planned.override.description if planned.override else "none"
     if planned.limit is None:
-        return (policy.name, policy.mode, policy.action, planned.subject.display, override, "exempt", "-", "allow (exempt)")
+        return (policy.name, policy.mode, policy.action, planned.subject.display, override, item.limit_from, "exempt", "-", "allow (exempt)")
     limit = f"{planned.limit} / {human_window(policy.window)}"
     if decision is None:
         would = "unknown (Redis unreachable)"
@@ -205,4 +211,4 @@ def _explanation_row(item) -> tuple[str, ...]:
     else:
         would = f"deny, retry in {math.ceil(decision.retry_after)} s"
     count = "-" if decision is None else str(decision.count)
-    return (policy.name, policy.mode, policy.action, planned.subject.display, override, limit, count, would)
+    return (policy.name, policy.mode, policy.action, planned.subject.display, override, item.limit_from, limit, count, would)

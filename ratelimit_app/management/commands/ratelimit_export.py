@@ -1,4 +1,4 @@
-"""manage.py ratelimit_export [FILE]: policies, overrides and action costs as JSON (stdout without FILE)."""
+"""manage.py ratelimit_export [FILE]: policies, overrides, action costs and plans as JSON (stdout without FILE)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ratelimit_app.portable import export_data
 
 
 class Command(BaseCommand):
-    help = "Export every rate limit policy with its overrides, and the action costs, as JSON, for review or for ratelimit_import."
+    help = "Export every rate limit policy with its overrides, the action costs and the plans, as JSON, for review or for ratelimit_import."
 
     def add_arguments(self, parser):
         parser.add_argument("file", nargs="?", help="Write here instead of standard output.")

@@ -1,5 +1,6 @@
 """manage.py ratelimit_import FILE: create or update policies (by name) and replace their overrides;
-create or update action costs (by action)."""
+create or update action costs (by action); create or update plans (by name) and replace their limits
+and assignments."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from ratelimit_app.portable import ImportRefused, import_data, parse_json
 
 
 class Command(BaseCommand):
-    help = "Import policies, overrides and action costs from a ratelimit_export file; all or nothing."
+    help = "Import policies, overrides, action costs and plans from a ratelimit_export file; all or nothing."
 
     def add_arguments(self, parser):
         parser.add_argument("file", help="A file written by ratelimit_export ('-' for standard input).")
@@ -29,11 +30,11 @@ class Command(BaseCommand):
             imported = import_data(parse_json(text))
         except ImportRefused as error:
             raise CommandError(f"{file}: {error}") from error
-        self.stdout.write(self.style.SUCCESS(
-            f"Imported {counted(imported.policies, 'policy', 'policies')}, "
-            f"{counted(imported.overrides, 'override', 'overrides')} and "
-            f"{counted(imported.costs, 'action cost', 'action costs')}."
-        ))
+        parts = [counted(imported.policies, "policy", "policies"), counted(imported.overrides, "override", "overrides"),
+                 counted(imported.costs, "action cost", "action costs")]
+        if imported.plans:  # a file without plans reads as it always did
+            parts.append(f"{counted(imported.plans, 'plan', 'plans')} ({counted(imported.assignments, 'assignment', 'assignments')})")
+        self.stdout.write(self.style.SUCCESS(f"Imported {', '.join(parts[:-1])} and {parts[-1]}."))
 
 
 def counted(number: int, one: str, many: str) -> str:
