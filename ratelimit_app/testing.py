@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from . import events, keys, policies, runtime
+from . import events, keys, policies, runtime, subjects
 from .breaker import breaker, outage
 from .connection import client as redis_client
 from .deny_cache import deny_cache
@@ -31,6 +31,7 @@ def reset() -> None:
     breaker.reset()
     outage.reset()
     events.availability.reset()
+    subjects.forget_warning()  # said once a process: about a request without a client address
     tally.discard()  # waits for a flush under way: what it sends lands before the caller empties Redis
 
 

@@ -11,7 +11,7 @@ from ..limiter import state_of
 from ..overrides import matching_override
 from ..plans import limit_in_effect, plan_of
 from ..registry import CodePolicy
-from ..subjects import _bounded, _hash
+from ..subjects import bounded_display, subject_key
 from ..values import Check, Decision, Subject
 
 
@@ -24,8 +24,8 @@ class Want(NamedTuple):
 
 
 def subject(canonical: str, display: str | None = None) -> Subject:
-    """A subject from the text that identifies it, hashed as subjects.py hashes every subject."""
-    return Subject(_hash(canonical), _bounded(canonical if display is None else display))
+    """A subject from the text that identifies it, hashed and shown as every subject is."""
+    return Subject(subject_key(canonical), bounded_display(canonical if display is None else display))
 
 
 def decide(request, wants: Sequence[Want], *, now: float | None = None, dry_run: bool = False) -> list[Decision | None]:
