@@ -120,7 +120,8 @@ def test_client_kill_in_a_loop_counts_every_decision_at_most_once(settings, priv
 @pytest.mark.slow
 def test_idle_timeouts_replace_connections_without_an_outage(settings, private, circuit, caplog):
     use_server(settings, private.url, max_connections=4)
-    compiled = policy(limit=10**9)
+    # a sliding log: the rounds wait seconds for Redis, and a fixed window could start afresh between them
+    compiled = policy(limit=10**9, window=3600, strategy="sliding_log")
     before = (circuit.failures, circuit.errors)
     admin = redis.Redis(port=private.port)
     admin.config_set("timeout", 1)
