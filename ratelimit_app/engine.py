@@ -3,6 +3,7 @@ Lua script (lua/decide.lua, assembled by scripts.py)."""
 
 from __future__ import annotations
 
+from importlib import resources
 from time import perf_counter
 from typing import NamedTuple, Sequence
 
@@ -133,34 +134,89 @@ def _check_parts(
 
 # --- giving back the places of requests in flight ------------------------------------------------
 
+# Sent without waiting for a reply (the request is already answered): CLIENT REPLY SKIP silences the
+# EVAL's reply, so the connection carries no reply to read and serves the next command at once.
+RELEASE = resources.files(__package__).joinpath("lua", "release.lua").read_text(encoding="utf-8")
+SKIP_REPLY = ("CLIENT", "REPLY", "SKIP")
+
 
 def release(held: Sequence[Held]) -> None:
-    """Give back the places a request held (its response is done): one call per policy strategy and
-    lease, all in one round trip. Raises RedisUnavailable (the leases then run out on their own)."""
+    """Give back the places a request held (it ended): one EVAL per slot (on one server: one in all),
+    written without waiting for a reply. Raises RedisUnavailable (the leases then run out on their own)."""
     if held:
-        redis_client = decision_client()
-        breaker.call(lambda: run_each(redis_client, scripts.get("release", redis_client), _release_calls(held)))
+        breaker.call(lambda: _send_release(decision_client(), held))
 
 
 async def arelease(held: Sequence[Held]) -> None:
-    """release() for async code."""
+    """release() for async code: only the write is awaited."""
     if not held:
         return
     if cluster_configured():
         return await sync_to_async(release, thread_sensitive=False)(held)
-    redis_client = aclient()
-    script = scripts.get_async("release", redis_client)
-    for keys_, args in _release_calls(held):
-        await breaker.acall(lambda: script(keys_, args, redis_client))
+    pool = aclient().connection_pool
+    commands = [command for _, command in _release_commands(held, None)]
+
+    async def send():
+        connection = await pool.get_connection()
+        try:
+            await connection.send_packed_command(connection.pack_commands(_unanswered(commands)))
+        finally:
+            await pool.release(connection)
+
+    await breaker.acall(send)
 
 
-def _release_calls(held: Sequence[Held]) -> list[tuple[list[str], list]]:
-    """One call per counter: on a cluster each lives in its subject's slot."""
+def _send_release(redis_client, held: Sequence[Held]) -> None:
+    if is_cluster(redis_client):
+        for key, command in _release_commands(held, redis_client.keyslot):
+            _send_unanswered(redis_client.get_node_from_key(key).redis_connection, [command])
+    else:
+        _send_unanswered(redis_client, [command for _, command in _release_commands(held, None)])
+
+
+def _release_commands(held: Sequence[Held], slot_of) -> list[tuple[str, tuple]]:
+    """(a key, the EVAL) for each slot the counters live in (`slot_of` None: one server, one EVAL)."""
     key_prefix = keys.prefix()
-    return [
-        ([keys.decision_keys(place.policy, place.subject.key, key_prefix)[0]], [place.lease, place.cost, place.policy.strategy])
-        for place in held
-    ]
+    groups: dict[int, list[tuple[str, Held]]] = {}
+    for place in held:
+        counter = keys.counter_key(place.policy, place.subject.key, key_prefix)
+        groups.setdefault(slot_of(counter) if slot_of else 0, []).append((counter, place))
+    commands = []
+    for group in groups.values():
+        lease, cost = group[0][1].lease, group[0][1].cost  # one request's places: one lease, one cost
+        counters = [counter for counter, _ in group]
+        windows = [place.policy.window_ms for _, place in group]
+        commands.append((counters[0], ("EVAL", RELEASE, len(group), *counters, lease, cost, *windows)))
+    return commands
+
+
+def _unanswered(commands: Sequence[tuple]) -> list[tuple]:
+    return [part for command in commands for part in (SKIP_REPLY, command)]
+
+
+def _send_unanswered(redis_client: redis.Redis, commands: Sequence[tuple]) -> None:
+    """Write `commands` with their replies skipped: on the thread's kept connection when it has one
+    (checked first: a connection the server closed reads as ready), else on one from the pool."""
+    kept = getattr(redis_client, "connection", None)
+    if kept is None:
+        pool = redis_client.connection_pool
+        connection = pool.get_connection()  # checked by the pool before it lends it
+        try:
+            connection.send_packed_command(connection.pack_commands(_unanswered(commands)))
+        finally:
+            pool.release(connection)
+        return
+    try:
+        if kept._sock is not None and kept.can_read(timeout=0):
+            kept.disconnect()  # nothing is due on it: the server closed it (idle timeout, CLIENT KILL)
+    except redis.ConnectionError:
+        kept.disconnect()
+    packed = kept.pack_commands(_unanswered(commands))
+    try:
+        kept.send_packed_command(packed)
+    except redis.ConnectionError:  # a write that failed ran nothing; a release runs twice harmlessly
+        kept.disconnect()
+        kept.send_packed_command(packed)
 
 
 # --- Redis Cluster: one call per shard group ------------------------------------------------------
@@ -185,16 +241,31 @@ def _decide_across_shards(redis_client, checks: Sequence[Check], groups: dict[in
     every shard counts in one more pipeline; each shard still decides atomically, so a shard that
     filled up in between denies and the request is denied. Nothing is ever admitted over a limit;
     in those races a shard may have counted a request that was refused (an under-admission of
-    one request, never an over-admission).
+    one request, never an over-admission), but no in-flight place stays taken: a refused request
+    gives back, by its lease, what the shards that admitted it took.
     """
     peeked = _pipelined(redis_client, groups, call._replace(dry_run=True))
     if call.dry_run:
         return _merged(checks, groups, peeked)
     denying = {shard: groups[shard] for shard, verdict in peeked.items() if not verdict.allowed}
     if denying:
-        _pipelined(redis_client, denying, call)  # records the refusal; the request stays denied
+        _refused_holds_nothing(redis_client, _pipelined(redis_client, denying, call), call)  # records the refusal
         return _merged(checks, groups, peeked)
-    return _merged(checks, groups, _pipelined(redis_client, groups, call))
+    counted = _pipelined(redis_client, groups, call)
+    verdict = _merged(checks, groups, counted)
+    if not verdict.allowed:
+        _refused_holds_nothing(redis_client, counted, call)
+    return verdict
+
+
+def _refused_holds_nothing(redis_client, verdicts: dict[int, Verdict], call: Ask) -> None:
+    """The request is refused: the in-flight places that shards which admitted it took go back, by its
+    lease (the worker keeps no places of a refused request)."""
+    if call.lease:
+        held = [Held(d.policy, d.subject, call.lease, call.cost) for verdict in verdicts.values() if verdict.allowed
+                for d in verdict.decisions if d.policy.holds and not d.exceeded]
+        if held:
+            _send_release(redis_client, held)
 
 
 def _pipelined(redis_client, groups: dict[int, list[Check]], call: Ask) -> dict[int, Verdict]:
