@@ -317,10 +317,10 @@ class _Places:
 
 def _when_streamed(response, places: _Places) -> None:
     if getattr(response, "file_to_stream", None) is None:  # a file is sent by the server's file wrapper
-        if response.is_async:
-            response.streaming_content = _aended(response.streaming_content, places)
-        else:
-            response.streaming_content = _ended(response.streaming_content, places)
+        # the chunks as the view gave them (streaming_content would tie the response to itself: a cycle
+        # that keeps a dropped response, and its places, until the collector runs)
+        chunks = response._iterator
+        response.streaming_content = _aended(chunks, places) if response.is_async else _ended(chunks, places)
     response._resource_closers.append(places)
     weakref.finalize(response, places).atexit = False
 
@@ -352,23 +352,12 @@ async def alet_go(request) -> None:
 
 def give_back(held: Sequence[Held]) -> None:
     if held:
-        try:
-            engine.release(held)
-        except engine.RedisUnavailable as error:
-            _kept(held, error)
+        engine.release(held)
 
 
 async def agive_back(held: Sequence[Held]) -> None:
     if held:
-        try:
-            await engine.arelease(held)
-        except engine.RedisUnavailable as error:
-            _kept(held, error)
-
-
-def _kept(held: Sequence[Held], error: Exception) -> None:
-    logger.warning("ratelimit: places in flight of %s not given back (their lease runs out instead): %s",
-                   held[0].subject.display, error)
+        await engine.arelease(held)
 
 
 def passed_drf_throttles(request) -> bool:

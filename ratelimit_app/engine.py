@@ -3,6 +3,8 @@ Lua script (lua/decide.lua, assembled by scripts.py)."""
 
 from __future__ import annotations
 
+import logging
+import threading
 from importlib import resources
 from time import perf_counter
 from typing import NamedTuple, Sequence
@@ -19,6 +21,8 @@ from .scripts import now_arg, run_each, scripts
 from .tally import tally
 from .values import NO_POLICIES, Check, CompiledPolicy, Decision, Held, Subject, Verdict
 
+
+logger = logging.getLogger("ratelimit_app")
 
 __all__ = ["Check", "Decision", "Verdict", "NO_POLICIES", "RedisUnavailable", "decide", "adecide", "live_member"]
 
@@ -45,7 +49,7 @@ def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool =
     started = perf_counter()
     # the client is made inside the breaker's call: it connects as it is made, and that may fail too
     call = Ask(now, dry_run, cost, lease)
-    verdict = breaker.call(lambda: _decide(decision_client(), checks, call, version))
+    verdict = breaker.call(lambda: _decide(_read_first(decision_client()), checks, call, version))
     metrics.record_call(perf_counter() - started)
     return verdict
 
@@ -134,25 +138,40 @@ def _check_parts(
 
 # --- giving back the places of requests in flight ------------------------------------------------
 
-# Sent without waiting for a reply (the request is already answered): CLIENT REPLY SKIP silences the
-# EVAL's reply, so the connection carries no reply to read and serves the next command at once.
-RELEASE = resources.files(__package__).joinpath("lua", "release.lua").read_text(encoding="utf-8")
-SKIP_REPLY = ("CLIENT", "REPLY", "SKIP")
+# The script's code without its comments: EVAL hashes what it is sent, at every give-back.
+RELEASE = "\n".join(
+    line for line in resources.files(__package__).joinpath("lua", "release.lua").read_text(encoding="utf-8").splitlines()
+    if line.strip() and not line.lstrip().startswith("--")
+)
+SKIP_REPLY = ("CLIENT", "REPLY", "SKIP")  # the next command's reply is not sent
+UNREAD = "_ratelimit_unread"  # on a kept connection: (its socket, replies of give-backs not read yet)
+ALL_READ = (None, 0)
 
 
 def release(held: Sequence[Held]) -> None:
-    """Give back the places a request held (it ended): one EVAL per slot (on one server: one in all),
-    written without waiting for a reply. Raises RedisUnavailable (the leases then run out on their own)."""
-    if held:
+    """Give back the places requests held (they ended): one EVAL per slot (on one server: one in all),
+    written without waiting for a reply. While Redis cannot take them (down, the circuit open) they
+    are owed (Owed), never waited for."""
+    held = owed.adding(held)
+    if not held:
+        return
+    if breaker.open_until:  # open, or about to probe: the decisions probe, a give-back never waits
+        return owed.add(held)
+    try:
         breaker.call(lambda: _send_release(decision_client(), held))
+    except RedisUnavailable:
+        owed.add(held)
 
 
 async def arelease(held: Sequence[Held]) -> None:
     """release() for async code: only the write is awaited."""
-    if not held:
-        return
     if cluster_configured():
         return await sync_to_async(release, thread_sensitive=False)(held)
+    held = owed.adding(held)
+    if not held:
+        return
+    if breaker.open_until:
+        return owed.add(held)
     pool = aclient().connection_pool
     commands = [command for _, command in _release_commands(held, None)]
 
@@ -163,7 +182,60 @@ async def arelease(held: Sequence[Held]) -> None:
         finally:
             await pool.release(connection)
 
-    await breaker.acall(send)
+    try:
+        await breaker.acall(send)
+    except RedisUnavailable:
+        owed.add(held)
+
+
+class Owed:
+    """Places whose give-back Redis could not take: sent with the next give-back, or by a timer within
+    a second (which may probe an open circuit). Bounded: past LIMIT the oldest are dropped (logged),
+    and their leases run out instead."""
+
+    LIMIT = 4096
+
+    def __init__(self) -> None:
+        self.places: list[Held] = []
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+
+    def adding(self, held: Sequence[Held]) -> list[Held]:
+        """`held` with what is owed (no longer owed: the caller sends it, or owes it again)."""
+        if not self.places:
+            return list(held)
+        with self._lock:
+            owed, self.places = self.places, []
+        return owed + list(held)
+
+    def add(self, held: Sequence[Held]) -> None:
+        with self._lock:
+            self.places += held
+            if len(self.places) > self.LIMIT:
+                dropped, self.places = self.places[: -self.LIMIT], self.places[-self.LIMIT:]
+                logger.warning("ratelimit: %d places in flight not given back (their leases run out instead): %s",
+                               len(dropped), breaker.cause)
+            if self._timer is None:
+                self._timer = threading.Timer(1.0, self._retry)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _retry(self) -> None:
+        with self._lock:
+            self._timer = None
+            held, self.places = self.places, []
+        if held:
+            try:
+                breaker.call(lambda: _send_release(decision_client(), held))
+            except RedisUnavailable:
+                self.add(held)
+
+    def forget(self) -> None:
+        with self._lock:
+            self.places = []
+
+
+owed = Owed()
 
 
 def _send_release(redis_client, held: Sequence[Held]) -> None:
@@ -177,17 +249,13 @@ def _send_release(redis_client, held: Sequence[Held]) -> None:
 def _release_commands(held: Sequence[Held], slot_of) -> list[tuple[str, tuple]]:
     """(a key, the EVAL) for each slot the counters live in (`slot_of` None: one server, one EVAL)."""
     key_prefix = keys.prefix()
-    groups: dict[int, list[tuple[str, Held]]] = {}
+    groups: dict[int, tuple[list[str], list]] = {}
     for place in held:
         counter = keys.counter_key(place.policy, place.subject.key, key_prefix)
-        groups.setdefault(slot_of(counter) if slot_of else 0, []).append((counter, place))
-    commands = []
-    for group in groups.values():
-        lease, cost = group[0][1].lease, group[0][1].cost  # one request's places: one lease, one cost
-        counters = [counter for counter, _ in group]
-        windows = [place.policy.window_ms for _, place in group]
-        commands.append((counters[0], ("EVAL", RELEASE, len(group), *counters, lease, cost, *windows)))
-    return commands
+        counters, args = groups.setdefault(slot_of(counter) if slot_of else 0, ([], []))
+        counters.append(counter)
+        args += (place.lease, place.cost, place.policy.window_ms)
+    return [(counters[0], ("EVAL", RELEASE, len(counters), *counters, *args)) for counters, args in groups.values()]
 
 
 def _unanswered(commands: Sequence[tuple]) -> list[tuple]:
@@ -195,8 +263,9 @@ def _unanswered(commands: Sequence[tuple]) -> list[tuple]:
 
 
 def _send_unanswered(redis_client: redis.Redis, commands: Sequence[tuple]) -> None:
-    """Write `commands` with their replies skipped: on the thread's kept connection when it has one
-    (checked first: a connection the server closed reads as ready), else on one from the pool."""
+    """Write `commands` and wait for no reply. On the thread's kept connection the replies are read
+    later, before its next command (read_unread): they have long arrived by then. On a pooled
+    connection CLIENT REPLY SKIP silences them, so it goes back to the pool with nothing to read."""
     kept = getattr(redis_client, "connection", None)
     if kept is None:
         pool = redis_client.connection_pool
@@ -206,17 +275,45 @@ def _send_unanswered(redis_client: redis.Redis, commands: Sequence[tuple]) -> No
         finally:
             pool.release(connection)
         return
+    read_unread(kept)
     try:
         if kept._sock is not None and kept.can_read(timeout=0):
             kept.disconnect()  # nothing is due on it: the server closed it (idle timeout, CLIENT KILL)
     except redis.ConnectionError:
         kept.disconnect()
-    packed = kept.pack_commands(_unanswered(commands))
+    packed = kept.pack_commands(commands)
     try:
         kept.send_packed_command(packed)
     except redis.ConnectionError:  # a write that failed ran nothing; a release runs twice harmlessly
         kept.disconnect()
         kept.send_packed_command(packed)
+    setattr(kept, UNREAD, (kept._sock, len(commands)))
+
+
+def read_unread(kept: redis.Connection) -> None:
+    """Read the replies of the give-backs sent on `kept` (nothing when there are none)."""
+    sock, count = getattr(kept, UNREAD, ALL_READ)
+    if not count:
+        return
+    setattr(kept, UNREAD, ALL_READ)
+    if sock is not kept._sock:
+        return  # reconnected since: those replies went with the old socket
+    try:
+        for _ in range(count):
+            try:
+                kept.read_response()
+            except redis.ResponseError:
+                pass  # nothing to do about a give-back that failed: its lease runs out
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        kept.disconnect()
+
+
+def _read_first(redis_client):
+    """The decision client, its kept connection clear of the give-backs' replies."""
+    kept = getattr(redis_client, "connection", None)
+    if kept is not None and getattr(kept, UNREAD, ALL_READ)[1]:
+        read_unread(kept)
+    return redis_client
 
 
 # --- Redis Cluster: one call per shard group ------------------------------------------------------
