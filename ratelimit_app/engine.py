@@ -37,7 +37,7 @@ def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool =
     """Decide every check in one Redis round trip; nothing is counted if an enforcing policy denies.
 
     `cost`: the units the request takes from every policy; `lease`: what in-flight policies name
-    the request's places after (leases.py), '' when none applies.
+    the request's places after (limiter.lease_of), '' when none applies.
     `now` (seconds since the epoch) replaces the server's clock, for tests; `dry_run` decides
     without counting anything; `version` brings the policy version back in the same call (the
     doors ask for it when their worker is due to compare). On Redis Cluster, checks whose subjects

@@ -141,6 +141,27 @@ def test_a_lease_given_back_before_its_call_ran_takes_nothing():
     assert engine.decide([check(limited)], dry_run=True).decisions[0].count == 1
 
 
+def test_a_give_back_waits_for_no_reply():
+    """The request is answered: its give-back is written, and no reply is waited for."""
+    from redis import Connection
+
+    limited = policy(strategy="concurrency", limit=2)
+    assert engine.decide([check(limited)], lease="done").allowed
+    read, replies = Connection.read_response, []
+
+    def counting(self, *args, **kwargs):
+        replies.append(1)
+        return read(self, *args, **kwargs)
+
+    Connection.read_response = counting
+    try:
+        engine.release([Held(limited, subject(), "done", 1)])
+    finally:
+        Connection.read_response = read
+    assert len(replies) == 0
+    assert engine.decide([check(limited)], dry_run=True).decisions[0].count == 0
+
+
 def test_a_give_back_is_one_write_that_runs_two_server_commands(redis_client):
     """The EVAL and its ZREM, sent without waiting: the reply is read before the connection's next
     command (here at once, to know that it ran)."""
