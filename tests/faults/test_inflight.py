@@ -106,7 +106,7 @@ def test_304s_from_conditional_get_middleware_give_the_places_back(site_database
         first, headers = status(server.url + "/page/")
         again = [status(server.url + "/page/", **{"If-None-Match": headers["ETag"]})[0] for _ in range(6)]
         assert [first] + again == [200] + [304] * 6
-        assert until(lambda: places_held(redis_client) == 0)
+        assert until(lambda: places_held(redis_client) == 0), places_held(redis_client)
     finally:
         server.stop()
 
@@ -116,7 +116,7 @@ def test_a_middleware_failing_on_the_way_out_of_a_decorated_view_leaves_no_place
     server = Server(site(site_database))
     try:
         assert [status(server.url + "/raise-out/")[0] for _ in range(4)] == [500] * 4
-        assert until(lambda: places_held(redis_client) == 0)
+        assert until(lambda: places_held(redis_client) == 0), places_held(redis_client)
     finally:
         server.stop()
 
@@ -150,7 +150,7 @@ def test_calls_a_busy_redis_left_unanswered_hold_no_place_once_it_answers(site_d
             for client in clients:
                 client.join()
         assert statuses == [200] * 8
-        assert until(lambda: places_held(redis_client) == 0)
+        assert until(lambda: places_held(redis_client) == 0), places_held(redis_client)
         assert [status(server.url + "/slow/")[0] for _ in range(3)] == [200] * 3
     finally:
         server.stop()
@@ -167,7 +167,7 @@ def test_clients_leaving_under_uvicorn_while_their_calls_wait_hold_no_place(site
             time.sleep(0.3)  # the site has read them and waits for Redis
             for connection in leaving:
                 connection.close()
-        assert until(lambda: places_held(redis_client) == 0)
+        assert until(lambda: places_held(redis_client) == 0), places_held(redis_client)
         assert [status(server.url + "/slow/?seconds=0")[0] for _ in range(3)] == [200] * 3
     finally:
         server.stop()
