@@ -218,15 +218,15 @@ def prepare(request, state: RequestState, index: policies.PolicyIndex | None, ex
         return None
     # most requests: no cost anywhere, no policy in flight; each costs one attribute read then
     units = 1 if cost is None and state.cost is None and not index.costs else request_cost(request, state, index, cost)
-    holding: tuple[Held, ...] = ()
+    lease, holding = "", ()
     if index.holds and any(check.policy.holds for check in checks):
-        lease = lease_of(state)
+        lease = lease_of(state)  # named before the call: a call left unanswered is given back too
         holding = tuple(Held(check.policy, check.subject, lease, units) for check in checks if check.policy.holds)
     if now is not None:
-        return Call(checks, None, units, holding[0].lease if holding else "", holding)
+        return Call(checks, None, units, lease, holding)
     if denied_from_memory(state, checks, units):
         return None
-    return Call(checks, deny_cache.epoch, units, holding[0].lease if holding else "", holding)
+    return Call(checks, deny_cache.epoch, units, lease, holding)
 
 
 def lease_of(state: RequestState) -> str:
