@@ -291,7 +291,8 @@ def _send_unanswered(redis_client: redis.Redis, commands: Sequence[tuple]) -> No
 
 
 def read_unread(kept: redis.Connection) -> None:
-    """Read the replies of the give-backs sent on `kept` (nothing when there are none)."""
+    """Read the replies of the give-backs sent on `kept` that have arrived; if one has not (a busy
+    server), the connection is closed rather than waited for: Redis still runs what it was sent."""
     sock, count = getattr(kept, UNREAD, ALL_READ)
     if not count:
         return
@@ -300,6 +301,9 @@ def read_unread(kept: redis.Connection) -> None:
         return  # reconnected since: those replies went with the old socket
     try:
         for _ in range(count):
+            if not kept.can_read(timeout=0):
+                kept.disconnect()
+                return
             try:
                 kept.read_response()
             except redis.ResponseError:
