@@ -35,7 +35,7 @@ from typing import NamedTuple, Sequence
 
 from django.urls import Resolver404, resolve
 
-from . import engine, headers, policies
+from . import giveback, headers, policies
 from .conf import get_setting
 from .lru import byte_bounded_cache
 from .limiter import STATE_ATTRIBUTE, Cost, RequestState, adecide, decide, state_of
@@ -352,12 +352,12 @@ async def alet_go(request) -> None:
 
 def give_back(held: Sequence[Held]) -> None:
     if held:
-        engine.release(held)
+        giveback.release(held)
 
 
 async def agive_back(held: Sequence[Held]) -> None:
     if held:
-        await engine.arelease(held)
+        await giveback.arelease(held)
 
 
 def passed_drf_throttles(request) -> bool:
