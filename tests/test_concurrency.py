@@ -141,6 +141,15 @@ def test_a_lease_given_back_before_its_call_ran_takes_nothing():
     assert engine.decide([check(limited)], dry_run=True).decisions[0].count == 1
 
 
+def test_a_large_cost_takes_and_gives_back_every_place():
+    """Members are added and removed in bounded steps: Lua's unpack() cannot take 10,000 at once."""
+    limited = policy(strategy="concurrency", limit=20_000)
+    assert engine.decide([check(limited)], cost=6_000, lease="upload").allowed
+    assert engine.decide([check(limited)], dry_run=True).decisions[0].count == 6_000
+    engine.release([Held(limited, subject(), "upload", 6_000)])
+    assert engine.decide([check(limited)], dry_run=True).decisions[0].count == 0
+
+
 def test_a_give_back_waits_for_no_reply():
     """The request is answered: its give-back is written, and no reply is waited for."""
     from redis import Connection
