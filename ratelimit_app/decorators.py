@@ -21,11 +21,12 @@ from . import headers, registry
 from .doors import (
     adecide_left_over,
     ainner_door,
+    afinish,
     alet_go,
     decide_left_over,
+    finish,
     has_decorator_inside,
     has_throttle_inside,
-    hold,
     inner_door,
     let_go,
     passed_drf_throttles,
@@ -108,19 +109,19 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, cost: Cost | No
             if declared is not None and not registry.is_synced(declared):
                 await sync_to_async(registry.ensure_synced)(declared)  # a view module imported late
             last = not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
-            state = await ainner_door(request, [action], last=last, cost=cost)
-            refused = refusal(request, state)
-            if refused is not None:
-                return refused
             try:
-                response = await view(request, *args, **kwargs)
-            except BaseException:  # a CancelledError too: the client left while the view ran
+                state = await ainner_door(request, [action], last=last, cost=cost)
+                response = refusal(request, state)
+                if response is None:
+                    response = await view(request, *args, **kwargs)
+                    if not last:  # DRF may have refused the request before the throttle that was to decide
+                        state = await adecide_left_over(request, state)
+                        response = refusal(request, state) or response
+                    _with_headers(response, state)
+                return await afinish(request, response)
+            except BaseException:  # a CancelledError too: the client left while the request was decided or ran
                 await alet_go(request)
                 raise
-            if not last:  # DRF may have refused the request before the throttle that was to decide
-                state = await adecide_left_over(request, state)
-                response = refusal(request, state) or response
-            return _with_headers(request, response, state)
 
         markcoroutinefunction(limited)
     else:
@@ -130,19 +131,19 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, cost: Cost | No
             if declared is not None:
                 registry.ensure_synced(declared)  # a view module imported after the policies were loaded
             last = not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
-            state = inner_door(request, [action], last=last, cost=cost)
-            refused = refusal(request, state)
-            if refused is not None:
-                return refused
             try:
-                response = view(request, *args, **kwargs)
+                state = inner_door(request, [action], last=last, cost=cost)
+                response = refusal(request, state)
+                if response is None:
+                    response = view(request, *args, **kwargs)
+                    if not last:  # DRF may have refused the request before the throttle that was to decide
+                        state = decide_left_over(request, state)
+                        response = refusal(request, state) or response
+                    _with_headers(response, state)
+                return finish(request, response)
             except BaseException:
                 let_go(request)
                 raise
-            if not last:  # DRF may have refused the request before the throttle that was to decide
-                state = decide_left_over(request, state)
-                response = refusal(request, state) or response
-            return _with_headers(request, response, state)
 
     limited.ratelimit_actions = (*getattr(view, "ratelimit_actions", ()), action)
     if cost is not None:
@@ -150,10 +151,9 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, cost: Cost | No
     return _remember(limited, declared)
 
 
-def _with_headers(request, response, state):
+def _with_headers(response, state) -> None:
     if state is not None and state.decisions:
         headers.apply(response, state.decisions)
-    return hold(request, response)
 
 
 def _remember(view, declared: CodePolicy | None):

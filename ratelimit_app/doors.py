@@ -20,21 +20,22 @@ The doors, outermost first: RateLimitMiddleware, @ratelimit on the view, PolicyT
    policies not decided yet, in a call of its own.
 6. This app's own admin pages are never counted or refused (the operator cannot be locked out by the
    policies being fixed); the admin login stays protected.
-7. Places taken in in-flight (concurrency) policies go back when the response is done: every door
-   hands them to the response it returns (hold), which gives them back when the server closes it
-   (after the last byte of a streamed body too, or when the client left); a view that raises, or is
-   cancelled because its client left, gives them back at once (let_go).
+7. Places taken in in-flight (concurrency) policies go back when the request ends, whatever answer the
+   server finally sends: the first door the answer leaves gives them back before it is sent (finish),
+   a streamed body's when it ends, is closed or is dropped unsent; a request that raises, or is
+   cancelled because its client left, gives them back at once (let_go). They are recorded before the
+   call that takes them is sent, so a call left unanswered (timed out, cancelled) is given back too.
 """
 
 from __future__ import annotations
 
 import logging
-from functools import partial
+import weakref
 from typing import NamedTuple, Sequence
 
 from django.urls import Resolver404, resolve
 
-from . import engine, headers, policies
+from . import giveback, headers, policies
 from .conf import get_setting
 from .lru import byte_bounded_cache
 from .limiter import STATE_ATTRIBUTE, Cost, RequestState, adecide, decide, state_of
@@ -143,7 +144,7 @@ def _replacing(refused, response):
             refused.headers[name] = value
     for name, morsel in response.cookies.items():
         refused.cookies.setdefault(name, morsel)
-    refused._resource_closers.extend(response._resource_closers)  # what was to run when it closed (hold)
+    refused._resource_closers.extend(response._resource_closers)  # what was to run when it closed
     return refused
 
 
@@ -170,7 +171,7 @@ def middleware_response(request, response):
     state: RequestState | None = request.__dict__.get(STATE_ATTRIBUTE)
     if state is None:
         return response
-    return hold(request, _answer(request, response, decide_left_over(request, state)), state)
+    return finish(request, _answer(request, response, decide_left_over(request, state)), state)
 
 
 def decide_left_over(request, state: RequestState | None) -> RequestState | None:
@@ -202,7 +203,7 @@ async def amiddleware_response(request, response):
         return response
     if state.awaiting:  # most requests were decided on the way in: no coroutine to await here
         await adecide_left_over(request, state)
-    return hold(request, _answer(request, response, state), state)
+    return await afinish(request, _answer(request, response, state), state)
 
 
 async def adecide_left_over(request, state: RequestState | None) -> RequestState | None:
@@ -272,41 +273,91 @@ def _taken(request, state: RequestState | None = None) -> list[Held]:
     return held
 
 
-def hold(request, response, state: RequestState | None = None):
-    """Give the request's places back when `response` is closed: by the server after its last byte, or
-    when the client left (Django's handlers close every response they were given)."""
+def finish(request, response, state: RequestState | None = None):
+    """The request's answer leaves a door: its places go back now, before a byte of it is sent, so
+    that a client's next request never finds them taken. A streamed body is still to come: then when
+    it ends or is closed, or when the response is dropped unsent (an outer middleware answered
+    instead, e.g. ConditionalGetMiddleware's 304)."""
     held = _taken(request, state)
     if held:
-        response._resource_closers.append(partial(give_back, held))
+        if getattr(response, "streaming", False):
+            _when_streamed(response, _Places(held))
+        else:
+            give_back(held)
     return response
 
 
+async def afinish(request, response, state: RequestState | None = None):
+    """finish() on an event loop."""
+    held = _taken(request, state)
+    if held:
+        if getattr(response, "streaming", False):
+            _when_streamed(response, _Places(held))
+        else:
+            await agive_back(held)
+    return response
+
+
+class _Places:
+    """A streamed response's places: given back once, by the first of its body's end, its close, or
+    the end of the response object (dropped without being closed)."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, held: list[Held]) -> None:
+        self.held = held
+
+    def take(self) -> list[Held]:
+        held, self.held = self.held, []
+        return held
+
+    def __call__(self) -> None:
+        give_back(self.take())
+
+
+def _when_streamed(response, places: _Places) -> None:
+    if getattr(response, "file_to_stream", None) is None:  # a file is sent by the server's file wrapper
+        # the chunks as the view gave them (streaming_content would tie the response to itself: a cycle
+        # that keeps a dropped response, and its places, until the collector runs)
+        chunks = response._iterator
+        response.streaming_content = _aended(chunks, places) if response.is_async else _ended(chunks, places)
+    response._resource_closers.append(places)
+    weakref.finalize(response, places).atexit = False
+
+
+def _ended(content, places: _Places):
+    try:
+        yield from content
+    finally:  # the last chunk was produced (the server has yet to end the body), or the body was closed
+        places()
+
+
+async def _aended(content, places: _Places):
+    try:
+        async for chunk in content:
+            yield chunk
+    finally:
+        await agive_back(places.take())
+
+
 def let_go(request) -> None:
-    """The view raised: its places go back now."""
+    """The request failed (an exception) before its answer left the door: its places go back now."""
     give_back(_taken(request))
 
 
 async def alet_go(request) -> None:
-    """The view raised, or was cancelled because its client left: its places go back now."""
-    held = _taken(request)
-    if held:
-        try:
-            await engine.arelease(held)
-        except engine.RedisUnavailable as error:
-            _kept(held, error)
+    """The request failed, or was cancelled because its client left: its places go back now."""
+    await agive_back(_taken(request))
 
 
 def give_back(held: Sequence[Held]) -> None:
     if held:
-        try:
-            engine.release(held)
-        except engine.RedisUnavailable as error:
-            _kept(held, error)
+        giveback.release(held)
 
 
-def _kept(held: Sequence[Held], error: Exception) -> None:
-    logger.warning("ratelimit: places in flight of %s not given back (their lease runs out instead): %s",
-                   held[0].subject.display, error)
+async def agive_back(held: Sequence[Held]) -> None:
+    if held:
+        await giveback.arelease(held)
 
 
 def passed_drf_throttles(request) -> bool:

@@ -9,13 +9,14 @@ from typing import NamedTuple, Sequence
 import redis
 from asgiref.sync import sync_to_async
 
-from . import keys, metrics
+from . import giveback, keys, metrics
 from .conf import get_setting
 from .breaker import RedisUnavailable, breaker
 from .connection import aclient, cluster_configured, is_cluster
 from .decision_connection import decision_client
 from .scripts import now_arg, run_each, scripts
 from .tally import tally
+from .giveback import arelease, release  # noqa: F401 (tools and tests give places back through the engine)
 from .values import NO_POLICIES, Check, CompiledPolicy, Decision, Held, Subject, Verdict
 
 
@@ -32,7 +33,7 @@ def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool =
     """Decide every check in one Redis round trip; nothing is counted if an enforcing policy denies.
 
     `cost`: the units the request takes from every policy; `lease`: what in-flight policies name
-    the request's places after (leases.py), '' when none applies.
+    the request's places after (limiter.lease_of), '' when none applies.
     `now` (seconds since the epoch) replaces the server's clock, for tests; `dry_run` decides
     without counting anything; `version` brings the policy version back in the same call (the
     doors ask for it when their worker is due to compare). On Redis Cluster, checks whose subjects
@@ -44,7 +45,7 @@ def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool =
     started = perf_counter()
     # the client is made inside the breaker's call: it connects as it is made, and that may fail too
     call = Ask(now, dry_run, cost, lease)
-    verdict = breaker.call(lambda: _decide(decision_client(), checks, call, version))
+    verdict = breaker.call(lambda: _decide(giveback.cleared(decision_client()), checks, call, version))
     metrics.record_call(perf_counter() - started)
     return verdict
 
@@ -131,38 +132,6 @@ def _check_parts(
     return parts
 
 
-# --- giving back the places of requests in flight ------------------------------------------------
-
-
-def release(held: Sequence[Held]) -> None:
-    """Give back the places a request held (its response is done): one call per policy strategy and
-    lease, all in one round trip. Raises RedisUnavailable (the leases then run out on their own)."""
-    if held:
-        redis_client = decision_client()
-        breaker.call(lambda: run_each(redis_client, scripts.get("release", redis_client), _release_calls(held)))
-
-
-async def arelease(held: Sequence[Held]) -> None:
-    """release() for async code."""
-    if not held:
-        return
-    if cluster_configured():
-        return await sync_to_async(release, thread_sensitive=False)(held)
-    redis_client = aclient()
-    script = scripts.get_async("release", redis_client)
-    for keys_, args in _release_calls(held):
-        await breaker.acall(lambda: script(keys_, args, redis_client))
-
-
-def _release_calls(held: Sequence[Held]) -> list[tuple[list[str], list]]:
-    """One call per counter: on a cluster each lives in its subject's slot."""
-    key_prefix = keys.prefix()
-    return [
-        ([keys.decision_keys(place.policy, place.subject.key, key_prefix)[0]], [place.lease, place.cost, place.policy.strategy])
-        for place in held
-    ]
-
-
 # --- Redis Cluster: one call per shard group ------------------------------------------------------
 
 
@@ -185,16 +154,31 @@ def _decide_across_shards(redis_client, checks: Sequence[Check], groups: dict[in
     every shard counts in one more pipeline; each shard still decides atomically, so a shard that
     filled up in between denies and the request is denied. Nothing is ever admitted over a limit;
     in those races a shard may have counted a request that was refused (an under-admission of
-    one request, never an over-admission).
+    one request, never an over-admission), but no in-flight place stays taken: a refused request
+    gives back, by its lease, what the shards that admitted it took.
     """
     peeked = _pipelined(redis_client, groups, call._replace(dry_run=True))
     if call.dry_run:
         return _merged(checks, groups, peeked)
     denying = {shard: groups[shard] for shard, verdict in peeked.items() if not verdict.allowed}
     if denying:
-        _pipelined(redis_client, denying, call)  # records the refusal; the request stays denied
+        _refused_holds_nothing(redis_client, _pipelined(redis_client, denying, call), call)  # records the refusal
         return _merged(checks, groups, peeked)
-    return _merged(checks, groups, _pipelined(redis_client, groups, call))
+    counted = _pipelined(redis_client, groups, call)
+    verdict = _merged(checks, groups, counted)
+    if not verdict.allowed:
+        _refused_holds_nothing(redis_client, counted, call)
+    return verdict
+
+
+def _refused_holds_nothing(redis_client, verdicts: dict[int, Verdict], call: Ask) -> None:
+    """The request is refused: the in-flight places that shards which admitted it took go back, by its
+    lease (the worker keeps no places of a refused request)."""
+    if call.lease:
+        held = [Held(d.policy, d.subject, call.lease, call.cost) for verdict in verdicts.values() if verdict.allowed
+                for d in verdict.decisions if d.policy.holds and not d.exceeded]
+        if held:
+            giveback.send(redis_client, held)
 
 
 def _pipelined(redis_client, groups: dict[int, list[Check]], call: Ask) -> dict[int, Verdict]:

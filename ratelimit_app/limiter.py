@@ -77,7 +77,9 @@ class RequestState:
         self.json_api = False  # the view is a DRF API: its clients expect JSON
         self.cost: Cost | None = None  # what the view's code says the request costs (None: nothing)
         self.lease = ""  # what in-flight policies name this request's places after ('' until one applies)
-        self.held: list[Held] = []  # the places it holds until its response is done (doors.hold)
+        # the places it may hold until it ends (doors.finish): recorded before the call is sent, so
+        # that a call left unanswered (timed out, cancelled) is given back too
+        self.held: list[Held] = []
 
     def add_names(self, names: Iterable[str | None]) -> None:
         for name in names:
@@ -151,11 +153,9 @@ def pending_checks(request, state: RequestState, index: policies.PolicyIndex | N
     return checks
 
 
-def settle(request, state: RequestState, checks: list[Check], verdict: Verdict, epoch: int | None,
-           lease: str = "") -> None:
+def settle(request, state: RequestState, checks: list[Check], verdict: Verdict, epoch: int | None) -> None:
     """Keep what the engine said on the request; shadow policies that would deny are logged.
-    `epoch`: the deny cache's, read before Redis was asked (deny_cache.remember); None: not for memory.
-    `lease`: the request's, when in-flight policies took places under it (kept to give them back)."""
+    `epoch`: the deny cache's, read before Redis was asked (deny_cache.remember); None: not for memory."""
     policies.observe_version(verdict.version)
     metrics.record_verdict(verdict)
     for check in checks:
@@ -169,8 +169,6 @@ def settle(request, state: RequestState, checks: list[Check], verdict: Verdict, 
             _report_shadow(decision, request)
     if denied and epoch is not None and deny_cache_enabled():
         deny_cache.remember(checks, verdict.decisions, epoch)
-    if lease and verdict.allowed:  # a refused request took nothing anywhere
-        state.held += [Held(d.policy, d.subject, lease, d.cost) for d in verdict.decisions if d.policy.holds and not d.exceeded]
 
 
 def denied_from_memory(state: RequestState, checks: list[Check], cost: int = 1) -> bool:
@@ -205,6 +203,7 @@ class Call(NamedTuple):
     epoch: int | None
     cost: int = 1
     lease: str = ""  # the request's lease, when an in-flight policy is among the checks
+    holding: tuple[Held, ...] = ()  # the places the call may take, under the lease
 
 
 def prepare(request, state: RequestState, index: policies.PolicyIndex | None, extra: Sequence[Check] = (),
@@ -219,12 +218,15 @@ def prepare(request, state: RequestState, index: policies.PolicyIndex | None, ex
         return None
     # most requests: no cost anywhere, no policy in flight; each costs one attribute read then
     units = 1 if cost is None and state.cost is None and not index.costs else request_cost(request, state, index, cost)
-    lease = lease_of(state) if index.holds and any(check.policy.holds for check in checks) else ""
+    lease, holding = "", ()
+    if index.holds and any(check.policy.holds for check in checks):
+        lease = lease_of(state)  # named before the call: a call left unanswered is given back too
+        holding = tuple(Held(check.policy, check.subject, lease, units) for check in checks if check.policy.holds)
     if now is not None:
-        return Call(checks, None, units, lease)
+        return Call(checks, None, units, lease, holding)
     if denied_from_memory(state, checks, units):
         return None
-    return Call(checks, deny_cache.epoch, units, lease)
+    return Call(checks, deny_cache.epoch, units, lease, holding)
 
 
 def lease_of(state: RequestState) -> str:
@@ -234,12 +236,24 @@ def lease_of(state: RequestState) -> str:
     return state.lease
 
 
+def asking(state: RequestState, call: Call) -> None:
+    """Before the call is sent: the request may hold its places from now on, answered or not."""
+    if call.holding:
+        state.held += call.holding
+
+
 def conclude(request, state: RequestState, call: Call, outcome: Verdict | engine.RedisUnavailable) -> None:
-    """Settle what Redis said, or apply the failure rule when it could not say."""
+    """Settle what Redis said, or apply the failure rule when it could not say (then the places the
+    call may have taken stay the request's, to give back when it ends)."""
     if isinstance(outcome, engine.RedisUnavailable):
         unavailable(request, state, outcome)
-    else:
-        settle(request, state, call.checks, outcome, call.epoch, call.lease)
+        return
+    settle(request, state, call.checks, outcome, call.epoch)
+    if call.holding:
+        # a refused request took nothing anywhere; an admitted one holds where its policy had room
+        taken = {(d.policy.id, d.subject) for d in outcome.decisions if outcome.allowed and d.policy.holds and not d.exceeded}
+        asked = set(map(id, call.holding))
+        state.held = [place for place in state.held if id(place) not in asked or (place.policy.id, place.subject) in taken]
 
 
 def decide(request, state: RequestState, index: policies.PolicyIndex | None = None, *, extra: Sequence[Check] = (),
@@ -248,6 +262,7 @@ def decide(request, state: RequestState, index: policies.PolicyIndex | None = No
     denied_before = len(state.denied)
     call = prepare(request, state, index, extra, pending, now, cost)
     if call is not None:
+        asking(state, call)
         try:
             outcome = engine.decide(call.checks, now=now, version=policies.version_due(), cost=call.cost, lease=call.lease)
         except engine.RedisUnavailable as error:
@@ -268,6 +283,7 @@ async def adecide(request, state: RequestState, index: policies.PolicyIndex | No
     denied_before = len(state.denied)
     call = prepare(request, state, index, extra, pending, cost=cost)
     if call is not None:
+        asking(state, call)
         try:
             outcome = await engine.adecide(call.checks, version=policies.version_due(), cost=call.cost, lease=call.lease)
         except engine.RedisUnavailable as error:

@@ -6,7 +6,16 @@ from __future__ import annotations
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
-from .doors import alet_go, amiddleware_request, amiddleware_response, let_go, middleware_request, middleware_response
+from .doors import (
+    afinish,
+    alet_go,
+    amiddleware_request,
+    amiddleware_response,
+    finish,
+    let_go,
+    middleware_request,
+    middleware_response,
+)
 
 
 class RateLimitMiddleware:
@@ -22,23 +31,21 @@ class RateLimitMiddleware:
     def __call__(self, request):
         if self.is_async:
             return self.__acall__(request)
-        refused = middleware_request(request)
-        if refused is not None:
-            return refused
         try:
-            response = self.get_response(request)
+            refused = middleware_request(request)
+            if refused is not None:
+                return finish(request, refused)
+            return middleware_response(request, self.get_response(request))
         except BaseException:
             let_go(request)
             raise
-        return middleware_response(request, response)
 
     async def __acall__(self, request):
-        refused = await amiddleware_request(request)
-        if refused is not None:
-            return refused
         try:
-            response = await self.get_response(request)
-        except BaseException:  # a CancelledError too: the client left while the view ran
+            refused = await amiddleware_request(request)
+            if refused is not None:
+                return await afinish(request, refused)
+            return await amiddleware_response(request, await self.get_response(request))
+        except BaseException:  # a CancelledError too: the client left while the request was decided or ran
             await alet_go(request)
             raise
-        return await amiddleware_response(request, response)

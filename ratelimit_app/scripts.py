@@ -26,7 +26,7 @@ from .decision_connection import execute
 
 LIBRARY_FILES = ("series.lua", "activity.lua", "terms.lua")
 STRATEGY_FILES = tuple(strategy.lua for strategy in STRATEGIES.values())
-ENTRY_POINTS = ("decide", "live", "totals", "trend", "tally", "release")
+ENTRY_POINTS = ("decide", "live", "totals", "trend", "tally")  # release.lua stands alone (engine.py)
 _NAME = "@NAME@"  # stands for the library's name until the source is hashed
 
 

@@ -11,7 +11,7 @@ from rest_framework.exceptions import APIException
 from rest_framework.throttling import BaseThrottle
 
 from . import headers
-from .doors import hold, inner_door, let_go, policy_throttle_is_last
+from .doors import finish, inner_door, let_go, policy_throttle_is_last
 from .responses import UNAVAILABLE_MESSAGE, UNAVAILABLE_RETRY_AFTER
 
 
@@ -23,12 +23,12 @@ class RateLimitUnavailable(APIException):
 
 
 def _give_back_when_finalized(view, request) -> None:
-    """Places in flight go back with the response DRF finalizes (or at once when the view raises
-    what DRF does not handle): this view instance's two steps are wrapped, for this request only."""
+    """Places in flight go back as DRF finalizes the response (or at once when the view raises what
+    DRF does not handle): this view instance's two steps are wrapped, for this request only."""
     finalize, handle_exception = view.finalize_response, view.handle_exception
 
     def finalize_response(request, response, *args, **kwargs):
-        return hold(request, finalize(request, response, *args, **kwargs))
+        return finish(request, finalize(request, response, *args, **kwargs))
 
     def handle(exc):
         try:

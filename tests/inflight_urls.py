@@ -33,6 +33,12 @@ def stream(request):
     return StreamingHttpResponse(chunks())
 
 
+def stream_with_etag(request):
+    response = StreamingHttpResponse(iter(["a body ", "in parts"]))
+    response["ETag"] = '"parts"'  # ConditionalGetMiddleware answers If-None-Match with a 304 instead
+    return response
+
+
 @ratelimit("inflight")
 def decorated(request):
     return HttpResponse(in_flight(request))
@@ -70,6 +76,7 @@ urlpatterns = [
     path("plain/", plain, name="inflight"),
     path("boom/", boom, name="inflight"),
     path("stream/", stream, name="inflight"),
+    path("stream/etag/", stream_with_etag, name="inflight"),
     path("decorated/", decorated),
     path("decorated/boom/", decorated_boom),
     path("decorated/async/", decorated_async),

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import pytest
-from django.http import HttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.test import Client, RequestFactory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ratelimit_app import engine, live
+from ratelimit_app import engine, giveback, live
 from ratelimit_app.middleware import RateLimitMiddleware
 from ratelimit_app.policies import get_index
 from ratelimit_app.values import Held
@@ -120,7 +120,79 @@ def test_a_refused_request_takes_no_place_anywhere():
     assert [d.count for d in engine.decide([check(places), check(tight)], dry_run=True).decisions] == [1, 1]
 
 
-# --- the doors give the place back when the response is done --------------------------------------
+def test_changing_only_the_window_keeps_the_requests_running():
+    """The window of an in-flight policy is its lease: a new length applies to requests to come."""
+    row = make_policy(name="one-at-a-time", action="inflight", limit=1, window=60, strategy="concurrency")
+    running = engine.decide([check(inflight_policy(), f"ip:{IP}")], lease="running")
+    row.window = 120
+    row.save()
+    after = engine.decide([check(inflight_policy(), f"ip:{IP}")], lease="second")
+    assert (running.allowed, after.allowed) == (True, False)
+
+
+def test_a_lease_given_back_before_its_call_ran_takes_nothing():
+    """A worker that stopped waiting for its call gives the lease back; Redis may run the call after."""
+    limited = policy(strategy="concurrency", limit=2)
+    engine.release([Held(limited, subject(), "gave-up", 1)])
+    late = engine.decide([check(limited)], lease="gave-up")
+    assert late.allowed  # nobody reads this answer: the request was answered without it
+    assert [engine.decide([check(limited)], lease=lease).allowed for lease in ("a", "b", "c")] == [True, True, False]
+    engine.release([Held(limited, subject(), "a", 1)])
+    assert engine.decide([check(limited)], dry_run=True).decisions[0].count == 1
+
+
+def test_a_large_cost_takes_and_gives_back_every_place():
+    """Members are added and removed in bounded steps: Lua's unpack() cannot take 10,000 at once."""
+    limited = policy(strategy="concurrency", limit=20_000)
+    assert engine.decide([check(limited)], cost=6_000, lease="upload").allowed
+    assert engine.decide([check(limited)], dry_run=True).decisions[0].count == 6_000
+    engine.release([Held(limited, subject(), "upload", 6_000)])
+    assert engine.decide([check(limited)], dry_run=True).decisions[0].count == 0
+
+
+def test_a_give_back_waits_for_no_reply():
+    """The request is answered: its give-back is written, and no reply is waited for."""
+    from redis import Connection
+
+    limited = policy(strategy="concurrency", limit=2)
+    assert engine.decide([check(limited)], lease="done").allowed
+    read, replies = Connection.read_response, []
+
+    def counting(self, *args, **kwargs):
+        replies.append(1)
+        return read(self, *args, **kwargs)
+
+    Connection.read_response = counting
+    try:
+        engine.release([Held(limited, subject(), "done", 1)])
+    finally:
+        Connection.read_response = read
+    assert len(replies) == 0
+    assert engine.decide([check(limited)], dry_run=True).decisions[0].count == 0
+
+
+def test_a_give_back_is_one_write_that_runs_two_server_commands(redis_client):
+    """The EVAL and its ZREM, sent without waiting: the reply is read before the connection's next
+    command (here at once, to know that it ran)."""
+    from ratelimit_app.decision_connection import decision_client
+    from tests.helpers import server_commands_per_call
+
+    limited = policy(strategy="concurrency", limit=100)
+    leases = iter(f"lease{n}" for n in range(10))
+    for n in range(10):
+        assert engine.decide([check(limited)], lease=f"lease{n}").allowed
+
+    def give_back():
+        engine.release([Held(limited, subject(), next(leases), 1)])
+        kept = decision_client().connection
+        assert kept.can_read(timeout=5)  # its reply has come: it ran
+        giveback.read_unread(kept)
+
+    assert server_commands_per_call(redis_client, give_back) == 2
+    assert engine.decide([check(limited)], dry_run=True).decisions[0].count == 0
+
+
+# --- the doors give the place back when the request ends ----------------------------------------------
 
 
 def test_a_place_is_held_while_the_view_runs_and_given_back_after(client):
@@ -146,9 +218,27 @@ def test_a_streamed_response_holds_its_place_until_it_is_closed(client):
     assert in_flight() == 0
 
 
+def test_a_streamed_body_gives_its_place_back_when_it_ends_before_it_is_closed():
+    make()
+    response = RateLimitMiddleware(lambda request: StreamingHttpResponse(iter(["a ", "body"])))(
+        RequestFactory().get("/plain/", REMOTE_ADDR=IP))
+    assert in_flight() == 1
+    assert b"".join(response) == b"a body"  # the server has yet to end the body and close the response
+    assert in_flight() == 0
+
+
+def test_a_streamed_response_replaced_by_a_304_gives_its_place_back(settings):
+    settings.MIDDLEWARE = ["django.middleware.http.ConditionalGetMiddleware", *settings.MIDDLEWARE]
+    make()
+    statuses = [Client().get("/stream/etag/", REMOTE_ADDR=IP, HTTP_IF_NONE_MATCH='"parts"').status_code for _ in range(4)]
+    assert statuses == [304] * 4
+    assert in_flight() == 0
+
+
 def test_the_limit_refuses_the_third_request_in_flight_with_retry_after_1():
     make()
-    middleware = RateLimitMiddleware(lambda request: HttpResponse("ok"))  # responses not closed yet: still running
+    # streamed bodies not read yet: the requests are still running
+    middleware = RateLimitMiddleware(lambda request: StreamingHttpResponse(iter(["ok"])))
     responses = [middleware(RequestFactory().get("/plain/", REMOTE_ADDR=IP)) for _ in range(3)]
     assert [r.status_code for r in responses] == [200, 200, 429]
     assert responses[2]["Retry-After"] == "1"
@@ -211,7 +301,7 @@ def _start_slow(port: int) -> socket.socket:
 
 def _places_held(redis_client) -> int:
     """The places the site's in-flight policy holds now (its one subject, 127.0.0.1)."""
-    return sum(redis_client.zcard(key) for key in redis_client.scan_iter(match="*:c60"))
+    return sum(redis_client.zcount(key, 0, "+inf") for key in redis_client.scan_iter(match="*:c"))
 
 
 def _until(condition, tries: int = 200) -> bool:
@@ -254,8 +344,9 @@ def test_a_concurrency_policy_declared_beside_a_view(client):
     from tests.helpers import declarations_forgotten
 
     with declarations_forgotten():
-        view = ratelimit(rate="2/m", key="ip", strategy="concurrency", name="reports-here")(lambda request: HttpResponse("ok"))
-        responses = [view(RequestFactory().get("/", REMOTE_ADDR=IP)) for _ in range(3)]  # none closed yet
+        view = ratelimit(rate="2/m", key="ip", strategy="concurrency", name="reports-here")(
+            lambda request: StreamingHttpResponse(iter(["ok"])))
+        responses = [view(RequestFactory().get("/", REMOTE_ADDR=IP)) for _ in range(3)]  # bodies not read yet
         assert [r.status_code for r in responses] == [200, 200, 429]
         for response in responses:
             response.close()

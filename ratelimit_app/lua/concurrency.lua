@@ -1,9 +1,12 @@
 -- concurrency: the requests of a subject in progress now. One sorted set per subject: a member per
--- unit a request holds, "<lease>:<n>" (the lease is the request's own, sent by the worker), scored
--- by when it stops counting: admitted + window, so a worker killed mid-request never holds a place
--- for longer than the window. The worker gives the places back when the response is done
--- (release.lua); the window only matters when it cannot. Times are integer milliseconds.
+-- unit a request holds, "<lease>:<n>" (the lease is the request's own, made by the worker before it
+-- asks), scored by when it stops counting: admitted + window, so a worker killed mid-request never
+-- holds a place for longer than the window. The worker gives the places back when the request ends
+-- (release.lua), which may leave a mark scored below zero (see there); the window only matters when
+-- it cannot. Times are integer milliseconds.
 do
+  local CHUNK = 1000 -- members per ZADD or ZREM: Lua's unpack() has a bound
+
   local function holding(key, now)
     return redis.call('ZCOUNT', key, '(' .. now, '+inf')
   end
@@ -22,6 +25,26 @@ do
     return names
   end
 
+  -- the members not there yet, scored `score`; returns how many were added
+  local function add(key, score, names)
+    local added = 0
+    for from = 1, #names, CHUNK do
+      local scored = {}
+      for i = from, math.min(#names, from + CHUNK - 1) do
+        scored[#scored + 1] = score
+        scored[#scored + 1] = names[i]
+      end
+      added = added + redis.call('ZADD', key, 'NX', unpack(scored))
+    end
+    return added
+  end
+
+  local function remove(key, names)
+    for from = 1, #names, CHUNK do
+      redis.call('ZREM', key, unpack(names, from, math.min(#names, from + CHUNK - 1)))
+    end
+  end
+
   strategies.concurrency = {
     peek = function(key, now, window, bucket, limit, now_us, cost)
       local count = holding(key, now)
@@ -35,25 +58,23 @@ do
       return last[2] and tonumber(last[2]) - now or 0
     end,
     -- hold `cost` places under the request's lease when there is room (decide.lua's contract): the
-    -- leases that ran out are dropped first, so the set holds at most `limit` members
+    -- leases and marks that ran out are dropped first, so the set holds at most `limit` places
     take = function(key, now, window, bucket, limit, now_us, totals_bucket, cost, lease)
       if lease == '' then error('concurrency: a request needs a lease to hold places under') end
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-      local count = redis.call('ZCARD', key)
+      redis.call('ZREMRANGEBYSCORE', key, -now, now)
+      local count = redis.call('ZCOUNT', key, 0, '+inf')
       if count + cost > limit then return count, retry_in(key, now, count, cost, limit), nil, nil, false end
-      local names, added = members(lease, cost), {}
-      for i, name in ipairs(names) do added[2 * i - 1], added[2 * i] = now + window, name end
       local before = count > 0 and strategies.concurrency.reset(key, now, window, bucket, count) or nil
-      redis.call('ZADD', key, unpack(added))
+      local names = members(lease, cost)
+      if add(key, now + window, names) < cost and tonumber(redis.call('ZSCORE', key, names[1])) < 0 then
+        -- the worker gave this lease back before this call ran (it stopped waiting for it): hold nothing
+        remove(key, names)
+      end
       redis.call('PEXPIRE', key, window)
       return count, 0, names, nil, true, window, before
     end,
     undo = function(key, now, names)
-      redis.call('ZREM', key, unpack(names))
-    end,
-    -- give back the places a request held (its response is done)
-    release = function(key, lease, cost)
-      redis.call('ZREM', key, unpack(members(lease, cost)))
+      remove(key, names)
     end,
   }
 end

@@ -1,4 +1,4 @@
-"""Requests in flight: a place per request while it runs, given back when its response is done."""
+"""Requests in flight: a place per request while it runs, given back when the request ends."""
 
 from __future__ import annotations
 
@@ -19,6 +19,10 @@ class Concurrency(Strategy):
         "limit": "requests in progress at once",
         "window": "the lease: a request still running after it stops counting (a killed worker frees its place then)",
     }
+
+    def shape(self, row, bucket_ms: int) -> str:
+        # not the window: a new lease length must not forget the requests running under the old one
+        return self.letter
 
     def live_batch(self, policy, batch: int, field_budget: int) -> int:
         return batch // 2  # two sorted-set reads a counter: its count and its last lease
