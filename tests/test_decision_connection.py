@@ -40,7 +40,7 @@ def test_threads_deciding_at_once_admit_exactly_the_limit():
 
 
 def test_more_subjects_than_the_packed_commands_kept_each_get_their_own_answer():
-    compiled = policy(limit=2)
+    compiled = policy(limit=2, window=600, strategy="sliding_log")  # no window edge between the rounds
     subjects = [f"ip:198.51.100.{i % 250}" if i < 250 else f"ip:2001:db8::{i:x}" for i in range(decision_connection.MAX_PACKED + 50)]
     answers = {who: [] for who in subjects}
     for _round in range(3):  # each subject's repeat request finds its own command, or packs it again

@@ -24,11 +24,13 @@ from tests.servers import Server, manage, site_env
 
 pytestmark = pytest.mark.django_db
 TIMEOUTS = {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5}
+# a full pool is waited for up to the socket timeout: room for hundreds of callers queued on a busy machine
+QUEUED = {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 10}
 
 
-def use_server(settings, url: str, pool_class: str = "", **pool_kwargs: object) -> None:
+def use_server(settings, url: str, pool_class: str = "", timeouts: dict | None = None, **pool_kwargs: object) -> None:
     """RATELIMIT_CACHE on `url`, as the README configures it (timeouts; pool options when given)."""
-    options = {**TIMEOUTS, **({"CONNECTION_POOL_KWARGS": pool_kwargs} if pool_kwargs else {})}
+    options = {**(timeouts or TIMEOUTS), **({"CONNECTION_POOL_KWARGS": pool_kwargs} if pool_kwargs else {})}
     if pool_class:
         options["CONNECTION_POOL_CLASS"] = pool_class
     settings.CACHES = {**settings.CACHES, "faults": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": url,
@@ -156,7 +158,7 @@ def test_idle_timeouts_replace_connections_without_an_outage(settings, private, 
 @pytest.mark.parametrize("pool", [{}, {"pool_class": "redis.BlockingConnectionPool", "timeout": 0.01}],
                          ids=["ConnectionPool", "BlockingConnectionPool"])
 def test_a_bounded_pool_under_threads_admits_exactly_the_limit(settings, private, circuit, pool):
-    use_server(settings, private.url, max_connections=4, **pool)
+    use_server(settings, private.url, timeouts=QUEUED, max_connections=4, **pool)
     compiled = policy(limit=100)
     before = circuit.failures
 
@@ -175,7 +177,7 @@ def test_a_bounded_pool_under_threads_admits_exactly_the_limit(settings, private
 
 
 def test_a_bounded_pool_under_one_event_loop_admits_exactly_the_limit(settings, private, circuit):
-    use_server(settings, private.url, max_connections=4)
+    use_server(settings, private.url, timeouts=QUEUED, max_connections=4)
     compiled = policy(limit=100)
     before = circuit.failures
 
