@@ -4,6 +4,8 @@ twice, and `migrate` / `check` on a fresh database of a project that declares co
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from .fresh import fresh_database, fresh_workers, manage, site_env
@@ -42,3 +44,36 @@ def test_fresh_workers_count_every_unit_of_a_code_cost(site):
     workers = fresh_workers(site, "/costly/", requests=100)  # rate="300/5m", cost=3
     assert complaints(workers) == []
     assert admitted(workers) == 100
+
+
+# --- migrate and check on a fresh database --------------------------------------------------------
+
+
+@pytest.fixture
+def empty(tmp_path):
+    """A database with no table at all, as a new environment (CI, staging) starts."""
+    with fresh_database(tmp_path) as url:
+        yield site_env(url)
+
+
+def no_traceback(done) -> bool:
+    return "Traceback" not in done.stderr and "Error:" not in done.stderr.replace("SystemCheckError:", "")
+
+
+def test_migrate_and_check_a_fresh_database_of_a_project_declaring_code_policies_and_costs(empty):
+    checked = manage(empty, "check", "--database", "default")  # before any table exists
+    assert (checked.returncode, no_traceback(checked)) == (0, True), checked.stderr[-3000:]
+    migrated = manage(empty, "migrate", "--noinput")
+    assert (migrated.returncode, no_traceback(migrated)) == (0, True), migrated.stderr[-3000:]
+    checked = manage(empty, "check", "--database", "default")
+    assert (checked.returncode, no_traceback(checked)) == (0, True), checked.stderr[-3000:]
+
+
+def test_a_cost_that_never_fits_is_reported_on_a_fresh_database_without_a_traceback(empty):
+    tight = [{"name": "tight", "action": "code:tests.faults.code_urls.costly", "rate": "2/m", "key": "ip"}]
+    env = {**empty, "FAULT_POLICIES": json.dumps(tight)}
+    for command in (("check", "--database", "default"), ("migrate", "--noinput")):
+        done = manage(env, *command)
+        assert done.returncode == 1
+        assert "ratelimit_app.E018" in done.stderr and "costs 3 units, more than policy 'tight' allows at once (2)" in done.stderr
+        assert "Traceback" not in done.stderr
