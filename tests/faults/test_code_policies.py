@@ -46,6 +46,17 @@ def test_fresh_workers_count_every_unit_of_a_code_cost(site):
     assert admitted(workers) == 100
 
 
+
+def test_fresh_workers_enforce_the_operators_change_over_the_codes_values(site):
+    changed = manage(site, "shell", "-c", (
+        "import tests.faults.code_urls; from ratelimit_app import registry; registry.sync(); "
+        "from ratelimit_app.models import Policy; Policy.objects.filter(name='tests-faults-code-urls-limited').update(limit=30)"
+    ))
+    assert changed.returncode == 0, changed.stderr[-3000:]
+    workers = fresh_workers(site, "/limited/", requests=20)  # the code says 50/5m, the admin 30
+    assert complaints(workers) == []
+    assert admitted(workers) == 30
+
 # --- migrate and check on a fresh database --------------------------------------------------------
 
 
