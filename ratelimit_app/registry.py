@@ -146,7 +146,7 @@ class _Registry:
         self.providers: list[Callable[[], list[CodePolicy]]] = []
         self.written: set[str] = set()  # names whose rows hold their current declaration (written or found)
         self.pending = True  # some declaration may have no row yet (startup, a new declaration, new settings)
-        self.first_request = True
+        self.first_request = True  # the root URLconf is imported then, so that its views declare first
         self.costs: dict[str, tuple[int, str]] = {}  # action -> the largest fixed cost a view's code gives it, and where
         self.by_view: dict[str, list[CodePolicy]] = {}  # the decorator's declarations per view, in order
         # told when declarations change (None) or rows were written (the database alias): the policy index
@@ -290,8 +290,7 @@ def sync(policies: Sequence[CodePolicy] | None = None, *, using: str = "default"
     logged) and updated only if this process's code declares other values. A database error is logged,
     not raised: the index enforces the declarations without their rows meanwhile.
     """
-    everything = policies is None
-    policies = declared_policies() if everything else list(policies)
+    policies = declared_policies() if policies is None else list(policies)
     try:
         written = _write(policies, using)
     except DatabaseError as error:
