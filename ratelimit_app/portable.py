@@ -351,9 +351,8 @@ def _import_plans(entries: list[dict[str, Any]], problems: list[str]) -> tuple[i
         for field in PLAN_FIELDS:
             if field in entry:
                 setattr(plan, field, entry[field])
-        if not _valid(plan, where, problems):
+        if not _valid(plan, where, problems) or not _saved(plan, where, problems):
             continue
-        plan.save()
         plans += 1
         plan.limits.all().delete()
         plan.assignments.all().delete()
@@ -362,15 +361,17 @@ def _import_plans(entries: list[dict[str, Any]], problems: list[str]) -> tuple[i
                 row = PlanLimit(plan=plan, policy=_lookup(Policy.objects, name=item["policy"]), exempt=item.get("exempt", False))
                 row.limit = item.get("limit")
                 row.full_clean()
-                row.save()
             except (ValidationError, LookupError) as error:
                 problems.append(f"{where}, limit {index}: {_messages(error)}")
+                continue
+            _saved(row, f"{where}, limit {index}", problems)
         for index, item in enumerate(entry.get("assignments", []), 1):
             try:
-                _matching(PlanAssignment(plan=plan), item, MATCH_FIELDS).save()
-                assignments += 1
+                assignment = _matching(PlanAssignment(plan=plan), item, MATCH_FIELDS)
             except (ValidationError, LookupError) as error:
                 problems.append(f"{where}, assignment {index}: {_messages(error)}")
+                continue
+            assignments += _saved(assignment, f"{where}, assignment {index}", problems)
     return plans, assignments
 
 
