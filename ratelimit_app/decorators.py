@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import partial, wraps
 from typing import Any, Callable, Iterable
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.decorators import method_decorator
 
@@ -32,6 +32,7 @@ from .doors import (
     passed_drf_throttles,
 )
 from .limiter import Cost, valid_cost
+from .rates import format_rate
 from .registry import CodePolicy
 from .responses import refusal
 
@@ -39,7 +40,7 @@ USAGE = (
     "@ratelimit needs arguments: @ratelimit('login') enforces the policies of the action 'login'; "
     "@ratelimit(rate='5/m', key='ip') declares a policy next to the view."
 )
-DECLARED_ATTRIBUTE = "_ratelimit_declared"  # names declared on a view, so stacked declarations differ
+DECLARED_ATTRIBUTE = "_ratelimit_declared"  # the names of the policies declared on a view, outermost last
 
 
 def ratelimit(
@@ -82,15 +83,43 @@ def ratelimit(
 
 
 def _declare(view, name: str | None, options: dict[str, Any]) -> CodePolicy:
-    path = f"{view.__module__}.{view.__qualname__}"
-    taken = getattr(view, DECLARED_ATTRIBUTE, ())
+    """Each declaration is a policy of its own, enforced where it is written: the first on a view keeps
+    the view's name and action; another one (stacked, or the view routed again with another rate) gets
+    a name and an action of its own, so that neither applies to the other's route. The same
+    declaration written twice is one policy (one count), as django-ratelimit counts one group."""
+    path = _view_path(view)
+    origin = f"@ratelimit on {path}"
+    earlier = registry.declarations_of(path)
+    if not earlier:
+        policy = registry.code_policy(name or registry.slug_name(path), action=f"code:{path}", origin=origin, **options)
+        return registry.declared_on(path, registry.register_policy(policy))
+    terms = _terms(registry.code_policy("declared", action=f"code:{path}", origin=origin, **options))  # validated
+    for known in earlier:
+        if (name is None or known.name == name) and _terms(known) == terms:
+            return known  # written twice (two routes, or stacked): one policy
     if name is None:
-        name = registry.slug_name(path)
-        if name in taken:  # a second policy stacked on the same view
-            name = registry.slug_name(f"{path}-{options['key']}")
-        if name in taken:
-            raise ImproperlyConfigured(f"@ratelimit on {path}: several policies stacked here need name='...' each.")
-    return registry.declare_policy(name, action=f"code:{path}", origin=f"@ratelimit on {path}", **options)
+        rate = format_rate(terms["limit"], terms["window"])
+        free = [
+            candidate for candidate in (f"{path}-{terms['key']}", f"{path}-{rate}-{terms['key']}-{terms['methods']}")
+            if all(known.name != registry.slug_name(candidate) for known in earlier)
+        ]
+        if not free:
+            raise ImproperlyConfigured(f"{origin}: several policies declared here need name='...' each.")
+        name = registry.slug_name(free[0])
+    elif any(known.name == name for known in earlier):
+        raise ImproperlyConfigured(f"{origin}: the policy {name!r} is declared here twice with different values; give each its own name.")
+    policy = registry.code_policy(name, action=f"code:{path}@{name}", origin=origin, **options)
+    return registry.declared_on(path, registry.register_policy(policy))
+
+
+def _terms(policy: CodePolicy) -> dict[str, Any]:
+    """What a declaration enforces, apart from where (its action)."""
+    return {field: value for field, value in policy.values.items() if field != "action"}
+
+
+def _view_path(view) -> str:
+    owner = getattr(view, "view_class", None) or getattr(view, "cls", None) or view  # View.as_view(): the class
+    return f"{owner.__module__}.{owner.__qualname__}"
 
 
 def _decorate(view, *, action: str, declared: CodePolicy | None, cost: Cost | None, is_async: bool | None = None):
@@ -106,8 +135,6 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, cost: Cost | No
 
         @wraps(view)
         async def limited(request, *args, **kwargs):
-            if declared is not None and not registry.is_synced(declared):
-                await sync_to_async(registry.ensure_synced)(declared)  # a view module imported late
             last = not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
             try:
                 state = await ainner_door(request, [action], last=last, cost=cost)
@@ -128,8 +155,6 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, cost: Cost | No
 
         @wraps(view)
         def limited(request, *args, **kwargs):
-            if declared is not None:
-                registry.ensure_synced(declared)  # a view module imported after the policies were loaded
             last = not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
             try:
                 state = inner_door(request, [action], last=last, cost=cost)

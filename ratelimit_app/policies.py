@@ -4,8 +4,9 @@ The index is rebuilt when the policy version in Redis changes. Every decision ca
 version; when no call carried it for RATELIMIT_POLICY_RECHECK_SECONDS, it is read once on its own.
 Whatever happens to the version, the index is also rebuilt every RATELIMIT_POLICY_RELOAD_SECONDS.
 Saving or deleting a policy, an override, an action cost or a plan (its limits, its assignments),
-or changing a group's members, marks
-this process's index stale at once and bumps the version on commit.
+or changing a group's members, marks this process's index stale at once and bumps the version on
+commit. So does a policy declared in code: the index holds the rows merged with the declarations,
+and writes the rows of new ones first.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from . import registry, strategies
 from . import version as policy_version
-from . import strategies
 from .breaker import RedisUnavailable
 from .conf import get_setting
 from .deny_cache import deny_cache
@@ -165,14 +166,22 @@ _state = _IndexState()
 
 def load_index() -> PolicyIndex:
     """Read the enabled policies, their overrides, the action costs and the plans; a bad row is
-    skipped with a logged error."""
+    skipped with a logged error. A policy declared in code whose row is not in the database (yet) is
+    enforced as the code declares it: a row, once there, wins (the operator's changes, or disabling it)."""
+    rows = list(Policy.objects.order_by("pk"))
+    names = {row.name for row in rows}
+    unwritten = [policy for policy in registry.declared_policies() if policy.name not in names]
+    if unwritten:
+        registry.not_written(unwritten)
     compiled = []
-    for row in Policy.objects.filter(enabled=True).order_by("pk"):
+    for row in rows + [registry.unsaved_row(policy) for policy in unwritten]:
+        if not row.enabled:
+            continue
         try:
             compiled.append(compile_policy(row))
         except (ValidationError, ValueError, KeyError) as error:
             logger.error("ratelimit: policy %r (id %s) is invalid and is skipped: %s", row.name, row.pk, error)
-    ids = {policy.id for policy in compiled}
+    ids = {policy.id for policy in compiled if policy.id > 0}  # a declaration without its row has none
     return PolicyIndex(compiled, _load_overrides(ids), _load_costs(), _load_plans(ids))
 
 
@@ -270,6 +279,7 @@ def _reload() -> None:
     with state.lock:
         if not state.stale and state.index is not None:
             return
+        registry.write_pending()  # rows for declarations first seen since the last load, so that it reads them
         state.stale = False  # a change arriving during the load marks it stale again
         try:
             version: bytes | None = policy_version.current_version()
@@ -321,3 +331,15 @@ def forget_settings() -> None:
 def _publish_change() -> None:
     _state.stale = True
     policy_version.bump_version()  # retried in the background until Redis takes it
+
+
+def _code_changed(using: str | None) -> None:
+    """Code declared a policy (None): reload before the next request. Its rows were written (`using`):
+    the other workers reload too."""
+    if using is None:
+        _state.stale = True
+    else:
+        policies_changed(using)
+
+
+registry.on_change(_code_changed)

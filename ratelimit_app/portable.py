@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils.dateparse import parse_datetime
 
 from .models import ActionCost, Override, Plan, PlanAssignment, PlanLimit, Policy, SubjectMatch
@@ -47,6 +47,20 @@ PLAN_FIELDS: dict[str, tuple[str, bool]] = {"name": (TEXT, False), "description"
 PLAN_LIMIT_FIELDS: dict[str, tuple[str, bool]] = {"policy": (TEXT, False), "limit": (WHOLE, True), "exempt": (FLAG, False)}
 # 'costs' and 'plans' are optional: files exported before them still import
 TOP_FIELDS = ("format", "policies", "costs", "plans")
+
+
+class Oversized(NamedTuple):
+    """A whole number in the file too long to be any field's value (kept as its length, not converted)."""
+
+    digits: int
+
+
+LONGEST = 100  # digits of a whole number converted (and shown in full when out of range); beyond, counted
+
+
+def _whole_number(text: str) -> int | Oversized:
+    digits = len(text.lstrip("-"))
+    return Oversized(digits) if digits > LONGEST else int(text)
 
 
 class Imported(NamedTuple):
@@ -116,7 +130,8 @@ def parse_json(text: str) -> Any:
         return dict(pairs)
 
     try:
-        return json.loads(text, parse_constant=no_constant, object_pairs_hook=unique_keys)
+        # a number of thousands of digits is reported per field, not converted (Python refuses past 4,300)
+        return json.loads(text, parse_constant=no_constant, object_pairs_hook=unique_keys, parse_int=_whole_number)
     except json.JSONDecodeError as error:
         raise ImportRefused(f"Not valid JSON: {error}") from error
     except RecursionError:
@@ -133,10 +148,15 @@ def _type_problems(where: str, entry: Any, fields: dict[str, tuple[str, bool]], 
         if name not in fields and name not in nested
     ]
     for name, (expected, nullable) in fields.items():
-        if name in entry and not _is(entry[name], expected, nullable):
-            problems.append(f"{where}, field {name!r}: expected {expected}{' or null' if nullable else ''}, got {_kind(entry[name])}.")
-        elif expected == WHOLE and isinstance(entry.get(name), int) and not -LARGEST <= entry[name] <= LARGEST:
-            problems.append(f"{where}, field {name!r}: {entry[name]} is out of range (at most {LARGEST}).")
+        value = entry.get(name)
+        if expected == WHOLE and isinstance(value, Oversized):
+            problems.append(f"{where}, field {name!r}: a number of {value.digits} digits is out of range (at most {LARGEST}).")
+        elif name in entry and not _is(value, expected, nullable):
+            problems.append(f"{where}, field {name!r}: expected {expected}{' or null' if nullable else ''}, got {_kind(value)}.")
+        elif expected == WHOLE and isinstance(value, int) and not -LARGEST <= value <= LARGEST:
+            problems.append(f"{where}, field {name!r}: {value} is out of range (at most {LARGEST}).")
+        elif expected == TEXT and isinstance(value, str) and "\x00" in value:
+            problems.append(f"{where}, field {name!r}: the text contains a NUL character (\\x00), which databases cannot store.")
     return problems
 
 
@@ -151,6 +171,8 @@ def _is(value: Any, expected: str, nullable: bool) -> bool:
 
 
 def _kind(value: Any) -> str:
+    if isinstance(value, Oversized):
+        return f"a number of {value.digits} digits"
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -284,27 +306,26 @@ def import_data(data: Any) -> Imported:
                 problems.append(f"{where}, field 'rate': {error}")
                 continue
         # whether its limit admits the costs is checked below, against the costs of this file too
-        if not _valid(policy, where, problems):
+        if not _valid(policy, where, problems) or not _saved(policy, where, problems):
             continue
-        policy.save()
         written.append((where, policy))
         imported_policies += 1
         policy.overrides.all().delete()
         for index, item in enumerate(entry.get("overrides", []), 1):
             try:
-                _import_override(policy, item).save()
-                imported_overrides += 1
+                override = _import_override(policy, item)
             except (ValidationError, LookupError) as error:
                 problems.append(f"{where}, override {index}: {_messages(error)}")
+                continue
+            imported_overrides += _saved(override, f"{where}, override {index}", problems)
     for number, entry in enumerate(data.get("costs", []), 1):
         where = _cost_label(number, entry)
         cost = ActionCost.objects.filter(action=entry["action"]).first() or ActionCost()
         for field in COST_FIELDS:
             if field in entry:
                 setattr(cost, field, entry[field])
-        if not _valid(cost, where, problems):
+        if not _valid(cost, where, problems) or not _saved(cost, where, problems):
             continue
-        cost.save()
         written.append((where, cost))
     plans, assignments = _import_plans(data.get("plans", []), problems)
     # a cost and a limit are judged as the file leaves them, whichever of the two it changes first
@@ -330,9 +351,8 @@ def _import_plans(entries: list[dict[str, Any]], problems: list[str]) -> tuple[i
         for field in PLAN_FIELDS:
             if field in entry:
                 setattr(plan, field, entry[field])
-        if not _valid(plan, where, problems):
+        if not _valid(plan, where, problems) or not _saved(plan, where, problems):
             continue
-        plan.save()
         plans += 1
         plan.limits.all().delete()
         plan.assignments.all().delete()
@@ -341,15 +361,17 @@ def _import_plans(entries: list[dict[str, Any]], problems: list[str]) -> tuple[i
                 row = PlanLimit(plan=plan, policy=_lookup(Policy.objects, name=item["policy"]), exempt=item.get("exempt", False))
                 row.limit = item.get("limit")
                 row.full_clean()
-                row.save()
             except (ValidationError, LookupError) as error:
                 problems.append(f"{where}, limit {index}: {_messages(error)}")
+                continue
+            _saved(row, f"{where}, limit {index}", problems)
         for index, item in enumerate(entry.get("assignments", []), 1):
             try:
-                _matching(PlanAssignment(plan=plan), item, MATCH_FIELDS).save()
-                assignments += 1
+                assignment = _matching(PlanAssignment(plan=plan), item, MATCH_FIELDS)
             except (ValidationError, LookupError) as error:
                 problems.append(f"{where}, assignment {index}: {_messages(error)}")
+                continue
+            assignments += _saved(assignment, f"{where}, assignment {index}", problems)
     return plans, assignments
 
 
@@ -360,6 +382,18 @@ def _valid(row, where: str, problems: list[str]) -> bool:
         row.full_clean(validate_constraints=False)
     except ValidationError as error:
         problems.append(f"{where}: {_messages(error)}")
+        return False
+    return True
+
+
+def _saved(row, where: str, problems: list[str]) -> bool:
+    """Save `row` in a savepoint: a value the database refuses although it passed the checks is a
+    problem of its entry (the import goes on collecting them), never a traceback."""
+    try:
+        with transaction.atomic():
+            row.save()
+    except DatabaseError as error:
+        problems.append(f"{where}: the database refused it: {str(error).strip()}")
         return False
     return True
 

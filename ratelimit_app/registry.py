@@ -1,7 +1,10 @@
 """Policies declared in code (@ratelimit(rate=...), RATELIMIT_POLICIES, the compat modules), kept as
 ordinary Policy rows marked source='code' so that every door, the live page and the admin treat them
-alike. Declaring touches no database; rows are written by sync() after migrate and when the policy
-index loads, and an operator's change in the admin wins over the code until it is reverted.
+alike. Declaring touches no database: it marks the policy index stale, and the index is built from the
+rows merged with the declarations, so a worker enforces every declaration it knows from its first
+request, whatever the database holds. Rows are written (an insert that never fails on a row another
+worker wrote first) before the index loads and after migrate; an operator's change in the admin wins
+over the code until it is reverted.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import threading
 from hashlib import blake2b
 from typing import Any, Callable, Iterable, Sequence
 
-from django.core.checks import Error, Tags, register
+from django.core.checks import Error, register
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import DatabaseError, transaction
 from django.db.models.signals import post_migrate
@@ -21,9 +24,8 @@ from django.utils import timezone
 
 from . import strategies
 from .conf import get_setting
-from .models import Mode, Policy, Source
+from .models import MAX_COST, Mode, Policy, Source
 from .rates import format_rate, parse_rate
-from .policies import policies_changed
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -140,15 +142,30 @@ def slug_name(text: str, prefix: str = "") -> str:
 class _Registry:
     def __init__(self) -> None:
         self.declared: dict[str, CodePolicy] = {}
-        # functions returning declarations read from settings at each sync (so override_settings works)
+        # functions returning declarations read from settings at each load (so override_settings works)
         self.providers: list[Callable[[], list[CodePolicy]]] = []
-        self.synced: set[str] = set()  # names written to the database with their current values
-        self.pending = True  # the providers' declarations are to be written (at startup, after a settings change)
+        self.written: set[str] = set()  # names whose rows hold their current declaration (written or found)
+        self.pending = True  # some declaration may have no row yet (startup, a new declaration, new settings)
+        self.first_request = True  # the root URLconf is imported then, so that its views declare first
         self.costs: dict[str, tuple[int, str]] = {}  # action -> the largest fixed cost a view's code gives it, and where
+        self.by_view: dict[str, list[CodePolicy]] = {}  # the decorator's declarations per view, in order
+        # told when declarations change (None) or rows were written (the database alias): the policy index
+        self.listeners: list[Callable[[str | None], None]] = []
         self.lock = threading.Lock()
 
 
 _registry = _Registry()
+
+
+def on_change(listener: Callable[[str | None], None]) -> None:
+    """Call `listener(None)` when a declaration is added or changed, `listener(using)` when rows were written."""
+    if listener not in _registry.listeners:
+        _registry.listeners.append(listener)
+
+
+def _changed(using: str | None) -> None:
+    for listener in list(_registry.listeners):
+        listener(using)
 
 
 def register_policy(policy: CodePolicy) -> CodePolicy:
@@ -160,14 +177,38 @@ def register_policy(policy: CodePolicy) -> CodePolicy:
         if known == policy:
             return known
         _registry.declared[policy.name] = policy
-        _registry.synced.discard(policy.name)
+        _registry.written.discard(policy.name)
         _registry.pending = True
+    _changed(None)  # the index enforces it from the next request on, with or without its row
+    return policy
+
+
+def declarations_of(view: str) -> list[CodePolicy]:
+    """What the decorator declared on the view of dotted path `view` so far (still declared)."""
+    return [policy for policy in _registry.by_view.get(view, ()) if _registry.declared.get(policy.name) is policy]
+
+
+def declared_on(view: str, policy: CodePolicy) -> CodePolicy:
+    """Remember that the decorator declared `policy` on `view` (so that another declaration there differs)."""
+    _registry.by_view.setdefault(view, []).append(policy)
     return policy
 
 
 def capacity(values: dict[str, Any]) -> int:
     """What a policy of these values allows at once: its limit, or a token bucket's burst under it."""
     return Policy(**{field: values[field] for field in RATE_FIELDS}).capacity()[0]
+
+
+def fixed_cost_problem(cost: Any) -> str | None:
+    """What is wrong with a fixed cost given in code (None when it is usable): a whole number of units
+    from 1 to MAX_COST, as the admin's action costs."""
+    if isinstance(cost, bool) or not isinstance(cost, int):
+        return f"{cost!r} is not a whole number of units"
+    if cost < 1:
+        return f"{cost} is less than 1 unit"
+    if cost > MAX_COST:
+        return f"{cost} is more than {MAX_COST} units"
+    return None
 
 
 def note_cost(action: str, cost: Any, declared: CodePolicy | None = None) -> None:
@@ -242,62 +283,105 @@ def _from_setting(entry: Any, origin: str) -> CodePolicy:
 
 
 def sync(policies: Sequence[CodePolicy] | None = None, *, using: str = "default") -> int:
-    """Create or update the rows of declared policies; returns how many rows were written.
+    """Create or update the rows of declared policies (all of them by default); returns how many rows
+    were written.
 
-    Written after `migrate`, at a process's first request and for a declaration first seen later:
-    never while the policy index loads. A database error is logged, not raised: requests go on
-    with the policies already loaded.
+    A row another worker wrote first is taken as it is (the insert skips it, nothing fails, nothing is
+    logged) and updated only if this process's code declares other values. A database error is logged,
+    not raised: the index enforces the declarations without their rows meanwhile.
     """
-    everything = policies is None
-    policies = declared_policies() if everything else list(policies)
+    policies = declared_policies() if policies is None else list(policies)
     try:
-        with transaction.atomic(using=using):
-            rows = {row.name: row for row in Policy.objects.using(using).filter(name__in=[p.name for p in policies])}
-            written = sum(_sync_row(policy, rows.get(policy.name), using) for policy in policies)
-            if written:
-                policies_changed(using)  # this process reloads now, the others once committed
+        written = _write(policies, using)
     except DatabaseError as error:
         logger.error("ratelimit: could not write the policies declared in code to the database: %s", error)
+        with _registry.lock:
+            _registry.pending = True  # tried again at the next load
         return 0
     with _registry.lock:
-        _registry.synced.update(p.name for p in policies if _registry.declared.get(p.name) is p)
-        if everything:
-            _registry.pending = False
+        _registry.written.update(p.name for p in policies if _registry.declared.get(p.name, p) is p)
+    if written:
+        _changed(using)  # this process reloads now, the others once committed
     return written
 
 
+def _write(policies: list[CodePolicy], using: str) -> int:
+    """Insert the missing rows, then update those whose code changed. Reads run outside any
+    transaction: on SQLite a transaction that read first cannot wait for another writer's lock."""
+    manager = Policy.objects.using(using)
+    names = [policy.name for policy in policies]
+    rows = {row.name: row for row in manager.filter(name__in=names)}
+    missing = [policy for policy in policies if policy.name not in rows]
+    if missing:
+        with transaction.atomic(using=using):
+            manager.bulk_create([_new_row(policy) for policy in missing], ignore_conflicts=True)
+        rows.update((row.name, row) for row in manager.filter(name__in=[policy.name for policy in missing]))
+    updated = sum(_update_row(policy, rows[policy.name], using) for policy in policies if policy.name in rows)
+    return len(missing) + updated
+
+
+def write_pending(using: str = "default") -> int:
+    """Write the rows of declarations not written yet; a flag test when there are none. Called before
+    the policy index loads, so that it reads them."""
+    if not _registry.pending:
+        return 0
+    with _registry.lock:
+        _registry.pending = False  # a declaration made during the write sets it again
+        written = set(_registry.written)
+    todo = [policy for policy in declared_policies() if policy.name not in written]
+    return sync(todo, using=using) if todo else 0
+
+
 def sync_pending(**kwargs: object) -> None:
-    """At a request's start: write the declarations not written yet (the first request of a process,
-    after a settings change); a flag test for every other request."""
-    if _registry.pending:
-        sync()
+    """At a request's start (a flag test after the first): at a process's first request, import the root
+    URLconf so that its views declare their policies before the policy index first loads, and write the
+    rows before the view runs (outside its transaction under ATOMIC_REQUESTS)."""
+    if _registry.first_request:
+        _registry.first_request = False
+        _import_urlconf()
+    write_pending()
+
+
+def _import_urlconf() -> None:
+    from django.urls import get_resolver
+
+    try:
+        get_resolver().url_patterns
+    except Exception:  # noqa: BLE001 - the request's own resolve raises it again, where Django reports it
+        logger.debug("ratelimit: the URLconf did not import before the first request", exc_info=True)
 
 
 def forget_synced() -> None:
-    """Write every declaration again at the next request (the settings that providers read changed,
-    or a test's database was rolled back)."""
+    """Write every declaration again before the next load (the settings that providers read changed, or a
+    test's database was rolled back)."""
     with _registry.lock:
-        _registry.synced.clear()
+        _registry.written.clear()
+        _registry.pending = True
+    _changed(None)
+
+
+def not_written(policies: Iterable[CodePolicy]) -> None:
+    """Declarations the index found no row for (a rolled-back transaction, a deleted row): written again
+    before the next load."""
+    with _registry.lock:
+        _registry.written.difference_update(policy.name for policy in policies)
         _registry.pending = True
 
 
-def is_synced(policy: CodePolicy) -> bool:
-    return policy.name in _registry.synced
+def unsaved_row(policy: CodePolicy) -> Policy:
+    """The row a declaration stands for while it has none in the database. Its id is negative (never a
+    row's) and the same in every process, so workers in that state still share their counters."""
+    digest = blake2b(policy.name.encode(), digest_size=6).digest()
+    return Policy(pk=-1 - int.from_bytes(digest, "big"), name=policy.name, source=Source.CODE, code_values=policy.values, **policy.values)
 
 
-def ensure_synced(policy: CodePolicy) -> None:
-    """Write a declaration first seen after the process started (a view module imported late); cheap after."""
-    if policy.name not in _registry.synced:
-        sync([policy])
+def _new_row(policy: CodePolicy) -> Policy:
+    # a computed limit is marked: this process may declare it only at the first request it limits
+    code_values = {**policy.values, COMPUTED: True} if policy.create_only else policy.values
+    return Policy(name=policy.name, source=Source.CODE, code_values=code_values, description=policy.description, **policy.values)
 
 
-def _sync_row(policy: CodePolicy, row: Policy | None, using: str) -> bool:
-    if row is None:
-        # a computed limit is marked: this process may declare it only at the first request it limits
-        code_values = {**policy.values, COMPUTED: True} if policy.create_only else policy.values
-        row = Policy(name=policy.name, source=Source.CODE, code_values=code_values, description=policy.description, **policy.values)
-        Policy.objects.using(using).bulk_create([row])
-        return True
+def _update_row(policy: CodePolicy, row: Policy, using: str) -> bool:
     if policy.create_only and row.source == Source.CODE:
         return False
     if row.source != Source.CODE:
@@ -317,7 +401,8 @@ def _sync_row(policy: CodePolicy, row: Policy | None, using: str) -> bool:
     except ValidationError as error:
         logger.error("ratelimit: the code's values for policy %r do not fit the admin's changes (%s); kept as it was.", policy.name, _messages(error))
         return False
-    Policy.objects.using(using).filter(pk=row.pk).update(code_values=policy.values, updated=timezone.now(), **merged)
+    with transaction.atomic(using=using):
+        Policy.objects.using(using).filter(pk=row.pk).update(code_values=policy.values, updated=timezone.now(), **merged)
     return True
 
 
@@ -382,26 +467,6 @@ def check_declared_policies(app_configs: object = None, **kwargs: object) -> lis
         Error(message, hint="Fix the entry in your settings. Where checks do not run (e.g. under gunicorn) it is skipped, with a logged error.", id="ratelimit_app.E010")
         for message in errors
     ]
-
-
-@register(Tags.database)
-def check_code_costs(app_configs: object = None, databases: Sequence[str] | None = None, **kwargs: object) -> list:
-    """A fixed cost in code above what an enforcing policy of its action allows at once never fits
-    (`manage.py check --database default`, and migrate, run it: it reads the policies)."""
-    if not databases:
-        return []
-    errors = []
-    for action, (cost, origin) in sorted(code_costs().items()):
-        for row in Policy.objects.using(databases[0]).filter(action=action, enabled=True, mode=Mode.ENFORCE):
-            allowed = row.capacity()[0]
-            if cost > allowed:
-                errors.append(Error(
-                    f"{origin}: a request of {action!r} costs {cost} units, more than policy {row.name!r} "
-                    f"allows at once ({allowed}): it could never be admitted.",
-                    hint="Lower the cost, or raise the policy's limit (or burst).",
-                    id="ratelimit_app.E018",
-                ))
-    return errors
 
 
 add_provider(settings_policies)

@@ -6,13 +6,19 @@ front, it makes the request's one call (see doors.py).
 
 from __future__ import annotations
 
+import logging
+from functools import lru_cache
+
 from rest_framework import status
 from rest_framework.exceptions import APIException
 from rest_framework.throttling import BaseThrottle
 
 from . import headers
 from .doors import finish, inner_door, let_go, policy_throttle_is_last
+from .registry import fixed_cost_problem
 from .responses import UNAVAILABLE_MESSAGE, UNAVAILABLE_RETRY_AFTER
+
+logger = logging.getLogger("ratelimit_app")
 
 
 class RateLimitUnavailable(APIException):
@@ -41,9 +47,31 @@ def _give_back_when_finalized(view, request) -> None:
 
 
 def view_cost(view, request):
-    """What a DRF view says a request costs: `get_throttle_cost(request)`, or `throttle_cost`; None: nothing."""
+    """What a DRF view says a request costs: `get_throttle_cost(request)`, or `throttle_cost`; None: nothing.
+
+    A `throttle_cost` that is not a whole number of at least 1 (check ratelimit_app.E018) is not used,
+    with a logged error: the request costs what it would without it, never a 500."""
     get_cost = getattr(view, "get_throttle_cost", None)
-    return get_cost(request) if get_cost is not None else getattr(view, "throttle_cost", None)
+    if get_cost is not None:
+        return get_cost(request)
+    cost = getattr(view, "throttle_cost", None)
+    if cost is None:
+        return None
+    problem = fixed_cost_problem(cost)
+    if problem is None:
+        return cost
+    _refuse_cost(type(view), repr(cost), problem)
+    return None
+
+
+@lru_cache(maxsize=256)
+def _refuse_cost(view_class: type, cost: str, problem: str) -> None:
+    """Said once per view and value, not on every request."""
+    logger.error(
+        "ratelimit: %s.%s.throttle_cost = %s is not used: %s; a cost is a whole number of units, at least 1 "
+        "(system check ratelimit_app.E018). Its requests cost 1 unit (or the admin's action cost) until it is fixed.",
+        view_class.__module__, view_class.__qualname__, cost, problem,
+    )
 
 
 class PolicyThrottle(BaseThrottle):

@@ -16,7 +16,7 @@ from ratelimit_app.decorators import ratelimit
 from ratelimit_app.models import Policy
 from ratelimit_app.policies import get_index
 from ratelimit_app.rates import format_rate, parse_rate
-from tests.helpers import declarations_forgotten
+from tests.helpers import count_round_trips, declarations_forgotten
 
 pytestmark = pytest.mark.django_db
 
@@ -26,8 +26,8 @@ LOGIN_POLICY = "tests-code-urls-login"
 
 @pytest.fixture(autouse=True)
 def forget_declarations():
-    """Declarations a test makes do not outlive it (the URLconf's stay: its module is imported once)."""
-    with declarations_forgotten(keep="tests.code_urls"):
+    """Declarations a test makes do not outlive it (the URLconfs' stay: each module is imported once)."""
+    with declarations_forgotten(keep="code_urls"):  # tests.code_urls, tests.faults.code_urls
         yield
 
 
@@ -136,16 +136,59 @@ def test_a_declared_policy_enforces_when_its_module_is_imported_after_the_polici
     assert [late(rf.get("/", REMOTE_ADDR="203.0.113.9")).status_code for _ in range(2)] == [200, 429]
 
 
-def test_stacked_declarations_on_one_view_get_different_names():
-    @ratelimit(rate="100/h", key="user_or_ip")
-    @ratelimit(rate="5/s", key="ip")
+def test_stacked_declarations_on_one_view_get_different_names_and_are_decided_in_one_call(rf):
+    from django.http import HttpResponse
+
+    @ratelimit(rate="3/m", key="user_or_ip")
+    @ratelimit(rate="2/m", key="ip")
     def view(request):
-        return None
+        return HttpResponse("ok")
 
     first, second = (registry.declared(name) for name in view._ratelimit_declared)
     assert first.name != second.name
-    assert first.values["action"] == second.values["action"]  # both decided together, in one call
     assert {first.values["key"], second.values["key"]} == {"ip", "user_or_ip"}
+    view(rf.get("/", REMOTE_ADDR="198.51.100.1"))  # the index loaded, the scripts in Redis
+    with count_round_trips() as trips:
+        answers = [view(rf.get("/", REMOTE_ADDR="203.0.113.9")) for _ in range(3)]
+    assert [answer.status_code for answer in answers] == [200, 200, 429]
+    assert answers[0]["RateLimit-Policy"].count(";q=") == 2  # both policies apply to the view
+    assert trips[0] == 3  # one call per request
+
+
+@pytest.mark.urls("tests.faults.code_urls")
+def test_one_view_routed_twice_with_two_rates_enforces_each_as_written(client):
+    """path("two/", ratelimit(rate="2/m")(shared)) and path("five/", ratelimit(rate="5/m")(shared))."""
+    assert [client.get("/two/").status_code for _ in range(6)] == [200] * 2 + [429] * 4
+    assert [client.get("/five/").status_code for _ in range(6)] == [200] * 5 + [429]
+    assert client.get("/two/")["RateLimit-Policy"].count(";q=") == 1  # the other route's policy is not here
+
+
+@pytest.mark.urls("tests.faults.code_urls")
+def test_named_declarations_on_one_view_apply_to_their_own_route_only(client):
+    assert [client.get("/named-two/").status_code for _ in range(3)] == [200, 200, 429]
+    assert [client.get("/named-five/").status_code for _ in range(6)] == [200] * 5 + [429]
+    assert client.get("/named-five/")["RateLimit-Policy"] == '"fault-named-five";q=5;w=60'
+
+
+def test_the_same_declaration_written_twice_on_a_view_is_one_policy(rf):
+    from django.http import HttpResponse
+
+    def view(request):
+        return HttpResponse("ok")
+
+    first, second = ratelimit(rate="2/m", key="ip")(view), ratelimit(rate="2/m", key="ip")(view)
+    assert first._ratelimit_declared == second._ratelimit_declared  # one count, as django-ratelimit's group
+    answers = [route(rf.get("/", REMOTE_ADDR="203.0.113.9")).status_code for route in (first, second, first)]
+    assert answers == [200, 200, 429]
+
+
+def test_one_name_declared_twice_with_different_rates_is_refused_naming_the_view():
+    def view(request):
+        return None
+
+    ratelimit(rate="2/m", key="ip", name="twice")(view)
+    with pytest.raises(ImproperlyConfigured, match=r"@ratelimit on .*view: the policy 'twice' is declared here twice"):
+        ratelimit(rate="5/m", key="ip", name="twice")(view)
 
 
 def test_the_operator_can_disable_a_declared_policy(client, settings):

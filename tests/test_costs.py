@@ -8,6 +8,7 @@ from functools import partial
 
 import pytest
 from django.contrib.auth.models import AnonymousUser
+from django.core.checks import run_checks
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
@@ -177,6 +178,32 @@ def test_a_fixed_cost_above_a_policy_of_its_action_fails_the_database_checks():
         call_command("check", databases=["default"])
     registry.note_cost("search", 2)  # the largest fixed cost is the one checked
     assert registry.code_costs()["search"][0] == 4
+
+
+@pytest.mark.parametrize("view, cost", [("Half", "2.5"), ("Free", "0"), ("Text", "'x'")])
+def test_a_drf_views_unusable_throttle_cost_fails_check_e018_naming_the_view(settings, view, cost):
+    settings.ROOT_URLCONF = "tests.bad_cost_urls"
+    messages = [m.msg for m in run_checks() if m.id == "ratelimit_app.E018"]
+    assert any(m.startswith(f"tests.bad_cost_urls.{view}.throttle_cost = {cost}: ") for m in messages), messages
+    assert not any("Fine" in m for m in messages)
+
+
+@pytest.mark.parametrize("path", ["/half/", "/free/", "/text/"])
+def test_a_drf_views_unusable_throttle_cost_is_never_a_500_nor_silently_one_unit(settings, client, caplog, path):
+    settings.ROOT_URLCONF = "tests.bad_cost_urls"
+    make(limit=2)
+    answers = [client.get(path).status_code for _ in range(3)]
+    assert answers == [200, 200, 429]  # counted, one unit each, as a view that gives no cost
+    refused = [r.getMessage() for r in caplog.records if r.levelname == "ERROR" and "throttle_cost" in r.getMessage()]
+    assert len(refused) == 1 and "is not used" in refused[0] and "ratelimit_app.E018" in refused[0]  # said once
+
+
+def test_a_fixed_drf_throttle_cost_above_a_policy_fails_the_database_checks(settings):
+    settings.ROOT_URLCONF = "tests.bad_cost_urls"
+    make(name="fine", action="fine", limit=1)  # Fine costs 2 units of 'fine', its throttle_scope
+    assert not [m for m in run_checks() if "'fine' costs" in m.msg]  # a row is read with --database only
+    messages = [m.msg for m in run_checks(databases=["default"]) if m.id == "ratelimit_app.E018"]
+    assert "tests.bad_cost_urls.Fine.throttle_cost: a request of 'fine' costs 2 units, more than policy 'fine' allows at once (1): it could never be admitted." in messages
 
 
 # --- the deny cache ---------------------------------------------------------------------------------

@@ -85,6 +85,13 @@ MALFORMED = [
     (json.dumps(with_override(kind="header", header="X Api Key", value="abc", network="")), "override 1: field 'header': 'X Api Key' is not an HTTP header name"),
     (json.dumps(with_override(kind="user", user="nobody", network="")), "override 1: no user 'nobody'"),
     (json.dumps(with_override(network="not-an-ip")), "override 1: field 'network'"),
+    (json.dumps(with_field(action="/api/\x00")), "policy 1 ('api'), field 'action': the text contains a NUL character"),
+    (json.dumps(with_field(name="a\x00pi")), "field 'name': the text contains a NUL character"),
+    (json.dumps(with_override(kind="user", user="no\x00body", network="")), "override 1, field 'user': the text contains a NUL character"),
+    (json.dumps(policy_file(GOOD, costs=[{"action": "se\x00arch", "cost": 2}])), "cost 1 ('se\\x00arch'), field 'action': the text contains a NUL"),
+    (json.dumps(with_field(limit=7)).replace('"limit": 7', '"limit": 1' + "0" * 4999), "policy 1 ('api'), field 'limit': a number of 5000 digits is out of range"),
+    (json.dumps(with_field(name=7)).replace('"name": 7', '"name": ' + "9" * 5000), "policy 1, field 'name': expected text, got a number of 5000 digits"),
+    (json.dumps(policy_file(GOOD, costs=[{"action": "search", "cost": 7}])).replace('"cost": 7', '"cost": -' + "9" * 6000), "cost 1 ('search'), field 'cost': a number of 6000 digits is out of range"),
     ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
     ('{"format": "ratelimit_app/1", "policies": [' + '{"a": ' * 100_000 + "1" + "}" * 100_000 + "]}", "nested too deeply"),
 ]

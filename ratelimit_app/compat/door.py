@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-from .. import limiter, policies, registry
+from .. import limiter, policies
 from ..doors import inner_door
 from ..limiter import state_of
 from ..overrides import matching_override
@@ -34,9 +34,7 @@ def decide(request, wants: Sequence[Want], *, now: float | None = None, dry_run:
     Through the request's one pipeline (limiter.decide): with the policies the middleware left to this
     door, the overrides, the deny cache, all-or-nothing. Raises engine.RedisUnavailable (recorded).
     """
-    for want in wants:
-        registry.ensure_synced(want.policy)  # a class or scope first seen now: its row, then a reload
-    index = policies.get_index()
+    index = policies.get_index()  # a class or scope first seen now was declared: the index holds it
     checks = [_check(index, request, want) for want in wants]
     asked = [check for check in checks if check is not None]
     if dry_run:
