@@ -5,8 +5,9 @@ README's quick start and the migration guides are pasted, code block by code blo
 Two virtualenvs: one from the built wheel without Django REST framework (the quick start, the
 django-ratelimit guide, and the middleware, decorator, admin and commands), one by the DRF guide's
 `pip install "...[drf,hiredis]"` from a copy of the source tree. Dependencies come from the index at
-the versions pinned in requirements.txt. RATELIMIT_PACKAGE_PYTHON names another interpreter for the
-virtualenvs (e.g. a python3.13).
+the versions pinned in requirements.txt, but Django and DRF, which are those of the environment running
+these tests: each session of `make test-matrix` (nox) proves the package on its own Django and Python.
+RATELIMIT_PACKAGE_PYTHON names another interpreter for the virtualenvs (e.g. a python3.13).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import tarfile
 import time
 import zipfile
+from importlib.metadata import version
 from pathlib import Path
 from typing import NamedTuple
 
@@ -137,12 +139,17 @@ def pip_install_of(guide: str, source: Path) -> list[str]:
     return [shlex.split(command)[0].replace("/path/to/ratelimit_app", str(source))]
 
 
+# The frameworks whose versions the matrix varies: a new project gets the ones these tests run on.
+FRAMEWORKS = ("Django", "djangorestframework")
+
+
 def pinned_constraints(directory: Path) -> Path:
-    """requirements.txt as a constraints file (pip refuses extras there: psycopg[binary] -> psycopg)."""
-    lines = []
+    """requirements.txt as a constraints file (pip refuses extras there: psycopg[binary] -> psycopg),
+    with this environment's Django and DRF."""
+    lines = [f"{name}=={version(name)}" for name in FRAMEWORKS]
     for line in (ROOT / "requirements.txt").read_text().splitlines():
         requirement = line.split("#")[0].strip()
-        if "==" in requirement and not requirement.startswith("-"):
+        if "==" in requirement and not requirement.startswith("-") and requirement.split("==")[0] not in FRAMEWORKS:
             lines.append(re.sub(r"\[.*?\]", "", requirement))
     path = directory / "constraints.txt"
     path.write_text("\n".join(lines) + "\n")
@@ -184,7 +191,12 @@ def source(workspace) -> Path:
 @pytest.fixture(scope="module")
 def dist(workspace, source) -> Path:
     """`python -m build`: the sdist and the wheel, into the workspace (never into the checkout)."""
-    run([sys.executable, "-m", "build", "--outdir", str(workspace / "dist"), str(source)], cwd=workspace)
+    # PYTHONDONTWRITEBYTECODE makes setuptools warn that it compiles nothing, which is not the package's doing
+    env = {name: value for name, value in clean_env().items() if name != "PYTHONDONTWRITEBYTECODE"}
+    done = subprocess.run([sys.executable, "-m", "build", "--outdir", str(workspace / "dist"), str(source)], cwd=workspace,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (workspace / "build.log").write_text(done.stdout + done.stderr)
     return workspace / "dist"
 
 
@@ -316,18 +328,27 @@ class Served:
         self.process.wait(timeout=10)
 
 
-def test_python_m_build_makes_an_sdist_and_a_wheel_that_twine_check_passes(dist):
+VERSION = "0.2.0"
+
+
+def test_python_m_build_makes_an_sdist_and_a_wheel_without_a_warning_that_twine_check_passes(dist, workspace):
     built = sorted(path.name for path in dist.iterdir())
-    assert built == ["ratelimit_app-0.1.0-py3-none-any.whl", "ratelimit_app-0.1.0.tar.gz"], built
-    run([sys.executable, "-m", "twine", "check", "--strict", *map(str, dist.iterdir())], cwd=dist)
-    with tarfile.open(dist / "ratelimit_app-0.1.0.tar.gz") as sdist:
-        assert "ratelimit_app-0.1.0/LICENSE" in sdist.getnames()
+    assert built == [f"ratelimit_app-{VERSION}-py3-none-any.whl", f"ratelimit_app-{VERSION}.tar.gz"], built
+    said = (workspace / "build.log").read_text()
+    warnings = [line for line in said.splitlines() if re.search(r"warn|would be ignored", line, re.I)]
+    assert not warnings, "\n".join(warnings)
+    checked = run([sys.executable, "-m", "twine", "check", "--strict", *map(str, dist.iterdir())], cwd=dist)
+    assert checked.count("PASSED") == 2 and "WARNING" not in checked, checked
+    with tarfile.open(dist / f"ratelimit_app-{VERSION}.tar.gz") as sdist:
+        assert f"ratelimit_app-{VERSION}/LICENSE" in sdist.getnames()
 
 
 def test_the_version_has_one_source():
     assert 'dynamic = ["version"]' in (ROOT / "pyproject.toml").read_text()
-    assert re.search(r'^__version__ = "0\.1\.0"', (ROOT / "ratelimit_app" / "__init__.py").read_text(), re.M)
-    assert "## [0.1.0]" in (ROOT / "CHANGELOG.md").read_text()
+    assert re.search(rf'^__version__ = "{re.escape(VERSION)}"', (ROOT / "ratelimit_app" / "__init__.py").read_text(), re.M)
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert re.search(rf"^## \[{re.escape(VERSION)}\] - \d{{4}}-\d{{2}}-\d{{2}}$", changelog, re.M)
+    assert f"ratelimit_app-{VERSION}-py3-none-any.whl" in (ROOT / "README.md").read_text()
 
 
 def test_the_wheel_holds_the_app_with_its_data_files_its_license_and_nothing_of_the_demo(wheel):
@@ -336,11 +357,29 @@ def test_the_wheel_holds_the_app_with_its_data_files_its_license_and_nothing_of_
     for needed in ("ratelimit_app/lua/decide.lua", "ratelimit_app/py.typed", "ratelimit_app/migrations/0001_initial.py",
                    "ratelimit_app/templates/admin/ratelimit_app/policy/live.html",
                    "ratelimit_app/management/commands/ratelimit_import.py",
-                   "ratelimit_app-0.1.0.dist-info/licenses/LICENSE"):
+                   f"ratelimit_app-{VERSION}.dist-info/licenses/LICENSE"):
         assert needed in names
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("/METADATA"))).decode()
     assert "Requires-Python: >=3.11" in metadata and "License-Expression: BSD-3-Clause" in metadata
     assert "Provides-Extra: drf" in metadata and "Provides-Extra: hiredis" in metadata
+
+
+# The support matrix as declared: each Django series with the oldest DRF release that supports it, on
+# the oldest Python that Django supports.
+SUPPORTED = {"5.2": ("3.16", "3.11"), "6.0": ("3.17", "3.12"), "6.1": ("3.18", "3.12")}
+
+
+@pytest.mark.parametrize("series", SUPPORTED)
+def test_pips_resolver_installs_the_wheel_with_each_supported_django_and_its_oldest_drf(wheel, tmp_path, series):
+    drf, python = SUPPORTED[series]
+    report = tmp_path / "report.json"
+    run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q", "--report", str(report),
+         "--python-version", python, "--only-binary=:all:", "--target", str(tmp_path / "target"),
+         f"{wheel}[drf,hiredis,prometheus]", f"Django=={series}.*", f"djangorestframework=={drf}.*"], cwd=tmp_path)
+    chosen = {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in json.loads(report.read_text())["install"]}
+    chosen = {name.replace("_", "-"): found for name, found in chosen.items()}
+    assert chosen["django"].startswith(f"{series}.") and chosen["djangorestframework"].startswith(f"{drf}.")
+    assert {"ratelimit-app", "django-redis", "redis", "hiredis", "prometheus-client"} <= set(chosen), chosen
 
 
 def test_the_readmes_quick_start_pasted_into_a_new_project_answers_429_with_the_headers(site_without_drf):
