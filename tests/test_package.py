@@ -369,12 +369,24 @@ def test_the_wheel_holds_the_app_with_its_data_files_its_license_and_nothing_of_
 SUPPORTED = {"5.2": ("3.16", "3.11"), "6.0": ("3.17", "3.12"), "6.1": ("3.18", "3.12")}
 
 
+def interpreter(version: str) -> str | None:
+    """A python`version` on PATH or among pyenv's versions (whose shims answer only for the one selected)."""
+    if sys.version_info[:2] == tuple(map(int, version.split("."))):
+        return sys.executable
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = sorted(pyenv.glob(f"{version}.*/bin/python{version}"))
+    return str(found[-1]) if found else shutil.which(f"python{version}")
+
+
 @pytest.mark.parametrize("series", SUPPORTED)
 def test_pips_resolver_installs_the_wheel_with_each_supported_django_and_its_oldest_drf(wheel, tmp_path, series):
-    drf, python = SUPPORTED[series]
+    drf, version = SUPPORTED[series]
+    python = interpreter(version)
+    if python is None:
+        pytest.skip(f"no python{version} here (pyenv install {version})")
     report = tmp_path / "report.json"
-    run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q", "--report", str(report),
-         "--python-version", python, "--only-binary=:all:", "--target", str(tmp_path / "target"),
+    # the interpreter's own pip: pip resolves requires-python against the Python it runs on
+    run([python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q", "--report", str(report),
          f"{wheel}[drf,hiredis,prometheus]", f"Django=={series}.*", f"djangorestframework=={drf}.*"], cwd=tmp_path)
     chosen = {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in json.loads(report.read_text())["install"]}
     chosen = {name.replace("_", "-"): found for name, found in chosen.items()}
@@ -491,3 +503,41 @@ print(json.dumps({"statuses": [a.status_code for a in answers], "policy": answer
     shown = re.search(r"^RateLimit-Policy: (.*)$", guide, re.M).group(1)
     assert found["policy"] == shown == '"rl-mysite-views-login-5-m-ip";q=5;w=60'
     assert found["body"] in guide
+
+
+def test_the_drf_walkthrough_limits_each_token_user_with_policy_throttle(site_with_drf):
+    site = another_project(site_with_drf, "drf-walkthrough")
+    guide = (DOCS / "howto" / "drf.md").read_text()
+    (settings,) = guide_blocks("drf.md", "settings.py")
+    append(site.directory / "mysite" / "settings.py", settings, PRIVATE_REDIS)
+    (views,) = guide_blocks("drf.md", "views.py")
+    (site.directory / "mysite" / "views.py").write_text(views)
+    (urls,) = guide_blocks("drf.md", "urls.py")
+    append(site.directory / "mysite" / "urls.py", urls)
+    migrate_and_check(site)
+    env = {**clean_env(), "DJANGO_SUPERUSER_PASSWORD": "a-long-password-1"}
+    tokens = {}
+    for user in ("alice", "bob"):  # the guide's commands, with the password from the environment
+        run([str(site.python), "manage.py", "createsuperuser", "--username", user, "--email", f"{user}@example.com",
+             "--noinput"], cwd=site.directory, env=env)
+        said = manage(site, "drf_create_token", user)
+        tokens[user] = re.search(r"\b([0-9a-f]{40})\b", said).group(1)
+    path = re.search(r"http://127\.0\.0\.1:8000(/\S+)", guide).group(1)
+    server = Served(site)
+    try:
+        url = f"http://127.0.0.1:{server.port}{path}"
+        alice = [fetch(url, Authorization=f"Token {tokens['alice']}") for _ in range(4)]
+        bob = fetch(url, Authorization=f"Token {tokens['bob']}")
+        anonymous = fetch(url)
+    finally:
+        server.stop()
+    assert [status for status, _headers in alice] == [200, 200, 200, 429]
+    assert bob[0] == 200 and anonymous[0] == 401  # counted per user: bob has his own three
+    status, headers = alice[3]
+    shown = re.search(r"^HTTP/1.1 429 Too Many Requests\n(.*?)\n\n", guide, re.M | re.S).group(1)
+    for line in shown.splitlines():
+        name, value = line.split(": ", 1)
+        if name == "Retry-After":
+            assert 0 < int(headers[name]) <= int(value)
+        else:
+            assert re.sub(r"t=\d+", "t=N", headers[name]) == re.sub(r"t=\d+", "t=N", value), (name, headers[name])
