@@ -369,6 +369,29 @@ def test_the_wheel_holds_the_app_with_its_data_files_its_license_and_nothing_of_
 SUPPORTED = {"5.2": ("3.16", "3.11"), "6.0": ("3.17", "3.12"), "6.1": ("3.18", "3.12")}
 
 
+def test_the_declared_support_is_the_tested_matrix():
+    """pyproject's classifiers and ranges, the README's Install line and noxfile.py's sessions agree."""
+    import importlib.util
+    import tomllib
+
+    spec = importlib.util.spec_from_file_location("noxfile", ROOT / "noxfile.py")
+    noxfile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noxfile)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    classified = {c.rpartition(" :: ")[2] for c in project["classifiers"] if c.startswith("Framework :: Django :: ")}
+    assert classified == set(noxfile.DJANGO) == set(SUPPORTED)
+    pythons = {c.rpartition(" :: ")[2] for c in project["classifiers"] if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)}
+    assert pythons == {"3.11"} | {python for python, _django in noxfile.MATRIX}  # 3.11 is `make test`
+    assert project["requires-python"] == f">={min(pythons, key=lambda v: tuple(map(int, v.split('.'))))}"
+    oldest_drf = min(SUPPORTED.values())[0]
+    assert f"djangorestframework>={oldest_drf}" in project["optional-dependencies"]["drf"]
+    for django, (drf, _python) in SUPPORTED.items():
+        assert noxfile.DJANGO[django][1].startswith(f"djangorestframework=={drf}.")
+    install = (ROOT / "README.md").read_text().split("## Install", 1)[1].split("```", 1)[0]
+    assert "Django 5.2" in install and "Django 6.0 or 6.1" in install and "Python 3.11 to 3.13" in install
+    assert all(f"{drf} " in install or f"{drf}," in install for drf, _python in SUPPORTED.values()), install
+
+
 def interpreter(version: str) -> str | None:
     """A python`version` on PATH or among pyenv's versions (whose shims answer only for the one selected)."""
     if sys.version_info[:2] == tuple(map(int, version.split("."))):
