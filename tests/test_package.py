@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import textwrap
 import time
 import zipfile
 from importlib.metadata import version
@@ -564,3 +565,34 @@ def test_the_drf_walkthrough_limits_each_token_user_with_policy_throttle(site_wi
             assert 0 < int(headers[name]) <= int(value)
         else:
             assert re.sub(r"t=\d+", "t=N", headers[name]) == re.sub(r"t=\d+", "t=N", value), (name, headers[name])
+
+
+def test_the_async_guide_serves_its_view_under_the_asgi_server_it_installs(site_without_drf):
+    site = with_quick_start_settings(another_project(site_without_drf, "async-guide"))
+    guide = (DOCS / "howto" / "async.md").read_text()
+    server_install = re.search(r"^pip install (\S+)", guide, re.M).group(1)
+    run([sys.executable, "-m", "pip", "--python", str(site.python), "install", "-q",
+         "-c", str(pinned_constraints(site.environment)), server_install], cwd=site.directory)
+    view = next(block for block in python_blocks(DOCS / "howto" / "async.md") if "async def" in block)
+    (site.directory / "mysite" / "views.py").write_text(textwrap.dedent(view))
+    append(site.directory / "mysite" / "urls.py", "from mysite.views import search", 'urlpatterns += [path("search/", search)]')
+    migrate_and_check(site)
+    command = shlex.split(re.search(r"^(uvicorn mysite\.asgi:application)$", guide, re.M).group(1))
+    port = free_port()
+    process = subprocess.Popen([str(site.environment / "bin" / command[0]), *command[1:], "--port", str(port)],
+                               cwd=site.directory, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                fetch(f"http://127.0.0.1:{port}/admin/login/")
+                break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, "uvicorn did not start"
+                time.sleep(0.2)
+        answers = [fetch(f"http://127.0.0.1:{port}/search/") for _ in range(11)]
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    assert [status for status, _headers in answers] == [200] * 10 + [429]
+    assert answers[10][1]["RateLimit-Policy"] == '"mysite-views-search";q=10;w=60'
