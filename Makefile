@@ -1,4 +1,5 @@
 # `make run`: the demo at http://127.0.0.1:8000/ (PORT=8001 for another port)   `make test`: the whole suite (docs build included)
+# `make test-matrix`: the suite on the other Djangos and Pythons (nox, noxfile.py), the exactness tests on Redis 6.2 and 8
 # `make docs`: the documentation in docs/_build/html (warnings are errors)   `make bench`: benchmarks
 # Each bootstraps .venv itself; without REDIS_URL a private Redis-compatible server is started and stopped.
 PYTHON ?= python3
@@ -7,7 +8,7 @@ BIN := $(VENV)/bin
 WITH_REDIS := $(BIN)/python -m project.devredis --
 PORT ?= 8000
 
-.PHONY: run test docs bench clean
+.PHONY: run test test-matrix test-newest docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +34,15 @@ test: $(VENV)/.dev
 	scripts/ensure-chromium
 	$(WITH_REDIS) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
+test-matrix: $(VENV)/.dev
+	scripts/ensure-chromium
+	$(BIN)/nox $(NOX_ARGS)
+
+# The newest combination only (Python 3.13, Django 6.1): what CI runs beside `make test`
+test-newest: $(VENV)/.dev
+	scripts/ensure-chromium
+	$(BIN)/nox -s "tests(3.13-django6.1)" $(NOX_ARGS)
+
 docs: $(VENV)/.dev
 	$(BIN)/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
 	@echo "The documentation is in docs/_build/html/index.html"
@@ -41,4 +51,4 @@ bench: $(VENV)/.bench
 	$(WITH_REDIS) $(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) var docs/_build
+	rm -rf $(VENV) .nox var docs/_build

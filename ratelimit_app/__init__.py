@@ -8,7 +8,7 @@ request worth N units (the admin's cost for the action wins) and return a Verdic
 
 from __future__ import annotations
 
-__version__ = "0.1.0"  # the one version source: pyproject.toml reads it
+__version__ = "0.2.0"  # the one version source: pyproject.toml reads it
 
 
 def __getattr__(name: str):

@@ -1,9 +1,13 @@
-"""The IETF RateLimit headers (draft-ietf-httpapi-ratelimit-headers, -08 and later) and Retry-After.
+"""The IETF RateLimit headers (draft-ietf-httpapi-ratelimit-headers-11) and Retry-After.
 
-    RateLimit-Policy: "search-per-ip";q=5;w=60, "api-per-user";q=1000;w=3600
-    RateLimit: "search-per-ip";r=2;t=41, "api-per-user";r=997;t=3412
+    RateLimit-Policy: "search-per-ip";q=5;w=60, "api-per-user";q=1000;w=3600, "report";q=2;qu="concurrent-requests"
+    RateLimit: "search-per-ip";r=2;t=41, "api-per-user";r=997;t=3412, "report";r=1;t=0
 
-One item per applicable enforced policy (shadow policies are not shown), keyed by the policy name as a Structured Field string.
+One item per applicable enforced policy (shadow policies are not shown), keyed by the policy name as a
+Structured Field string. Quota units are the draft's default, "requests" (a request of cost N counts N
+of them), except for a policy of requests in flight: "concurrent-requests", with no `w` (its window is
+a lease, not a period the quota is counted over). No `pk`: a partition key would tell every client how
+the server tells subjects apart (an address, a user id) for no decision the client could make with it.
 """
 
 from __future__ import annotations
@@ -39,12 +43,15 @@ def _quota(q: int, window: int, limit: int) -> str:
 
 
 @lru_cache(maxsize=1024)  # a few policies and limits, on every response
-def _policy_item(name: str, q: int, window: int, limit: int) -> str:
+def _policy_item(name: str, q: int, window: int, limit: int, in_flight: bool) -> str:
+    if in_flight:
+        return f'{_quoted(name)};q={q};qu="concurrent-requests"'
     return f"{_quoted(name)};{_quota(q, window, limit)}"
 
 
 def policy_header(decisions: Sequence[Decision]) -> str:
-    return ", ".join([_policy_item(d.policy.name, d.policy.capacity(d.limit), d.policy.window, d.limit) for d in decisions])
+    return ", ".join([_policy_item(d.policy.name, d.policy.capacity(d.limit), d.policy.window, d.limit, d.policy.holds)
+                      for d in decisions])
 
 
 def ratelimit_header(decisions: Sequence[Decision]) -> str:

@@ -19,6 +19,21 @@ from .doors import (
 
 
 class RateLimitMiddleware:
+    """Enforces the policies that match every request: by URL name, path prefix, `*` and method.
+
+    Add it to `MIDDLEWARE` right after `AuthenticationMiddleware`, so that policies counted per user
+    see the user (a system check says when it is not)::
+
+        MIDDLEWARE.insert(MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1,
+                          "ratelimit_app.middleware.RateLimitMiddleware")
+
+    A request over an enforced policy is answered 429 with `Retry-After`, before the view runs; every
+    response under an enforced policy carries the `RateLimit-Policy` and `RateLimit` headers. Places
+    of policies of requests in flight are given back when the response is done. With `@ratelimit` or
+    `PolicyThrottle` on the view as well, the request still makes one Redis call. It works under WSGI
+    and ASGI alike; under ASGI it runs on the event loop with redis-py's asyncio client.
+    """
+
     sync_capable = True
     async_capable = True
 

@@ -75,6 +75,20 @@ def _refuse_cost(view_class: type, cost: str, problem: str) -> None:
 
 
 class PolicyThrottle(BaseThrottle):
+    """A DRF throttle that enforces the policies written in the admin (or in code) on DRF views.
+
+    It matches the view's `throttle_scope`, the URL name, path prefixes and `*`, and runs after DRF's
+    authentication, so policies keyed by `user` or `user_or_ip` count token- and session-authenticated
+    users alike. Set it for every view, or per view in `throttle_classes`::
+
+        REST_FRAMEWORK = {"DEFAULT_THROTTLE_CLASSES": ["ratelimit_app.throttling.PolicyThrottle"]}
+
+    A refused request gets DRF's 429 with `Retry-After` (and the `RateLimit` headers when
+    `RateLimitMiddleware` is installed). A view's `throttle_cost = N` or `get_throttle_cost(request)`
+    makes a request count N units. With Redis unreachable and `RATELIMIT_FAIL_OPEN = False`, the
+    request is answered 503. Without DRF installed, importing this module fails; nothing else needs it.
+    """
+
     ratelimit_door = True  # tells the middleware that this throttle will see the request
 
     def allow_request(self, request, view) -> bool:

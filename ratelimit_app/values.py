@@ -73,6 +73,10 @@ class Check(NamedTuple):
 
 
 class Decision(NamedTuple):
+    """What one policy decided for one request: whether it let the request through, the units counted
+    against `limit` in the window, those `remaining`, and the seconds until the window empties
+    (`reset_in`) or, when over the limit, until the request's `cost` fits again (`retry_after`)."""
+
     policy: CompiledPolicy
     subject: Subject
     allowed: bool  # this policy lets the request through (a shadow policy always does)
@@ -100,6 +104,9 @@ class Held(NamedTuple):
 
 
 class Verdict(NamedTuple):
+    """The answer for one request: `allowed` when every enforced policy let it through, with each
+    policy's Decision. A refused request is counted by no policy."""
+
     allowed: bool
     decisions: tuple[Decision, ...]
     version: bytes | None  # the policy version token read in the same call (None when not read)

@@ -78,3 +78,18 @@ def test_contributing_says_when_the_private_servers_line_comes_and_quotes_it(tmp
     said = done.stdout.splitlines()[0]
     assert said.startswith("Started a private Redis-compatible server at redis://127.0.0.1:")
     assert "`Started a private Redis-compatible server at redis://127.0.0.1:PORT/0: BINARY (ORIGIN)`" in contributing
+
+
+@pytest.mark.slow
+def test_an_api_reference_entry_without_a_docstring_fails_the_build(tmp_path):
+    (tmp_path / "undocumented.py").write_text('class Documented:\n    """Says what it is."""\n\n\nclass Bare:\n    pass\n')
+    (tmp_path / "conf.py").write_text(
+        f"import sys\nsys.path[:0] = [{str(tmp_path)!r}, {str(DOCS / '_ext')!r}]\n"
+        "extensions = ['sphinx.ext.autodoc', 'no_empty_entries']\n"
+    )
+    (tmp_path / "index.rst").write_text("API\n===\n\n.. autoclass:: undocumented.Documented\n.. autoclass:: undocumented.Bare\n")
+    done = subprocess.run([sys.executable, "-m", "sphinx", "-W", "-q", "-b", "html", str(tmp_path), str(tmp_path / "html")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "undocumented.Bare has no docstring" in done.stderr and "Documented has no" not in done.stderr
+

@@ -5,8 +5,9 @@ README's quick start and the migration guides are pasted, code block by code blo
 Two virtualenvs: one from the built wheel without Django REST framework (the quick start, the
 django-ratelimit guide, and the middleware, decorator, admin and commands), one by the DRF guide's
 `pip install "...[drf,hiredis]"` from a copy of the source tree. Dependencies come from the index at
-the versions pinned in requirements.txt. RATELIMIT_PACKAGE_PYTHON names another interpreter for the
-virtualenvs (e.g. a python3.13).
+the versions pinned in requirements.txt, but Django and DRF, which are those of the environment running
+these tests: each session of `make test-matrix` (nox) proves the package on its own Django and Python.
+RATELIMIT_PACKAGE_PYTHON names another interpreter for the virtualenvs (e.g. a python3.13).
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import textwrap
 import time
 import zipfile
+from importlib.metadata import version
 from pathlib import Path
 from typing import NamedTuple
 
@@ -137,12 +140,17 @@ def pip_install_of(guide: str, source: Path) -> list[str]:
     return [shlex.split(command)[0].replace("/path/to/ratelimit_app", str(source))]
 
 
+# The frameworks whose versions the matrix varies: a new project gets the ones these tests run on.
+FRAMEWORKS = ("Django", "djangorestframework")
+
+
 def pinned_constraints(directory: Path) -> Path:
-    """requirements.txt as a constraints file (pip refuses extras there: psycopg[binary] -> psycopg)."""
-    lines = []
+    """requirements.txt as a constraints file (pip refuses extras there: psycopg[binary] -> psycopg),
+    with this environment's Django and DRF."""
+    lines = [f"{name}=={version(name)}" for name in FRAMEWORKS]
     for line in (ROOT / "requirements.txt").read_text().splitlines():
         requirement = line.split("#")[0].strip()
-        if "==" in requirement and not requirement.startswith("-"):
+        if "==" in requirement and not requirement.startswith("-") and requirement.split("==")[0] not in FRAMEWORKS:
             lines.append(re.sub(r"\[.*?\]", "", requirement))
     path = directory / "constraints.txt"
     path.write_text("\n".join(lines) + "\n")
@@ -184,7 +192,12 @@ def source(workspace) -> Path:
 @pytest.fixture(scope="module")
 def dist(workspace, source) -> Path:
     """`python -m build`: the sdist and the wheel, into the workspace (never into the checkout)."""
-    run([sys.executable, "-m", "build", "--outdir", str(workspace / "dist"), str(source)], cwd=workspace)
+    # PYTHONDONTWRITEBYTECODE makes setuptools warn that it compiles nothing, which is not the package's doing
+    env = {name: value for name, value in clean_env().items() if name != "PYTHONDONTWRITEBYTECODE"}
+    done = subprocess.run([sys.executable, "-m", "build", "--outdir", str(workspace / "dist"), str(source)], cwd=workspace,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (workspace / "build.log").write_text(done.stdout + done.stderr)
     return workspace / "dist"
 
 
@@ -316,18 +329,27 @@ class Served:
         self.process.wait(timeout=10)
 
 
-def test_python_m_build_makes_an_sdist_and_a_wheel_that_twine_check_passes(dist):
+VERSION = "0.2.0"
+
+
+def test_python_m_build_makes_an_sdist_and_a_wheel_without_a_warning_that_twine_check_passes(dist, workspace):
     built = sorted(path.name for path in dist.iterdir())
-    assert built == ["ratelimit_app-0.1.0-py3-none-any.whl", "ratelimit_app-0.1.0.tar.gz"], built
-    run([sys.executable, "-m", "twine", "check", "--strict", *map(str, dist.iterdir())], cwd=dist)
-    with tarfile.open(dist / "ratelimit_app-0.1.0.tar.gz") as sdist:
-        assert "ratelimit_app-0.1.0/LICENSE" in sdist.getnames()
+    assert built == [f"ratelimit_app-{VERSION}-py3-none-any.whl", f"ratelimit_app-{VERSION}.tar.gz"], built
+    said = (workspace / "build.log").read_text()
+    warnings = [line for line in said.splitlines() if re.search(r"warn|would be ignored", line, re.I)]
+    assert not warnings, "\n".join(warnings)
+    checked = run([sys.executable, "-m", "twine", "check", "--strict", *map(str, dist.iterdir())], cwd=dist)
+    assert checked.count("PASSED") == 2 and "WARNING" not in checked, checked
+    with tarfile.open(dist / f"ratelimit_app-{VERSION}.tar.gz") as sdist:
+        assert f"ratelimit_app-{VERSION}/LICENSE" in sdist.getnames()
 
 
 def test_the_version_has_one_source():
     assert 'dynamic = ["version"]' in (ROOT / "pyproject.toml").read_text()
-    assert re.search(r'^__version__ = "0\.1\.0"', (ROOT / "ratelimit_app" / "__init__.py").read_text(), re.M)
-    assert "## [0.1.0]" in (ROOT / "CHANGELOG.md").read_text()
+    assert re.search(rf'^__version__ = "{re.escape(VERSION)}"', (ROOT / "ratelimit_app" / "__init__.py").read_text(), re.M)
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert re.search(rf"^## \[{re.escape(VERSION)}\] - \d{{4}}-\d{{2}}-\d{{2}}$", changelog, re.M)
+    assert f"ratelimit_app-{VERSION}-py3-none-any.whl" in (ROOT / "README.md").read_text()
 
 
 def test_the_wheel_holds_the_app_with_its_data_files_its_license_and_nothing_of_the_demo(wheel):
@@ -336,11 +358,64 @@ def test_the_wheel_holds_the_app_with_its_data_files_its_license_and_nothing_of_
     for needed in ("ratelimit_app/lua/decide.lua", "ratelimit_app/py.typed", "ratelimit_app/migrations/0001_initial.py",
                    "ratelimit_app/templates/admin/ratelimit_app/policy/live.html",
                    "ratelimit_app/management/commands/ratelimit_import.py",
-                   "ratelimit_app-0.1.0.dist-info/licenses/LICENSE"):
+                   f"ratelimit_app-{VERSION}.dist-info/licenses/LICENSE"):
         assert needed in names
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("/METADATA"))).decode()
     assert "Requires-Python: >=3.11" in metadata and "License-Expression: BSD-3-Clause" in metadata
     assert "Provides-Extra: drf" in metadata and "Provides-Extra: hiredis" in metadata
+
+
+# The support matrix as declared: each Django series with the oldest DRF release that supports it, on
+# the oldest Python that Django supports.
+SUPPORTED = {"5.2": ("3.16", "3.11"), "6.0": ("3.17", "3.12"), "6.1": ("3.18", "3.12")}
+
+
+def test_the_declared_support_is_the_tested_matrix():
+    """pyproject's classifiers and ranges, the README's Install line and noxfile.py's sessions agree."""
+    import importlib.util
+    import tomllib
+
+    spec = importlib.util.spec_from_file_location("noxfile", ROOT / "noxfile.py")
+    noxfile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noxfile)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    classified = {c.rpartition(" :: ")[2] for c in project["classifiers"] if c.startswith("Framework :: Django :: ")}
+    assert classified == set(noxfile.DJANGO) == set(SUPPORTED)
+    pythons = {c.rpartition(" :: ")[2] for c in project["classifiers"] if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)}
+    assert pythons == {"3.11"} | {python for python, _django in noxfile.MATRIX}  # 3.11 is `make test`
+    assert project["requires-python"] == f">={min(pythons, key=lambda v: tuple(map(int, v.split('.'))))}"
+    oldest_drf = min(SUPPORTED.values())[0]
+    assert f"djangorestframework>={oldest_drf}" in project["optional-dependencies"]["drf"]
+    for django, (drf, _python) in SUPPORTED.items():
+        assert noxfile.DJANGO[django][1].startswith(f"djangorestframework=={drf}.")
+    install = (ROOT / "README.md").read_text().split("## Install", 1)[1].split("```", 1)[0]
+    assert "Django 5.2" in install and "Django 6.0 or 6.1" in install and "Python 3.11 to 3.13" in install
+    assert all(f"{drf} " in install or f"{drf}," in install for drf, _python in SUPPORTED.values()), install
+
+
+def interpreter(version: str) -> str | None:
+    """A python`version` on PATH or among pyenv's versions (whose shims answer only for the one selected)."""
+    if sys.version_info[:2] == tuple(map(int, version.split("."))):
+        return sys.executable
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = sorted(pyenv.glob(f"{version}.*/bin/python{version}"))
+    return str(found[-1]) if found else shutil.which(f"python{version}")
+
+
+@pytest.mark.parametrize("series", SUPPORTED)
+def test_pips_resolver_installs_the_wheel_with_each_supported_django_and_its_oldest_drf(wheel, tmp_path, series):
+    drf, version = SUPPORTED[series]
+    python = interpreter(version)
+    if python is None:
+        pytest.skip(f"no python{version} here (pyenv install {version})")
+    report = tmp_path / "report.json"
+    # the interpreter's own pip: pip resolves requires-python against the Python it runs on
+    run([python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q", "--report", str(report),
+         f"{wheel}[drf,hiredis,prometheus]", f"Django=={series}.*", f"djangorestframework=={drf}.*"], cwd=tmp_path)
+    chosen = {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in json.loads(report.read_text())["install"]}
+    chosen = {name.replace("_", "-"): found for name, found in chosen.items()}
+    assert chosen["django"].startswith(f"{series}.") and chosen["djangorestframework"].startswith(f"{drf}.")
+    assert {"ratelimit-app", "django-redis", "redis", "hiredis", "prometheus-client"} <= set(chosen), chosen
 
 
 def test_the_readmes_quick_start_pasted_into_a_new_project_answers_429_with_the_headers(site_without_drf):
@@ -452,3 +527,72 @@ print(json.dumps({"statuses": [a.status_code for a in answers], "policy": answer
     shown = re.search(r"^RateLimit-Policy: (.*)$", guide, re.M).group(1)
     assert found["policy"] == shown == '"rl-mysite-views-login-5-m-ip";q=5;w=60'
     assert found["body"] in guide
+
+
+def test_the_drf_walkthrough_limits_each_token_user_with_policy_throttle(site_with_drf):
+    site = another_project(site_with_drf, "drf-walkthrough")
+    guide = (DOCS / "howto" / "drf.md").read_text()
+    (settings,) = guide_blocks("drf.md", "settings.py")
+    append(site.directory / "mysite" / "settings.py", settings, PRIVATE_REDIS)
+    (views,) = guide_blocks("drf.md", "views.py")
+    (site.directory / "mysite" / "views.py").write_text(views)
+    (urls,) = guide_blocks("drf.md", "urls.py")
+    append(site.directory / "mysite" / "urls.py", urls)
+    migrate_and_check(site)
+    env = {**clean_env(), "DJANGO_SUPERUSER_PASSWORD": "a-long-password-1"}
+    tokens = {}
+    for user in ("alice", "bob"):  # the guide's commands, with the password from the environment
+        run([str(site.python), "manage.py", "createsuperuser", "--username", user, "--email", f"{user}@example.com",
+             "--noinput"], cwd=site.directory, env=env)
+        said = manage(site, "drf_create_token", user)
+        tokens[user] = re.search(r"\b([0-9a-f]{40})\b", said).group(1)
+    path = re.search(r"http://127\.0\.0\.1:8000(/\S+)", guide).group(1)
+    server = Served(site)
+    try:
+        url = f"http://127.0.0.1:{server.port}{path}"
+        alice = [fetch(url, Authorization=f"Token {tokens['alice']}") for _ in range(4)]
+        bob = fetch(url, Authorization=f"Token {tokens['bob']}")
+        anonymous = fetch(url)
+    finally:
+        server.stop()
+    assert [status for status, _headers in alice] == [200, 200, 200, 429]
+    assert bob[0] == 200 and anonymous[0] == 401  # counted per user: bob has his own three
+    status, headers = alice[3]
+    shown = re.search(r"^HTTP/1.1 429 Too Many Requests\n(.*?)\n\n", guide, re.M | re.S).group(1)
+    for line in shown.splitlines():
+        name, value = line.split(": ", 1)
+        if name == "Retry-After":
+            assert 0 < int(headers[name]) <= int(value)
+        else:
+            assert re.sub(r"t=\d+", "t=N", headers[name]) == re.sub(r"t=\d+", "t=N", value), (name, headers[name])
+
+
+def test_the_async_guide_serves_its_view_under_the_asgi_server_it_installs(site_without_drf):
+    site = with_quick_start_settings(another_project(site_without_drf, "async-guide"))
+    guide = (DOCS / "howto" / "async.md").read_text()
+    server_install = re.search(r"^pip install (\S+)", guide, re.M).group(1)
+    run([sys.executable, "-m", "pip", "--python", str(site.python), "install", "-q",
+         "-c", str(pinned_constraints(site.environment)), server_install], cwd=site.directory)
+    view = next(block for block in python_blocks(DOCS / "howto" / "async.md") if "async def" in block)
+    (site.directory / "mysite" / "views.py").write_text(textwrap.dedent(view))
+    append(site.directory / "mysite" / "urls.py", "from mysite.views import search", 'urlpatterns += [path("search/", search)]')
+    migrate_and_check(site)
+    command = shlex.split(re.search(r"^(uvicorn mysite\.asgi:application)$", guide, re.M).group(1))
+    port = free_port()
+    process = subprocess.Popen([str(site.environment / "bin" / command[0]), *command[1:], "--port", str(port)],
+                               cwd=site.directory, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                fetch(f"http://127.0.0.1:{port}/admin/login/")
+                break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, "uvicorn did not start"
+                time.sleep(0.2)
+        answers = [fetch(f"http://127.0.0.1:{port}/search/") for _ in range(11)]
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    assert [status for status, _headers in answers] == [200] * 10 + [429]
+    assert answers[10][1]["RateLimit-Policy"] == '"mysite-views-search";q=10;w=60'
