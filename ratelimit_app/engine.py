@@ -99,7 +99,7 @@ def _script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[lis
     never on a cluster, where the version lives in another slot)."""
     key_prefix = keys.prefix()
     script_keys: list[str] = []
-    args = [("d" if call.dry_run else "") + now_arg(call.now), str(call.cost), call.lease]
+    args = [("d" if call.dry_run else "") + now_arg(call.now), str(_sent_cost(checks, call.cost)), call.lease]
     # the shards share the bound of a policy's index (on one shard: the setting itself)
     shard_count = keys.shards()  # part of the keys: a changed setting makes new parts
     index_size = -(-get_setting("RATELIMIT_LIVE_INDEX_SIZE") // shard_count)
@@ -112,6 +112,15 @@ def _script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[lis
     if version:
         script_keys.append(keys.version_key(key_prefix))
     return script_keys, args
+
+
+def _sent_cost(checks: Sequence[Check], cost: int) -> int:
+    """The cost as the script is asked to take it: a cost above every policy's capacity is refused by
+    each of them whatever its size, so it is sent as one more than the largest capacity, which keeps
+    the script's work and arithmetic bounded by the policies' own figures (the verdict keeps the real cost)."""
+    if cost == 1:
+        return 1
+    return min(cost, max(check.policy.capacity(check.limit) for check in checks) + 1)
 
 
 MAX_PARTS = 4096  # (subject, limit, plan) whose script parts a policy keeps

@@ -39,16 +39,16 @@ do
     -- unit has left the window, and the same before this request (nil: none was counted)
     take = function(key, now, window, bucket, limit, now_us, totals_bucket, cost)
       local period, reset = period_reset(now, window)
+      if cost > limit then -- never fits: looked at, never counted (the arithmetic stays within the limit's range)
+        local count = strategies.fixed_window.peek(key, now, window, bucket, limit)
+        return count, reset, period, nil, false, reset
+      end
       local stored = redis.call('INCRBY', key, units(cost, 1))
       local count = math.floor(stored / PACK)
       if count == cost or stored % PACK ~= period % PACK then
         -- the window's first request (the key was empty, or left from an earlier window). A second of
         -- slack on the expiry: the value carries its window number, so keeping it a little longer
         -- never counts a request twice, and a caller's `now` a little off the server's loses nothing
-        if cost > limit then -- never fits: the window stays empty
-          redis.call('DEL', key)
-          return 0, reset, period, nil, false, reset
-        end
         redis.call('SET', key, string.format('%.0f', cost * PACK + period % PACK), 'PX', reset + 1000)
         return 0, 0, period, nil, true, reset
       end

@@ -6,6 +6,22 @@
 -- Exact; only admitted requests are added, so it holds at most `limit` members in the window, plus
 -- those that left it during one totals bucket (see take).
 -- Times are integer milliseconds.
+do
+-- A request of many units is added CHUNK members a command: one command's arguments stay well
+-- within what Lua can unpack, whatever the cost.
+local CHUNK = 256
+
+local function add(key, now, recent, cost)
+  for first = 0, cost - 1, CHUNK do
+    local added = {}
+    for i = first, math.min(first + CHUNK, cost) - 1 do
+      added[#added + 1] = now
+      added[#added + 1] = now .. ':' .. (recent + i)
+    end
+    redis.call('ZADD', key, unpack(added))
+  end
+end
+
 strategies.sliding_log = {
   peek = function(key, now, window, bucket, limit, now_us, cost)
     local count = redis.call('ZCOUNT', key, '(' .. (now - window), '+inf')
@@ -42,16 +58,21 @@ strategies.sliding_log = {
       -- whole buckets only (the window is a number of them), which keeps the members unique
       redis.call('ZREMRANGEBYSCORE', key, '-inf', since - window)
     end
-    local members, added = {}, {}
-    for i = 0, cost - 1 do
-      members[i + 1] = now .. ':' .. (recent + i)
-      added[2 * i + 1], added[2 * i + 2] = now, members[i + 1]
+    if cost == 1 then
+      redis.call('ZADD', key, now, now .. ':' .. recent)
+    else
+      add(key, now, recent, cost)
     end
-    redis.call('ZADD', key, unpack(added))
     if recent == 0 then redis.call('PEXPIRE', key, b * totals_bucket + window - now) end -- after ZADD made the key
-    return count, 0, members, nil, true, window, before
+    return count, 0, recent, nil, true, window, before
   end,
-  undo = function(key, now, members)
-    redis.call('ZREM', key, unpack(members))
+  -- the members take wrote are named by their time and numbers: `recent` is the first number
+  undo = function(key, now, recent, cost)
+    for first = 0, cost - 1, CHUNK do
+      local names = {}
+      for i = first, math.min(first + CHUNK, cost) - 1 do names[#names + 1] = now .. ':' .. (recent + i) end
+      redis.call('ZREM', key, unpack(names))
+    end
   end,
 }
+end
