@@ -15,6 +15,7 @@ import logging
 import multiprocessing.util
 import os
 import threading
+import time
 from collections import Counter
 from typing import TYPE_CHECKING, Iterable
 
@@ -24,7 +25,7 @@ from redis.exceptions import RedisClusterException
 
 from . import keys
 from .connection import client, is_cluster
-from .scripts import run_each, scripts
+from .scripts import HEARTBEAT_EVERY, heartbeat, run_each, scripts
 
 if TYPE_CHECKING:
     from .values import CompiledPolicy
@@ -41,6 +42,7 @@ class Tally:
         self._lock = threading.Lock()
         self._flushing = threading.Lock()  # a reader's flush waits for the one under way, then sees its counts
         self._flusher: threading.Timer | None = None
+        self._heartbeat_due = 0.0  # monotonic time of the next word that this worker runs its library
 
     def add(self, counts: Iterable[tuple[CompiledPolicy, int, str, int]]) -> None:
         """One more request for each (policy, shard, series, totals bucket number or NOW)."""
@@ -76,6 +78,7 @@ class Tally:
         except (redis.RedisError, RedisClusterException) as error:
             self._put_back(pending, error)
             return
+        self._heartbeat()
         for server, shards in servers:
             try:
                 _reachable(server)
@@ -88,6 +91,17 @@ class Tally:
                 # Sent: the server may have run the script and only its answer is lost (a timeout).
                 # Never sent again: a few counts missing from a monitoring total beat counting them twice.
                 logger.warning("ratelimit: counts for the policies' totals may not have reached Redis: %s", error)
+
+    def _heartbeat(self) -> None:
+        """Every HEARTBEAT_EVERY seconds of use, say that this worker runs its library (so that a prune
+        keeps it): from the flusher's thread, never on a request's way."""
+        if time.monotonic() < self._heartbeat_due:
+            return
+        self._heartbeat_due = time.monotonic() + HEARTBEAT_EVERY
+        try:
+            heartbeat(client())
+        except (redis.RedisError, RedisClusterException) as error:
+            logger.warning("ratelimit: could not say which library this worker runs: %s", error)
 
     def _put_back(self, counts: Counter, error: BaseException) -> None:
         logger.warning("ratelimit: counts for the policies' totals could not reach Redis yet: %s", error)
@@ -103,6 +117,7 @@ class Tally:
     def _forked(self) -> None:
         # a forked child has no flusher thread and must not add its parent's counts a second time
         self._pending, self._lock, self._flushing, self._flusher = Counter(), threading.Lock(), threading.Lock(), None
+        self._heartbeat_due = 0.0
 
     def _multiprocessing_child(self) -> None:
         # a multiprocessing child ends with os._exit, past atexit: its own exit hook flushes
