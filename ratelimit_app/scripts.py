@@ -1,5 +1,5 @@
-"""The Lua scripts, read from lua/*.lua and assembled once: the shared pieces (series.lua,
-activity.lua, terms.lua), one file per strategy, then an entry point (decide.lua, live.lua, totals.lua ...).
+"""The Lua scripts, read from lua/*.lua and assembled once: the shared pieces (clock.lua, series.lua,
+activity.lua, contract.lua), one file per strategy, then an entry point (decide.lua, live.lua, totals.lua ...).
 
 Where the server has Redis Functions (Redis >= 7, Valkey) the pieces form one library, loaded with
 FUNCTION LOAD and called with FCALL: the shared tables and the strategies are then built once per
@@ -24,7 +24,7 @@ from .strategies import STRATEGIES
 from .connection import is_cluster
 from .decision_connection import execute
 
-LIBRARY_FILES = ("series.lua", "activity.lua", "terms.lua")
+LIBRARY_FILES = ("clock.lua", "series.lua", "activity.lua", "contract.lua")
 STRATEGY_FILES = tuple(strategy.lua for strategy in STRATEGIES.values())
 ENTRY_POINTS = ("decide", "live", "totals", "trend", "tally", "release")
 _NAME = "@NAME@"  # stands for the library's name until the source is hashed

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from ratelimit_app.tally import tally
 from ratelimit_app import engine
 from ratelimit_app.rates import MAX_WINDOW
 from tests.helpers import check, count_round_trips, in_processes, policy, server_commands_per_call
@@ -264,8 +265,10 @@ def test_the_live_index_and_totals_outlive_every_counter_they_describe(redis_cli
     for n in range(17):  # new subjects, then counts of 2, 4, 8, 16: index rewrites
         engine.decide([check(limited, "ip:198.51.100.1")])  # on the server's clock, as expiries are
         if n == 3:
+            tally.flush()  # the worker writes the index
             redis_client.delete(*redis_client.keys("rl:live:*"))  # an operator's reset meanwhile
     engine.decide([check(limited, "ip:198.51.100.2")])
+    tally.flush()
     counters = [redis_client.pttl(key) for key in redis_client.keys("rl:{*")]
     [live] = redis_client.keys("rl:live:*")
     [totals] = redis_client.keys("rl:totals:*")

@@ -68,8 +68,8 @@ def export(request):
 
 
 def test_the_decorators_unbounded_cost_is_refused_and_hit_counts_what_fits():
-    make_policy(name="export", action="export", limit=50_000, window=3600, strategy="sliding_log")
+    make_policy(name="export", action="export", limit=8_000, window=3600, strategy="sliding_log")
     assert export(request()).status_code == 429
-    assert ratelimit_app.hit(request(), "export", cost=50_000).allowed
-    assert ratelimit_app.check(request(), "export").decisions[0].count == 50_000
+    assert ratelimit_app.hit(request(), "export", cost=8_000).allowed
+    assert ratelimit_app.check(request(), "export").decisions[0].count == 8_000
     assert not ratelimit_app.hit(request(), "export", cost=1).allowed
