@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import redis
 
 from project.devredis import PrivateRedis
 from ratelimit_app import connection, engine, keys
@@ -38,11 +39,11 @@ def vm_memory(functions: bool) -> int:
     return memory["used_memory_vm_functions"] if functions else memory["used_memory_lua"]
 
 
-def decide_fresh_subjects(limited, first: int, count: int, functions: bool) -> None:
+def decide_fresh_subjects(url: str, limited, first: int, count: int, functions: bool) -> None:
     """One decision for each of `count` subjects never seen before, sent in pipelines (the scripts
     run as they do for requests; only the round trips are spared)."""
-    client = connection.client()
-    decide = scripts.get("decide", client)
+    client = redis.Redis.from_url(url, socket_timeout=60)  # a pipeline of 1,000 calls may take a while
+    decide = scripts.get("decide", connection.client())
     for start in range(first, first + count, 1000):
         with client.pipeline(transaction=False) as pipe:
             for n in range(start, min(start + 1000, first + count)):
@@ -61,10 +62,10 @@ def test_the_scripts_memory_stays_flat_over_40000_fresh_subjects(server, setting
     settings.RATELIMIT_REDIS_FUNCTIONS = "auto" if functions else False
     limited = policy(strategy=strategy, limit=1, **SHAPES[strategy])
     assert engine.decide([check(limited, "user:warm-up")]).allowed  # loads the code
-    decide_fresh_subjects(limited, 0, 2_000, functions)  # and lets the VM settle
+    decide_fresh_subjects(server.url, limited, 0, 2_000, functions)  # and lets the VM settle
     before = vm_memory(functions)
-    decide_fresh_subjects(limited, 2_000, 40_000, functions)
-    decide_fresh_subjects(limited, 2_000, 1_000, functions)  # refused: the subjects are at their limit
+    decide_fresh_subjects(server.url, limited, 2_000, 40_000, functions)
+    decide_fresh_subjects(server.url, limited, 2_000, 1_000, functions)  # refused: the subjects are at their limit
     assert vm_memory(functions) - before <= VM_GROWTH
 
 
