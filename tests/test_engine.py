@@ -321,17 +321,32 @@ def test_a_repeat_decision_runs_few_commands_and_leaves_the_live_index_alone(red
     assert calls == {name: 10 * count for name, count in budget.items()}
 
 
-@pytest.mark.parametrize("strategy", ["fixed_window", "token_bucket"])
-def test_a_refused_repeat_decision_runs_at_most_three_commands(redis_client, strategy):
-    """Without the deny cache every refusal reaches Redis: for a subject refused before, the call, TIME
-    and one read of its counter, nothing written (the refusal reaches the totals through the worker)."""
+@pytest.mark.parametrize("strategy, commands", [("fixed_window", 2), ("token_bucket", 3)])
+def test_a_refused_repeat_decision_runs_the_call_and_one_read(redis_client, strategy, commands):
+    """Without the deny cache every refusal reaches Redis: for a subject refused before, the call and
+    one read of its counter (a token bucket's needs TIME too), nothing written (the refusal reaches
+    the totals through the worker)."""
     limited = policy(strategy=strategy, limit=1, window=MAX_WINDOW)  # no window ends during the test
     assert [engine.decide([check(limited)]).allowed for _ in range(2)] == [True, False]
 
     def refused():
         assert not engine.decide([check(limited)]).allowed
 
-    assert server_commands_per_call(redis_client, refused) <= 3
+    assert server_commands_per_call(redis_client, refused) == commands
+
+
+def test_a_fixed_windows_repeat_decision_on_the_servers_clock_is_the_call_and_one_incrby(redis_client):
+    """Its counter was written with its window's end: one that exists is the current window's, so
+    neither TIME nor any other command is needed (as `limits` does it: EVALSHA and INCR)."""
+    limited = policy(limit=1000, window=MAX_WINDOW)
+    engine.decide([check(limited)])
+
+    def repeat():
+        assert engine.decide([check(limited)]).allowed
+
+    assert server_commands_per_call(redis_client, repeat) == 2
+    stats = redis_client.info("commandstats")
+    assert {name for name in stats if not name.startswith(("cmdstat_config", "cmdstat_info"))} == {"cmdstat_fcall", "cmdstat_incrby"}
 
 
 def test_a_one_second_sliding_window_slides_in_tenths(redis_client):
