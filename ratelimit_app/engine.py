@@ -236,7 +236,12 @@ def _verdict(checks: Sequence[Check], reply: list, call: Ask) -> Verdict:
     admitted, refused, seen = [], [], []
     denied = False
     for i, (policy, subject, limit, plan) in enumerate(checks):
-        exceeded, count, reset_ms, retry_ms, before_ms = reply[1 + 5 * i : 6 + 5 * i]
+        count, reset_ms, third = reply[1 + 3 * i : 4 + 3 * i]
+        exceeded = count < 0  # then -1 - count, and the third figure is the retry time, else the reset before
+        if exceeded:
+            count, retry_ms, before_ms = -1 - count, third, -2
+        else:
+            retry_ms, before_ms = 0, third
         window_ms = policy.window_ms
         if reset_ms < 0:
             reset_ms = window_ms - now_ms % window_ms
@@ -256,21 +261,25 @@ def _verdict(checks: Sequence[Check], reply: list, call: Ask) -> Verdict:
         if not call.dry_run:
             seen.append((policy, subject, limit, plan, exceeded, count, reset_ms, before_ms))
     if seen:
-        _tally(seen, denied, now_ms)
-    asked = 1 + 5 * len(checks)  # the version follows the figures when it was asked for
+        _tally(seen, denied, now_ms, cost)
+    asked = 1 + 3 * len(checks)  # the version follows the figures when it was asked for
     return Verdict(not denied, tuple(decisions), reply[asked] if len(reply) > asked else None)
 
 
-def _tally(seen: list, denied: bool, now_ms: int) -> None:
+def _tally(seen: list, denied: bool, now_ms: int, cost: int) -> None:
     """Hand the worker's tally what the decision counted and refused (the totals), where each subject
-    stands (the live index) and where its counter now empties (the count of active subjects)."""
+    stands (the live index) and where its counter now empties (the count of active subjects).
+
+    A subject's index entry is written when its meaning changes: the counter empties in another
+    totals bucket, the subject is refused or admitted again after a refusal, or its count reaches
+    2, 4, 8, ... (log2 of the limit writes a window), so a busy subject costs the index little."""
     counts, entries, moves = [], [], []
     key_prefix, shard_count = keys.prefix(), keys.shards()
     for policy, subject, limit, plan, exceeded, count, reset_ms, before_ms in seen:
         parts = policy.script_parts.get((subject, limit, plan, key_prefix, shard_count))
         if parts is None:
             parts = _check_parts(policy, subject, limit, plan, key_prefix, shard_count)
-        parts[4] = bool(exceeded)  # the next decision of this subject looks before it writes
+        refused_before, parts[4] = parts[4], bool(exceeded)  # the next decision looks before it writes
         # a policy over its limit refuses (a shadow one: would have) even when another denied first;
         # every policy below its limit counted the request unless one denied it
         if denied and not exceeded:
@@ -280,16 +289,21 @@ def _tally(seen: list, denied: bool, now_ms: int) -> None:
         counts.append((policy, shard, "d" if exceeded else "a", now_ms // bucket))
         after = -(-(now_ms + reset_ms) // bucket)  # the totals bucket in which the counter empties
         if exceeded:
-            entries.append((policy, shard, member, BLOCKED + after * bucket))
+            if not refused_before:
+                entries.append((policy, shard, member, BLOCKED + after * bucket))
             continue
-        # busier subjects score a little higher among those emptying together (log2 / 64, under 1 ms)
-        entries.append((policy, shard, member, after * bucket + min(63, count.bit_length() - 1) / 64))
-        if before_ms == -1:
+        moved = before_ms == -1
+        if moved:
             moves.append((policy, shard, after, 1))
         elif before_ms >= 0:
             before = -(-(now_ms + before_ms) // bucket)
             if before != after:
+                moved = True
                 moves += [(policy, shard, after, 1), (policy, shard, before, -1)]
+        power = 1 << (count.bit_length() - 1)  # the highest power of 2 the count reached
+        if moved or refused_before or 2 <= power > count - cost:
+            # busier subjects score a little higher among those emptying together (log2 / 64, under 1 ms)
+            entries.append((policy, shard, member, after * bucket + min(63, count.bit_length() - 1) / 64))
     tally.add(counts, entries, moves)
 
 

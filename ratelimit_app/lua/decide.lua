@@ -16,9 +16,10 @@
 -- before the refusal was known are given back in the same call); otherwise every policy with room
 -- takes the cost. A shadow policy at its limit is reported, never counted. The live index and the
 -- totals are the worker's to write (tally.lua), from this reply.
--- Returns {now (ms; -1 when the call read no clock), then per policy: exceeded, count, reset (ms),
--- retry after (ms), before (see contract.lua); then the version token ('' when Redis holds none) if
--- it was asked for}.
+-- Returns {now (ms; -1 when the call read no clock), then per policy three figures: the count (-1 -
+-- the count when the policy has no room: exceeded), reset (ms), and when exceeded the retry after
+-- (ms), else before (see contract.lua); then the version token ('' when Redis holds none) if it was
+-- asked for}.
 
 local when = ARGV[1]
 local dry_run = string.byte(when) == 100 -- 'd'
@@ -27,7 +28,7 @@ local cost, lease = tonumber(ARGV[2]), ARGV[3]
 local n = #ARGV - 3
 local TERMS = '^(%S+) (%d+) (%d+) (%d+) ([01]) (%d+) ([01])$'
 
-local result = {0, 0, 0, 0, 0, 0} -- sized for one policy (most requests): more grow it
+local result = {0, 0, 0, 0} -- sized for one policy (most requests): more grow it
 local states -- what each policy took, by position: only kept when another policy may refuse after it
 local denied = false
 for i = 1, n do
@@ -54,9 +55,12 @@ for i = 1, n do
       states[i] = state or false
     end
   end
-  local at = 5 * i - 3 -- the policy's five figures follow now and those of the policies before
-  result[at], result[at + 1], result[at + 2], result[at + 3], result[at + 4] =
-    exceeded and 1 or 0, count, reset, retry, before
+  local at = 3 * i - 1 -- the policy's three figures follow now and those of the policies before
+  if exceeded then
+    result[at], result[at + 1], result[at + 2] = -1 - count, reset, retry
+  else
+    result[at], result[at + 1], result[at + 2] = count, reset, before
+  end
 end
 
 if denied and states then
@@ -66,11 +70,11 @@ if denied and states then
     local strategy = strategies[name]
     limit, window, bucket = tonumber(limit), tonumber(window), tonumber(bucket)
     contract.refund(strategy, KEYS[i], state, cost)
-    local at = 5 * i - 3
-    result[at + 1], result[at + 3], result[at + 2] = contract.look(strategy, KEYS[i], limit, window, bucket, cost)
-    result[at + 4] = -2
+    local at = 3 * i - 1
+    local count, _, reset = contract.look(strategy, KEYS[i], limit, window, bucket, cost)
+    result[at], result[at + 1], result[at + 2] = count, reset, -2
   end
 end
 result[1] = clock.known() or -1
-if KEYS[n + 1] then result[5 * n + 2] = redis.call('GET', KEYS[n + 1]) or '' end
+if KEYS[n + 1] then result[3 * n + 2] = redis.call('GET', KEYS[n + 1]) or '' end
 return result
