@@ -49,7 +49,9 @@ class Spread(NamedTuple):
     p50: float
     rate: float  # decisions per second of the processes together
     commands: float  # server-side commands per decision, over the whole run
-    redis_us: float  # Redis server microseconds per decision
+    script_us: float  # microseconds of the script commands (FCALL, EVALSHA) per decision, their inner commands included
+    command_us: float  # microseconds of every other command per decision (the scripts' inner ones included)
+    redis_cpu_us: float  # CPU of the Redis server per decision (INFO cpu): commands, sockets, event loop
 
 
 class Served(NamedTuple):
@@ -60,7 +62,8 @@ class Served(NamedTuple):
     requests: int
     failed: int  # answers other than 2xx (none expected: no limit is reached)
     commands: float  # Redis commands per request (server side)
-    redis_us: float  # Redis server microseconds per request
+    script_us: float  # microseconds of the script commands per request, their inner commands included
+    command_us: float  # microseconds of every other command per request (the scripts' inner ones included)
     server: str = "gunicorn"  # "gunicorn" (WSGI) or "uvicorn" (ASGI)
     worker_cpu_us: float | None = None  # CPU (user + system) of the site's processes per request; None: not on Linux
     redis_cpu_us: float | None = None  # CPU of the Redis server per request (INFO cpu): commands, sockets, event loop

@@ -245,10 +245,20 @@ def server_commands(client) -> int:
     return sum(calls for calls, _ in command_stats(client).values())
 
 
-def server_work(client) -> tuple[int, int]:
-    """Commands run and microseconds spent by the server so far (since the last CONFIG RESETSTAT)."""
-    stats = command_stats(client).values()
-    return sum(calls for calls, _ in stats), sum(usec for _, usec in stats)
+SCRIPT_COMMANDS = ("cmdstat_fcall", "cmdstat_fcall_ro", "cmdstat_evalsha", "cmdstat_evalsha_ro", "cmdstat_eval", "cmdstat_eval_ro")
+
+
+def server_work(client) -> tuple[int, int, int, float]:
+    """What the server has done so far: commands run (a script counts once, and once more for each
+    command it runs); microseconds of the script commands themselves (each one's time includes the
+    commands it runs); microseconds of every other command, those run by scripts included (so the two
+    are never added up); CPU seconds of the server process (INFO cpu: commands, sockets, event loop)."""
+    stats = command_stats(client)
+    cpu = client.info("cpu")
+    script_usec = sum(stats[name][1] for name in SCRIPT_COMMANDS if name in stats)
+    other_usec = sum(usec for name, (_, usec) in stats.items() if name not in SCRIPT_COMMANDS)
+    return (sum(calls for calls, _ in stats.values()), script_usec, other_usec,
+            cpu["used_cpu_user"] + cpu["used_cpu_sys"])
 
 
 def per_call(client, operation: Callable[[], object], count: int) -> tuple[float, float, float]:

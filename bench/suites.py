@@ -306,11 +306,11 @@ def _pinging() -> Callable[[int], object]:
 def spread_workload(results: Results) -> None:
     """2 processes x 10,000 decisions over 1,000 subjects, each contender with fresh limits in each
     round (every subject's first decision is in it), rows in alternating rounds; server-side commands
-    and microseconds over the whole run from INFO commandstats."""
+    and microseconds over the whole run from INFO commandstats, the server's CPU from INFO cpu."""
     ping = Contender("floor: PING", "floor", lambda: None, spread=lambda: _pinging)
     contenders = [ping] + [c for c in ours(results) + peers(results) if c.spread]
     results.notes = list(dict.fromkeys(results.notes))  # peers() said what is missing once already
-    totals = {c.name: {"seconds": 0.0, "samples": [], "commands": 0, "usec": 0} for c in contenders}
+    totals = {c.name: {"seconds": 0.0, "samples": [], "work": [0, 0, 0, 0.0]} for c in contenders}
     redis_client = server()
     for number in range(results.spread_rounds):
         for contender in contenders if number % 2 == 0 else reversed(contenders):
@@ -321,13 +321,14 @@ def spread_workload(results: Results) -> None:
             total = totals[contender.name]
             total["seconds"] += 2 * SPREAD_DECISIONS / rate
             total["samples"] += samples
-            total["commands"] += after[0] - before[0]
-            total["usec"] += after[1] - before[1]
+            total["work"] = [sum_ + a - b for sum_, a, b in zip(total["work"], after, before)]
     for contender in contenders:
         total = totals[contender.name]
         decisions = 2 * SPREAD_DECISIONS * results.spread_rounds
+        commands, script_usec, other_usec, redis_cpu = total["work"]
         results.spread.append(Spread(contender.name, contender.kind, p50(total["samples"]), decisions / total["seconds"],
-                                     total["commands"] / decisions, total["usec"] / decisions))
+                                     commands / decisions, script_usec / decisions, other_usec / decisions,
+                                     redis_cpu * 1e6 / decisions))
 
 
 def memory(results: Results) -> None:

@@ -3,20 +3,19 @@ Lua script (lua/decide.lua, assembled by scripts.py)."""
 
 from __future__ import annotations
 
-from time import perf_counter
+from time import perf_counter, time
 from typing import NamedTuple, Sequence
 
 import redis
 from asgiref.sync import sync_to_async
 
 from . import giveback, keys, metrics
-from .conf import get_setting
 from .breaker import RedisUnavailable, breaker
 from .connection import aclient, cluster_configured, is_cluster
 from .decision_connection import decision_client
 from .scripts import now_arg, run_each, scripts
-from .tally import tally
 from .giveback import arelease, release  # noqa: F401 (tools and tests give places back through the engine)
+from .tally import BLOCKED, tally
 from .values import NO_POLICIES, Check, CompiledPolicy, Decision, Held, Subject, Verdict
 
 
@@ -100,35 +99,49 @@ def _script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[lis
     never on a cluster, where the version lives in another slot)."""
     key_prefix = keys.prefix()
     script_keys: list[str] = []
-    args = [("d" if call.dry_run else "") + now_arg(call.now), str(call.cost), call.lease]
-    # the shards share the bound of a policy's index (on one shard: the setting itself)
+    args = [("d" if call.dry_run else "") + now_arg(call.now), str(_sent_cost(checks, call.cost)), call.lease]
     shard_count = keys.shards()  # part of the keys: a changed setting makes new parts
-    index_size = -(-get_setting("RATELIMIT_LIVE_INDEX_SIZE") // shard_count)
     for policy, subject, limit, plan in checks:
-        parts = policy.script_parts.get((subject, limit, plan, key_prefix, shard_count, index_size))
+        parts = policy.script_parts.get((subject, limit, plan, key_prefix, shard_count))
         if parts is None:
-            parts = _check_parts(policy, subject, limit, plan, key_prefix, shard_count, index_size)
-        script_keys += parts[0]
-        args += parts[1]
+            parts = _check_parts(policy, subject, limit, plan, key_prefix, shard_count)
+        script_keys.append(parts[0])
+        args.append(parts[5] if parts[4] else parts[1])
     if version:
         script_keys.append(keys.version_key(key_prefix))
     return script_keys, args
+
+
+def _sent_cost(checks: Sequence[Check], cost: int) -> int:
+    """The cost as the script is asked to take it: a cost above every policy's capacity is refused by
+    each of them whatever its size, so it is sent as one more than the largest capacity, which keeps
+    the script's work and arithmetic bounded by the policies' own figures (the verdict keeps the real cost)."""
+    if cost == 1:
+        return 1
+    return min(cost, max(check.policy.capacity(check.limit) for check in checks) + 1)
 
 
 MAX_PARTS = 4096  # (subject, limit, plan) whose script parts a policy keeps
 
 
 def _check_parts(
-    policy: CompiledPolicy, subject: Subject, limit: int, plan: str, key_prefix: str, shard_count: int, index_size: int
-) -> tuple[tuple, tuple]:
-    """The KEYS and ARGV one check adds to decide.lua's call, kept on the compiled policy for next time."""
-    parts = (
-        tuple(keys.decision_keys(policy, subject.key, key_prefix)),
-        (policy_terms(policy, limit, index_size), live_member(subject, limit, policy, plan)),
-    )
+    policy: CompiledPolicy, subject: Subject, limit: int, plan: str, key_prefix: str, shard_count: int
+) -> list:
+    """What one check adds to decide.lua's call (its counter, its terms) and what the worker's tally
+    writes for it (its live index entry, its shard), kept on the compiled policy for next time; with
+    whether the subject was refused at its last decision here, when the terms that look first are sent."""
+    terms = policy_terms(policy, limit)
+    parts = [
+        keys.counter_key(policy, subject.key, key_prefix),
+        terms + " 0",
+        live_member(subject, limit, policy, plan),
+        keys.shard_of(subject.key),
+        False,
+        terms + " 1",
+    ]
     if len(policy.script_parts) >= MAX_PARTS:
         policy.script_parts.clear()  # bounded: a flood of new subjects only costs building them again
-    policy.script_parts[(subject, limit, plan, key_prefix, shard_count, index_size)] = parts
+    policy.script_parts[(subject, limit, plan, key_prefix, shard_count)] = parts
     return parts
 
 
@@ -200,12 +213,24 @@ def _merged(checks: Sequence[Check], groups: dict[int, list[Check]], verdicts: d
 
 def _verdict(checks: Sequence[Check], reply: list, call: Ask) -> Verdict:
     now_ms, cost = reply[0], call.cost
+    if now_ms < 0:  # the call read no clock (a fixed window's repeat): its window ends by this worker's
+        now_ms = int(time() * 1000)
     decisions = []
-    # the script leaves the totals to the worker (tally.py): what it counted, and what it refused
-    admitted, refused = [], []
+    # the script leaves the totals and the live index to the worker (tally.py)
+    admitted, refused, seen = [], [], []
     denied = False
-    for i, (policy, subject, limit, _plan) in enumerate(checks):
-        exceeded, count, reset_ms, retry_ms = reply[1 + 4 * i : 5 + 4 * i]
+    for i, (policy, subject, limit, plan) in enumerate(checks):
+        count, reset_ms, third = reply[1 + 3 * i : 4 + 3 * i]
+        exceeded = count < 0  # then -1 - count, and the third figure is the retry time, else the reset before
+        if exceeded:
+            count, retry_ms, before_ms = -1 - count, third, -2
+        else:
+            retry_ms, before_ms = 0, third
+        window_ms = policy.window_ms
+        if reset_ms < 0:
+            reset_ms = window_ms - now_ms % window_ms
+        if retry_ms < 0:
+            retry_ms = window_ms - now_ms % window_ms
         allowed = not (exceeded and policy.enforce)
         denied = denied or not allowed
         capacity = policy.capacity(limit)  # a token bucket's count is compared with its burst
@@ -217,22 +242,60 @@ def _verdict(checks: Sequence[Check], reply: list, call: Ask) -> Verdict:
                 capacity - count if count < capacity else 0, reset_ms / 1000, retry_after, cost,
             )
         )
-        # a policy over its limit refuses (a shadow one: would have) even when another denied first
-        (refused if exceeded else admitted).append(
-            (policy, keys.shard_of(subject.key), "d" if exceeded else "a", now_ms // policy.totals_bucket_ms)
-        )
-    # every policy below its limit counted the request unless one denied it; refusals count either way
-    totals = refused if denied else admitted + refused
-    if totals and not call.dry_run:
-        tally.add(totals)
-    asked = 1 + 4 * len(checks)  # the version follows the figures when it was asked for
+        if not call.dry_run:
+            seen.append((policy, subject, limit, plan, exceeded, count, reset_ms, before_ms))
+    if seen:
+        _tally(seen, denied, now_ms, cost)
+    asked = 1 + 3 * len(checks)  # the version follows the figures when it was asked for
     return Verdict(not denied, tuple(decisions), reply[asked] if len(reply) > asked else None)
 
 
-def policy_terms(policy: CompiledPolicy, limit: int, index_size: int) -> str:
-    """A policy's terms as decide.lua reads them (terms.lua): one argument, the same for every subject at `limit`."""
+def _tally(seen: list, denied: bool, now_ms: int, cost: int) -> None:
+    """Hand the worker's tally what the decision counted and refused (the totals), where each subject
+    stands (the live index) and where its counter now empties (the count of active subjects).
+
+    A subject's index entry is written when its meaning changes: the counter empties in another
+    totals bucket, the subject is refused or admitted again after a refusal, or its count reaches
+    2, 4, 8, ... (log2 of the limit writes a window), so a busy subject costs the index little."""
+    counts, entries, moves = [], [], []
+    key_prefix, shard_count = keys.prefix(), keys.shards()
+    for policy, subject, limit, plan, exceeded, count, reset_ms, before_ms in seen:
+        parts = policy.script_parts.get((subject, limit, plan, key_prefix, shard_count))
+        if parts is None:
+            parts = _check_parts(policy, subject, limit, plan, key_prefix, shard_count)
+        refused_before, parts[4] = parts[4], bool(exceeded)  # the next decision looks before it writes
+        # a policy over its limit refuses (a shadow one: would have) even when another denied first;
+        # every policy below its limit counted the request unless one denied it
+        if denied and not exceeded:
+            continue
+        member, shard = parts[2], parts[3]
+        bucket = policy.totals_bucket_ms
+        counts.append((policy, shard, "d" if exceeded else "a", now_ms // bucket))
+        after = -(-(now_ms + reset_ms) // bucket)  # the totals bucket in which the counter empties
+        if exceeded:
+            if not refused_before:
+                entries.append((policy, shard, member, BLOCKED + after * bucket))
+            continue
+        moved = before_ms == -1
+        if moved:
+            moves.append((policy, shard, after, 1))
+        elif before_ms >= 0:
+            before = -(-(now_ms + before_ms) // bucket)
+            if before != after:
+                moved = True
+                moves += [(policy, shard, after, 1), (policy, shard, before, -1)]
+        power = 1 << (count.bit_length() - 1)  # the highest power of 2 the count reached
+        if moved or refused_before or 2 <= power > count - cost:
+            # busier subjects score a little higher among those emptying together (log2 / 64, under 1 ms)
+            entries.append((policy, shard, member, after * bucket + min(63, count.bit_length() - 1) / 64))
+    tally.add(counts, entries, moves)
+
+
+def policy_terms(policy: CompiledPolicy, limit: int) -> str:
+    """A policy's terms as decide.lua reads them, but for the last (whether to look first): the same
+    for every subject at `limit`."""
     enforce = "1" if policy.enforce else "0"
-    return f"{policy.strategy} {limit} {policy.window_ms} {policy.bucket_ms} {enforce} {policy.totals_bucket_ms} {index_size}"
+    return f"{policy.strategy} {limit} {policy.window_ms} {policy.bucket_ms} {enforce} {policy.totals_bucket_ms}"
 
 
 def live_member(subject: Subject, limit: int, policy: CompiledPolicy, plan: str = "") -> str:

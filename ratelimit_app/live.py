@@ -190,6 +190,7 @@ def reset_subjects(policy: CompiledPolicy, subject_keys: Sequence[str]) -> list[
     """Forget the counts of these subjects under this policy; returns how the index showed them."""
     if not subject_keys:
         return []
+    tally.flush()  # the index entries this process still owes name the subjects too
     by_shard: dict[int, list[bytes]] = {}  # each shard's index entries of these subjects
     for key in subject_keys:
         by_shard.setdefault(keys.shard_of(key), []).extend(_index_entries(keys.live_key(policy, keys.shard_of(key)), key))

@@ -7,7 +7,8 @@ import re
 
 from django.core.exceptions import ValidationError
 
-from . import live
+from . import live, scripts
+from .connection import client
 from .breaker import RedisUnavailable
 from .live import PolicyActivity, policy_activity, policy_trends  # noqa: F401  (the policy list's columns)
 from .models import Policy
@@ -88,3 +89,14 @@ def trend_data(policy: Policy) -> list[dict]:
         return [point._asdict() for point in live.policy_trend(policy)]
     except RedisUnavailable:
         return []
+
+
+def prune_libraries() -> tuple[list[str], list[str]]:
+    """Delete the app's Redis Functions libraries that no worker runs (never this version's):
+    -> (deleted, kept)."""
+    return scripts.prune(client())
+
+
+def own_library() -> str:
+    """The name of this version's Functions library."""
+    return scripts.scripts.library_name

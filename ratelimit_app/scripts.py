@@ -1,5 +1,5 @@
-"""The Lua scripts, read from lua/*.lua and assembled once: the shared pieces (series.lua,
-activity.lua, terms.lua), one file per strategy, then an entry point (decide.lua, live.lua, totals.lua ...).
+"""The Lua scripts, read from lua/*.lua and assembled once: the shared pieces (clock.lua, series.lua,
+activity.lua, contract.lua), one file per strategy, then an entry point (decide.lua, live.lua, totals.lua ...).
 
 Where the server has Redis Functions (Redis >= 7, Valkey) the pieces form one library, loaded with
 FUNCTION LOAD and called with FCALL: the shared tables and the strategies are then built once per
@@ -24,7 +24,7 @@ from .strategies import STRATEGIES
 from .connection import is_cluster
 from .decision_connection import execute
 
-LIBRARY_FILES = ("series.lua", "activity.lua", "terms.lua")
+LIBRARY_FILES = ("clock.lua", "series.lua", "activity.lua", "contract.lua")
 STRATEGY_FILES = tuple(strategy.lua for strategy in STRATEGIES.values())
 ENTRY_POINTS = ("decide", "live", "totals", "trend", "tally")  # release.lua stands alone (engine.py)
 _NAME = "@NAME@"  # stands for the library's name until the source is hashed
@@ -111,6 +111,7 @@ def _load(client: redis.Redis, library: str, **options: Any) -> bool:
         client.execute_command("FUNCTION LOAD", library, **options)
     except ResponseError as error:
         return _loaded(error, client)
+    heartbeat(client)  # before a prune running now could take the library for one nobody uses
     return True
 
 
@@ -119,6 +120,7 @@ async def _aload(client: redis.asyncio.Redis, library: str) -> bool:
         await client.execute_command("FUNCTION LOAD", library)
     except ResponseError as error:
         return _loaded(error, client)
+    await client.set(library_key(scripts.library_name), "1", px=HEARTBEAT_MS)
     return True
 
 
@@ -279,3 +281,67 @@ def run_each(client: redis.Redis, script: Entry, calls: Sequence[tuple[Sequence[
         if isinstance(reply, Exception):
             raise reply
     return replies
+
+
+# --- old libraries ----------------------------------------------------------------------------------
+
+LIBRARY_PREFIX = "ratelimit_"
+HEARTBEAT_MS = 60_000  # how long a library counts as in use after a worker last said it runs it
+HEARTBEAT_EVERY = 10.0  # seconds between a worker's refreshes (its tally's flushes send them)
+
+
+def library_key(name: str) -> str:
+    """The key saying that some worker runs library `name`. Without the site's key prefix: a library
+    serves every site of the same version on the server, so every site's workers keep it."""
+    return f"ratelimit-library:{name}"
+
+
+def heartbeat(client: Any) -> None:
+    """Say that this worker runs its library, for HEARTBEAT_MS (a worker that runs none says nothing)."""
+    if _uses_functions(client):
+        client.set(library_key(scripts.library_name), "1", px=HEARTBEAT_MS)
+
+
+def _primaries(client: Any) -> list:
+    """A client per server that holds libraries: every master of a cluster, else the one server."""
+    if is_cluster(client):
+        return [client.get_redis_connection(node) for node in client.get_primaries()]
+    return [client]
+
+
+def _library_names(server: redis.Redis) -> list[str]:
+    """The names of the libraries of ours on one server (FUNCTION LIST, RESP2 or RESP3)."""
+    names = []
+    for library in server.execute_command("FUNCTION LIST", "LIBRARYNAME", LIBRARY_PREFIX + "*"):
+        fields = library if isinstance(library, dict) else dict(zip(library[::2], library[1::2]))
+        name = fields.get(b"library_name", fields.get("library_name"))
+        name = name.decode() if isinstance(name, bytes) else name
+        if name.startswith(LIBRARY_PREFIX):
+            names.append(name)
+    return names
+
+
+def prune(client: Any) -> tuple[list[str], list[str]]:
+    """Delete the libraries of ours that no worker has said it runs within HEARTBEAT_MS, never this
+    version's: -> (deleted, kept). A worker whose library goes anyway (it had not said so yet) loads it
+    again at its next call, which the refusal left unrun. ([], []) where the server has no Functions."""
+    own = scripts.library_name
+    deleted, kept = [], []
+    for server in _primaries(client):
+        try:
+            names = _library_names(server)
+        except ResponseError as error:
+            if _kind(error) == _UNSUPPORTED:
+                return [], []
+            raise
+        for name in names:
+            if name == own or client.exists(library_key(name)):
+                kept.append(name)
+                continue
+            try:
+                server.execute_command("FUNCTION DELETE", name)
+            except ResponseError as error:
+                if "not found" not in str(error).lower():  # deleted meanwhile by another prune
+                    raise
+            deleted.append(name)
+    return sorted(set(deleted)), sorted(set(kept))

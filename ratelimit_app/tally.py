@@ -1,10 +1,11 @@
-"""Counts that reach the policies' totals from the workers rather than from the decision itself.
+"""What reaches the policies' records (totals, live index, active subjects) from the workers rather
+than from the decision itself.
 
-A decision does not touch the policy's totals in Redis (that would be one more command on every
-request); the engine adds what it admitted and refused here instead, under the totals bucket of the
-decision's own time, and the refusals of the local deny cache join them. A background thread adds
-what is pending to Redis at most FLUSH_SECONDS later (lua/tally.lua), in one call per shard; a
-reader in this process flushes first, so what it shows is complete. The totals of other processes
+A decision writes nothing but its counters (anything more is one more command on every request); the
+engine hands what it admitted and refused, where each subject stands and where its counter now
+empties to the tally instead, and the refusals of the local deny cache join them. A background
+thread writes what is pending at most FLUSH_SECONDS later (lua/tally.lua), in one call per shard; a
+reader in this process flushes first, so what it shows is complete. The records of other processes
 are at most FLUSH_SECONDS behind; a process that exits flushes what it holds.
 """
 
@@ -15,6 +16,7 @@ import logging
 import multiprocessing.util
 import os
 import threading
+import time
 from collections import Counter
 from typing import TYPE_CHECKING, Iterable
 
@@ -23,64 +25,115 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
 from . import keys
+from .conf import get_setting
 from .connection import client, is_cluster
-from .scripts import run_each, scripts
+from .scripts import HEARTBEAT_EVERY, heartbeat, run_each, scripts
 
 if TYPE_CHECKING:
     from .values import CompiledPolicy
 
 logger = logging.getLogger("ratelimit_app")
 FLUSH_SECONDS = 0.25
+BLOCKED = 2**43  # added to the live index score of a subject a policy refused (lua/activity.lua)
 NOW = -1  # a bucket number meaning "the bucket of the flush's own time" (the deny cache knows no Redis time)
+
+
+class _Pending:
+    """What one process owes Redis, by policy and shard."""
+
+    def __init__(self) -> None:
+        # requests by (policy, shard, series: 'a' allowed / 'd' refused, totals bucket number or NOW)
+        self.counts: Counter[tuple[CompiledPolicy, int, str, int]] = Counter()
+        # the live index entries by (policy, shard): member -> score, the latest wins
+        self.entries: dict[tuple[CompiledPolicy, int], dict[str, float]] = {}
+        # subjects more (fewer) whose counters empty in a totals bucket, by (policy, shard, bucket number)
+        self.moves: Counter[tuple[CompiledPolicy, int, int]] = Counter()
+
+    def __bool__(self) -> bool:
+        return bool(self.counts or self.entries or self.moves)
+
+    def merge(self, other: _Pending) -> None:
+        self.counts.update(other.counts)
+        for group, members in other.entries.items():
+            self.entries[group] = {**members, **self.entries.get(group, {})}  # what was added since is newer
+        self.moves.update(other.moves)
+
+    def groups(self) -> dict[tuple[CompiledPolicy, int], tuple[list, list, dict]]:
+        """(counts, moves, entries) by (policy, shard)."""
+        found: dict[tuple[CompiledPolicy, int], tuple[list, list, dict]] = {}
+        for (policy, shard, series, bucket), amount in self.counts.items():
+            found.setdefault((policy, shard), ([], [], {}))[0].append((series, "" if bucket == NOW else bucket, amount))
+        for (policy, shard, bucket), delta in self.moves.items():
+            if delta:
+                found.setdefault((policy, shard), ([], [], {}))[1].append((bucket, delta))
+        for group, members in self.entries.items():
+            found.setdefault(group, ([], [], {}))[2].update(members)
+        return found
 
 
 class Tally:
     def __init__(self) -> None:
-        # pending counts by (policy, shard, series: 'a' allowed / 'd' refused, totals bucket number)
-        self._pending: Counter[tuple[CompiledPolicy, int, str, int]] = Counter()
+        self._pending = _Pending()
         self._lock = threading.Lock()
         self._flushing = threading.Lock()  # a reader's flush waits for the one under way, then sees its counts
         self._flusher: threading.Timer | None = None
+        self._heartbeat_due = 0.0  # monotonic time of the next word that this worker runs its library
 
-    def add(self, counts: Iterable[tuple[CompiledPolicy, int, str, int]]) -> None:
-        """One more request for each (policy, shard, series, totals bucket number or NOW)."""
+    def add(self, counts: Iterable[tuple[CompiledPolicy, int, str, int]], entries: Iterable = (), moves: Iterable = ()) -> None:
+        """One more request for each (policy, shard, series, totals bucket number or NOW); the live
+        index `entries` (policy, shard, member, score); the `moves` (policy, shard, bucket number, delta)."""
         with self._lock:
             pending = self._pending
+            tallied = pending.counts
             for count in counts:  # rather than Counter.update, whose checks cost more than this loop
-                pending[count] = pending.get(count, 0) + 1
+                tallied[count] = tallied.get(count, 0) + 1
+            for policy, shard, member, score in entries:
+                group = pending.entries.get((policy, shard))
+                if group is None:
+                    group = pending.entries[(policy, shard)] = {}
+                group[member] = score
+            for policy, shard, bucket, delta in moves:
+                pending.moves[(policy, shard, bucket)] += delta
             if self._flusher is None:
                 self._flusher = threading.Timer(FLUSH_SECONDS, self.flush)
                 self._flusher.daemon = True
                 self._flusher.start()
 
     def flush(self) -> None:
-        """Add what is pending to the policies' totals in Redis (kept for later if Redis cannot be reached)."""
+        """Write what is pending to the policies' records in Redis (kept for later if Redis cannot be reached)."""
         with self._flushing:
             self._flush()
 
     def _flush(self) -> None:
         with self._lock:
-            pending, self._pending, self._flusher = self._pending, Counter(), None
+            pending, self._pending, self._flusher = self._pending, _Pending(), None
         if not pending:
             return
         by_shard: dict[int, tuple[list[str], list[str | int]]] = {}  # one call per shard: one cluster slot each
-        counts_of: dict[int, Counter] = {}
-        for count, amount in pending.items():
-            policy, shard, series, bucket = count
-            totals, args = by_shard.setdefault(shard, ([], [""]))
-            totals.append(keys.totals_key(policy, shard))
-            args += (series, "" if bucket == NOW else bucket, amount, policy.window_ms, policy.totals_bucket_ms)
-            counts_of.setdefault(shard, Counter())[count] = amount
+        size = -(-get_setting("RATELIMIT_LIVE_INDEX_SIZE") // keys.shards())  # each shard's index keeps its share
+        for (policy, shard), (counts, moves, entries) in pending.groups().items():
+            script_keys, args = by_shard.setdefault(shard, ([], [""]))
+            script_keys += [keys.totals_key(policy, shard), keys.live_key(policy, shard)]
+            args += [policy.window_ms, policy.totals_bucket_ms, size, len(counts)]
+            for count in counts:
+                args += count
+            args.append(len(moves))
+            for move in moves:
+                args += move
+            args.append(len(entries))
+            for member, score in entries.items():
+                args += (repr(score), member)
         try:
             servers = _servers(client(), by_shard)  # a cluster client connects as it is created: inside the try
         except (redis.RedisError, RedisClusterException) as error:
             self._put_back(pending, error)
             return
+        self._heartbeat()
         for server, shards in servers:
             try:
                 _reachable(server)
-            except redis.RedisError as error:  # nothing was sent: these counts wait for the next flush
-                self._put_back(sum((counts_of[shard] for shard in shards), Counter()), error)
+            except redis.RedisError as error:  # nothing was sent: this shard's records wait for the next flush
+                self._put_back(_of_shards(pending, shards), error)
                 continue
             try:
                 run_each(server, scripts.get("tally", server), [by_shard[shard] for shard in shards])
@@ -89,20 +142,32 @@ class Tally:
                 # Never sent again: a few counts missing from a monitoring total beat counting them twice.
                 logger.warning("ratelimit: counts for the policies' totals may not have reached Redis: %s", error)
 
-    def _put_back(self, counts: Counter, error: BaseException) -> None:
+    def _heartbeat(self) -> None:
+        """Every HEARTBEAT_EVERY seconds of use, say that this worker runs its library (so that a prune
+        keeps it): from the flusher's thread, never on a request's way."""
+        if time.monotonic() < self._heartbeat_due:
+            return
+        self._heartbeat_due = time.monotonic() + HEARTBEAT_EVERY
+        try:
+            heartbeat(client())
+        except (redis.RedisError, RedisClusterException) as error:
+            logger.warning("ratelimit: could not say which library this worker runs: %s", error)
+
+    def _put_back(self, pending: _Pending, error: BaseException) -> None:
         logger.warning("ratelimit: counts for the policies' totals could not reach Redis yet: %s", error)
         with self._lock:
-            self._pending.update(counts)
+            self._pending.merge(pending)
 
     def discard(self) -> None:
         """Forget what is pending, once a flush under way has ended (tests: what one test counted must
         not reach the next one's Redis)."""
         with self._flushing, self._lock:
-            self._pending.clear()
+            self._pending = _Pending()
 
     def _forked(self) -> None:
         # a forked child has no flusher thread and must not add its parent's counts a second time
-        self._pending, self._lock, self._flushing, self._flusher = Counter(), threading.Lock(), threading.Lock(), None
+        self._pending, self._lock, self._flushing, self._flusher = _Pending(), threading.Lock(), threading.Lock(), None
+        self._heartbeat_due = 0.0
 
     def _multiprocessing_child(self) -> None:
         # a multiprocessing child ends with os._exit, past atexit: its own exit hook flushes
@@ -119,6 +184,15 @@ def _servers(redis_client: redis.Redis | RedisCluster, by_shard: dict) -> list[t
         node = redis_client.get_node_from_key(totals[0])
         servers.setdefault(node.name, (redis_client.get_redis_connection(node), []))[1].append(shard)
     return list(servers.values())
+
+
+def _of_shards(pending: _Pending, shards: list[int]) -> _Pending:
+    """The part of `pending` that goes to these shards."""
+    part, wanted = _Pending(), set(shards)
+    part.counts.update({count: amount for count, amount in pending.counts.items() if count[1] in wanted})
+    part.entries.update({group: members for group, members in pending.entries.items() if group[1] in wanted})
+    part.moves.update({move: delta for move, delta in pending.moves.items() if move[1] in wanted})
+    return part
 
 
 def _reachable(server: redis.Redis) -> None:

@@ -107,8 +107,8 @@ async def test_an_async_decision_after_function_flush_loads_the_library_and_coun
 def pipelined(limited, who: list[str]) -> list[int]:
     client = connection.client()
     batch = [engine._script_call([check(limited, subject)], engine.Ask(T0, False, 1, ""), False) for subject in who]
-    # decide.lua's reply: now, then the policy's exceeded, count, reset, retry
-    return [reply[2] for reply in run_each(client, scripts.get("decide", client), batch)]
+    # decide.lua's reply: now, then the policy's count (-1 - count when exceeded), reset, retry or before
+    return [reply[1] for reply in run_each(client, scripts.get("decide", client), batch)]
 
 
 def test_a_pipeline_after_function_flush_loads_the_library_once_and_counts_once(server):

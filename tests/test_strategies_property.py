@@ -169,6 +169,33 @@ def test_policies_decided_together_count_all_or_nothing(redis_client, sequence, 
         assert [d.count for d in verdict.decisions] == [len(m.counted(who, now)) for m in models]
 
 
+# --- on the server's clock --------------------------------------------------------------------
+
+ON_THE_SERVERS_CLOCK = {**STRATEGY_SHAPES, "fixed_window": {"window": 3600}, "sliding_log": {"window": 3600},
+                        "sliding_window": {"window": 3600, "bucket_size": 60}, "concurrency": {"window": 3600}}
+
+
+@pytest.mark.parametrize("strategy", list(ON_THE_SERVERS_CLOCK))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sequence=steps)
+def test_on_the_servers_clock_each_strategy_decides_as_the_model_does(redis_client, strategy, sequence):
+    """Without `now` the scripts read the server's clock only when they need it (a fixed window's
+    counter that exists is its window's): within one window, the same answers as the model's."""
+    redis_client.flushdb()
+    edge = 3600 - server_time(redis_client) % 3600
+    if edge < 5:  # a window edge during the sequence would make it two windows
+        time.sleep(edge + 0.1)
+    limited = policy(strategy=strategy, limit=4, **ON_THE_SERVERS_CLOCK[strategy])
+    model = model_of(limited)
+    now = int(server_time(redis_client) * 1000)  # nothing leaves a window of an hour meanwhile
+    for n, (_gap, who, limit, cost) in enumerate(sequence):
+        expected_allowed, expected_count = model.decide(who, now, limit, cost)
+        [decision] = engine.decide([check(limited, who, limit)], cost=cost, lease=f"s{n}").decisions
+        assert (decision.allowed, decision.count, decision.remaining) == (
+            expected_allowed, expected_count, max(limit - expected_count, 0)
+        ), (who, limit, cost)
+
+
 # --- the window's edge on the server's real clock ----------------------------------------------
 
 

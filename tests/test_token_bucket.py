@@ -253,17 +253,24 @@ def test_no_more_server_commands_than_the_fixed_window(redis_client):
     assert stats["cmdstat_set"]["calls"] == 20 and "cmdstat_get" not in stats
 
 
-def test_a_decision_using_its_burst_runs_at_most_three_commands(redis_client):
-    """A subject spending its burst (each request moves the TAT further ahead of now): the call, TIME
-    and one SET ... GET, as for a subject within its rate."""
+def test_a_decision_within_its_rate_runs_three_commands_and_one_using_its_burst_four(redis_client):
+    """A subject within its rate (its bucket full again at each request): the call, TIME and one SET
+    ... GET. A subject spending its burst (each request moves the TAT further ahead of now) needs one
+    more SET: the script keeps nothing between calls, so it cannot know the TAT before reading it."""
+    steady = bucket(limit=10**6, window=1)  # one request every microsecond: full again at every request
     spending = bucket(limit=10**6, window=MAX_WINDOW, burst=1000)  # one request per 31.6 s sustained
-    for _ in range(20):  # then bursts of 21 to 30: no power of two, where the index records a busier subject
+    for _ in range(20):
         engine.decide([check(spending)])
+    engine.decide([check(steady)])
 
     def spend():
         assert engine.decide([check(spending)]).allowed
 
-    assert server_commands_per_call(redis_client, spend) <= 3
+    def within_rate():
+        assert engine.decide([check(steady)]).allowed
+
+    assert server_commands_per_call(redis_client, within_rate) == 3
+    assert server_commands_per_call(redis_client, spend) == 4
 
 
 # --- exactness under concurrency ----------------------------------------------------------------

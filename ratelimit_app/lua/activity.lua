@@ -1,32 +1,23 @@
--- activity: what a policy records for the operator beside its counters, in two keys per policy.
+-- activity: what a policy records for the operator beside its counters, in two keys per policy,
+-- written by the workers a batch at a time (tally.lua), never by a decision.
 --
 -- The live index, a sorted set of "<subject hash> <limit>[*] <display>" scored by the time (ms) at
 -- which the subject's counter will be empty, rounded up to the policy's totals bucket; a subject the
 -- policy refused is scored BLOCKED higher, so that the index, when full, evicts the quietest
--- subjects first and never a blocked one while others remain. An entry is rewritten only when that
--- time moves to another bucket, so a busy subject costs the index nothing most of the time.
+-- subjects first and never a blocked one while others remain.
 --
 -- The totals, a hash of counts per totals bucket: 'a<bucket>' requests counted, 'd<bucket>' requests
 -- refused (by a shadow policy: that would have been), summed by the reader over the same window
 -- the counters use; and 'e<bucket>' the number of subjects whose counter empties in that bucket, so
--- the subjects still active are counted even when the index cannot hold them all. Requests admitted
--- and refused are added by the workers a moment later, a bucket at a time (tally.lua), so that a
--- decision costs no write here for them. The reader sums at most
--- window / bucket fields of each. The buckets that
--- leave the window are rolled into 'A<window number>' and 'D<window number>' (the trend), kept for the
--- last trend_windows(window) windows: once per bucket, never per decision.
+-- the subjects still active are counted even when the index cannot hold them all. The reader sums
+-- at most window / bucket fields of each. The buckets that leave the window are rolled into
+-- 'A<window number>' and 'D<window number>' (the trend), kept for the last trend_windows(window)
+-- windows: once per bucket, never per decision.
 -- Times are integer milliseconds.
 local activity = {}
 local BLOCKED = 2 ^ 43 -- about 278 years of ms: above any time, exact in a double with a time added
 
 activity.BLOCKED = BLOCKED
-
--- The blocked entries written lately, by counter key: {member, score}. Where the scripts are a
--- Functions library this is kept between calls (elsewhere it starts empty each call): a subject
--- refused again gets no second, identical mark, and decide.lua looks at its counter before counting.
--- A hint only, never a wrong decision: a forgotten entry costs commands; a stale one (the index lost
--- the mark since) leaves the subject unmarked until its refusals move to another totals bucket.
-local marks, marked, MARKS = {}, 0, 10000 -- entries at most, then forgotten all at once
 
 -- how many windows the trend keeps: the last hour, at least 2 and at most 60 windows (live.trend_windows)
 local function trend_windows(window)
@@ -76,52 +67,43 @@ local function roll_up(totals, series_name, buckets, window, bucket)
   end
 end
 
--- a subject's score: when its counter empties (ms, rounded up to the bucket), plus a fraction that
--- grows with its count (log2 / 64, under 1 ms), so that among subjects emptying together a full
--- index evicts the quietest first
-function activity.score(after, bucket, count)
-  return after * bucket + math.min(63, math.floor(math.log(count) / math.log(2) + 1e-9)) / 64
-end
+local CHUNK = 256 -- index entries a ZADD writes at most (its arguments stay within what Lua can unpack)
 
--- whether a count that grew by `cost` is worth rewriting the subject's score for: it reached 2, 4,
--- 8, ... (log2(limit) writes a window)
-function activity.busier(count, cost)
-  if cost == 1 then return count >= 2 and bit.band(count, count - 1) == 0 end
-  local power = 2 ^ math.floor(math.log(count) / math.log(2) + 1e-9) -- the highest power of 2 reached
-  return power >= 2 and power > count - cost
-end
-
--- put a subject in the index; when it is new and the index is full, drop what has ended, then the
--- quietest. `moved`: the subject's counter now empties in another bucket than at its last write
-function activity.index(live, member, score, size, now, window, bucket, moved)
-  local added = redis.call('ZADD', live, score, member) == 1
-  if added and redis.call('ZCARD', live) > size then
+-- put the subjects a worker saw in the index: ARGV[first ..] holds `count` (score, member) pairs.
+-- When the index holds more than `size`, what has ended goes first, then the quietest.
+function activity.index(live, args, first, count, size, now, window, bucket)
+  local last = first + 2 * count - 1
+  for start = first, last, 2 * CHUNK do
+    redis.call('ZADD', live, unpack(args, start, math.min(start + 2 * CHUNK - 1, last)))
+  end
+  if redis.call('ZCARD', live) > size then
     redis.call('ZREMRANGEBYSCORE', live, '-inf', now)
     redis.call('ZREMRANGEBYSCORE', live, BLOCKED, BLOCKED + now)
     redis.call('ZREMRANGEBYRANK', live, 0, -size - 1)
   end
-  -- an entry already there (a busier subject's new score) was written with an expiry covering
-  -- the bucket it empties in, and an expiry only ever moves later: unless that bucket moved
-  if added or moved then expire(live, window, bucket) end
+  expire(live, window, bucket)
 end
 
--- a subject's counter now empties in bucket `after` instead of `before` (nil: it was empty)
-function activity.moved(totals, before, after, now, window, bucket)
-  local first = math.floor(now / bucket) + 1 -- older buckets are over and may be deleted already
-  if redis.call('HINCRBY', totals, 'e' .. after, 1) == 1 then
-    -- a bucket starts being used: forget the ones that are over (each once, at most the live span)
-    local cleaned = tonumber(redis.call('HGET', totals, 'ec')) or first
-    if cleaned < first then
-      local over = {}
-      for i = cleaned, math.min(first - 1, cleaned + (window / bucket) + 2) do over[#over + 1] = 'e' .. i end
-      redis.call('HDEL', totals, unpack(over))
-    end
-    redis.call('HSET', totals, 'ec', first)
-    -- once per bucket started, not per subject: every subject counted since empties within the
-    -- window and a bucket of it, which this expiry covers (it only ever moves later)
-    expire_totals(totals, window, bucket)
+-- forget the buckets of active subjects that are over (each once, at most the live span)
+function activity.forget_ended(totals, now, window, bucket)
+  local first = math.floor(now / bucket) + 1 -- older buckets are over
+  local cleaned = tonumber(redis.call('HGET', totals, 'ec')) or first
+  if cleaned < first then
+    local over = {}
+    for i = cleaned, math.min(first - 1, cleaned + (window / bucket) + 2) do over[#over + 1] = 'e' .. i end
+    redis.call('HDEL', totals, unpack(over))
   end
-  if before and before >= first then redis.call('HINCRBY', totals, 'e' .. before, -1) end
+  redis.call('HSET', totals, 'ec', first)
+  -- every subject counted since empties within the window and a bucket of it, which this covers
+  expire_totals(totals, window, bucket)
+end
+
+-- `delta` more subjects (fewer, when negative) empty in bucket `number`; a bucket already over is
+-- left alone (it is deleted, or about to be)
+function activity.move(totals, number, delta, now, bucket)
+  if number > math.floor(now / bucket) and delta ~= 0 then
+    redis.call('HINCRBY', totals, 'e' .. number, delta)
+  end
 end
 
 -- delete a series' buckets that left the window (each once, at most the window's bucket count),
@@ -212,45 +194,4 @@ function activity.trend(totals, now, window, bucket, windows)
     end
   end
   return result
-end
-
--- the bucket in which a counter empties, `reset` ms from now
-local function bucket_of(now, reset, bucket)
-  return math.ceil((now + reset) / bucket)
-end
-
--- a subject's counter `key` went up by `cost` to `count` for a policy of these `terms` (terms.lua) and now empties
--- `reset` ms from now (before: `before_reset` ms from now; nil: it was empty): its entry in the live
--- index `live` and the totals' count of active subjects follow, when the bucket in which it empties
--- moves, or the count doubles
-function activity.counted(live, totals, key, member, terms, now, count, cost, before_reset, reset)
-  local bucket, window = terms.totals_bucket, terms.window
-  marks[key] = nil -- counted: no longer refused lately
-  local after = bucket_of(now, reset, bucket)
-  local before = after -- the same reset (a fixed window's repeat request) needs no second bucket
-  if before_reset ~= reset then before = before_reset and bucket_of(now, before_reset, bucket) or nil end
-  if after ~= before or activity.busier(count, cost) then
-    activity.index(live, member, activity.score(after, bucket, count), terms.index_size, now, window, bucket, after ~= before)
-  end
-  if after ~= before then activity.moved(totals, before, after, now, window, bucket) end
-end
-
--- whether the subject of this counter was refused lately (and has not been counted since)
-function activity.refused_lately(key)
-  return marks[key] ~= nil
-end
-
--- a request over the limit: the subject is marked blocked in the index, unless its entry already
--- says so (the worker counts the refusal in the totals, tally.lua)
-function activity.refused(live, key, member, terms, now, reset)
-  local bucket, window = terms.totals_bucket, terms.window
-  local score = BLOCKED + bucket_of(now, reset, bucket) * bucket
-  local mark = marks[key]
-  if mark and mark[1] == member and mark[2] == score then return end
-  activity.index(live, member, score, terms.index_size, now, window, bucket, true)
-  if not mark then
-    if marked >= MARKS then marks, marked = {}, 0 end
-    marked = marked + 1
-  end
-  marks[key] = {member, score}
 end

@@ -1,19 +1,14 @@
--- fixed_window: one integer per subject, count * 1000000 + (window number mod 1000000).
--- The window number is stored with the count (rather than relying on the key's expiry alone) so
--- that a caller-supplied `now` crosses windows correctly; packing both into one integer keeps the
--- value in Redis' int encoding (under 100 bytes a subject). A repeat request costs one INCRBY (take, by its cost):
--- the window number in the low digits survives it, so the reply tells the count and whether it is
--- this window's. The first request of a window writes the value with its expiry in one SET, never
--- INCR then EXPIRE. Times are integer milliseconds.
+-- fixed_window: one integer per subject, count * 1000000 + (window number mod 1000000), which keeps
+-- the value in Redis' int encoding (under 100 bytes a subject). The window's first request writes it
+-- with SET ... PXAT <the window's end> (on the server's clock), so a counter that exists is the
+-- current window's: a repeat request is one INCRBY by its cost and reads no clock; its reset is the
+-- window's end, which the worker's clock tells as well (-1 in the reply). The window number in the
+-- low digits is checked only against a caller's `now` (tests move time on their own).
+-- Times are integer milliseconds.
 do
   local PACK = 1000000
   -- as redis.call sends them: a number argument would be formatted at every call
   local ONE, GIVE_BACK = '1000000', '-1000000' -- PACK and -PACK
-
-  local function period_reset(now, window)
-    local period = math.floor(now / window)
-    return period, (period + 1) * window - now
-  end
 
   -- the INCRBY argument for `cost` units, taken (1) or given back (-1)
   local function units(cost, sign)
@@ -21,45 +16,54 @@ do
     return string.format('%.0f', sign * cost * PACK)
   end
 
+  -- whether a stored value counts the current window (by the server's clock, any counter left does)
+  local function current(stored, window)
+    return not clock.given() or stored % PACK == math.floor(clock.ms() / window) % PACK
+  end
+
+  -- ms until the window ends, or -1 (the worker works it out) when the call has not read the clock
+  local function until_end(window)
+    local now = clock.known()
+    return now and window - now % window or -1
+  end
+
+  local function look(key, limit, window, bucket, cost)
+    local stored = tonumber(redis.call('GET', key))
+    local count = stored and current(stored, window) and math.floor(stored / PACK) or 0
+    local ends = until_end(window)
+    return count, count + cost > limit and ends or 0, count > 0 and ends or 0, 1
+  end
+
   strategies.fixed_window = {
-    -- -> units counted in the window, ms until `cost` more fit (when they do not), state
-    peek = function(key, now, window, bucket, limit)
-      local period, reset = period_reset(now, window)
-      local count = 0
-      local stored = tonumber(redis.call('GET', key))
-      if stored and stored % PACK == period % PACK then count = math.floor(stored / PACK) end
-      return count, reset, period
-    end,
-    -- ms until every counted unit has left the window
-    reset = function(key, now, window, bucket, count, period)
-      return (period + 1) * window - now
-    end,
-    -- take `cost` units if the window has room: -> units counted before, ms until they fit (when they
-    -- do not), state, nil (the limit is the capacity), whether they were taken, ms until every counted
-    -- unit has left the window, and the same before this request (nil: none was counted)
-    take = function(key, now, window, bucket, limit, now_us, totals_bucket, cost)
-      local period, reset = period_reset(now, window)
+    look = look,
+    charge = function(key, limit, window, bucket, cost)
+      if cost > limit then -- never fits: looked at, never counted (the arithmetic stays within the limit's range)
+        local count, retry, reset = look(key, limit, window, bucket, cost)
+        return false, count, retry, reset, -2
+      end
       local stored = redis.call('INCRBY', key, units(cost, 1))
       local count = math.floor(stored / PACK)
-      if count == cost or stored % PACK ~= period % PACK then
-        -- the window's first request (the key was empty, or left from an earlier window). A second of
-        -- slack on the expiry: the value carries its window number, so keeping it a little longer
-        -- never counts a request twice, and a caller's `now` a little off the server's loses nothing
-        if cost > limit then -- never fits: the window stays empty
-          redis.call('DEL', key)
-          return 0, reset, period, nil, false, reset
+      if count == cost or not current(stored, window) then
+        -- the window's first request (no counter, or a caller's `now` in a later window)
+        local now = clock.ms()
+        local period = math.floor(now / window)
+        local ends = (period + 1) * window
+        local value = string.format('%.0f', cost * PACK + period % PACK)
+        if clock.given() then
+          redis.call('SET', key, value, 'PX', ends - now + 1000) -- the window number tells it is over
+        else
+          redis.call('SET', key, value, 'PXAT', ends)
         end
-        redis.call('SET', key, string.format('%.0f', cost * PACK + period % PACK), 'PX', reset + 1000)
-        return 0, 0, period, nil, true, reset
+        return true, 0, 0, ends - now, -1
       end
       if count > limit then
         redis.call('INCRBY', key, units(cost, -1)) -- no room: given back, nothing counted
-        return count - cost, reset, period, nil, false, reset, reset
+        local ends = until_end(window)
+        return false, count - cost, ends, ends, -2
       end
-      return count - cost, 0, period, nil, true, reset, count > cost and reset or nil
+      return true, count - cost, 0, until_end(window), -2
     end,
-    -- give back what take() counted (another policy refused the request)
-    undo = function(key, now, period, cost)
+    refund = function(key, state, cost)
       redis.call('INCRBY', key, units(cost, -1))
     end,
   }

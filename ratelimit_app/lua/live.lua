@@ -9,25 +9,21 @@
 -- ARGV[6..] for a token bucket, the limit in effect for each key (its rate depends on it)
 -- Returns {now, how many keys were read, then per key read: count, reset (ms)}.
 
-local now = tonumber(ARGV[1])
-if not now then
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-end
+clock.start(ARGV[1])
+local now = clock.ms() -- read once: a fixed window's reset is then known
 local strategy = strategies[ARGV[2]]
 local window, bucket = tonumber(ARGV[3]), tonumber(ARGV[4])
-
 local budget = tonumber(ARGV[5])
 
 local result = {now, 0}
 local spent = 0
 for i, key in ipairs(KEYS) do
   -- otherwise an unreachable limit: the live page needs the count, not when the next request fits
-  local count, _, state = strategy.peek(key, now, window, bucket, tonumber(ARGV[5 + i]) or math.huge)
+  local count, _, reset, fields = contract.look(strategy, key, tonumber(ARGV[5 + i]) or math.huge, window, bucket, 1)
   result[#result + 1] = count
-  result[#result + 1] = count > 0 and strategy.reset(key, now, window, bucket, count, state) or 0
+  result[#result + 1] = count > 0 and reset or 0
   result[2] = i
-  spent = spent + (type(state) == 'table' and state.fields_read or 1)
+  spent = spent + fields
   if spent >= budget then break end
 end
 return result

@@ -1,11 +1,13 @@
-"""manage.py ratelimit status | top POLICY | reset POLICY SUBJECT | test METHOD PATH: the live page and the
-policy tester on a terminal."""
+"""manage.py ratelimit status | top POLICY | reset POLICY SUBJECT | test METHOD PATH | prune: the live page,
+the policy tester and the server's upkeep on a terminal."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
+
+import redis
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
@@ -20,10 +22,10 @@ logger = logging.getLogger("ratelimit_app")
 
 
 class Command(BaseCommand):
-    help = "Watch and operate rate limits: status, top POLICY, reset POLICY SUBJECT, test METHOD PATH."
+    help = "Watch and operate rate limits: status, top POLICY, reset POLICY SUBJECT, test METHOD PATH, prune."
 
     def add_arguments(self, parser) -> None:
-        actions = parser.add_subparsers(dest="action", required=True, metavar="{status,top,reset,test}")
+        actions = parser.add_subparsers(dest="action", required=True, metavar="{status,top,reset,test,prune}")
         status = actions.add_parser("status", help="Every policy with its active subjects and denials this window.")
         status.add_argument("--json", action="store_true", dest="as_json", help="Print JSON instead of a table.")
         top = actions.add_parser("top", help="The busiest subjects of a policy in the current window.")
@@ -44,6 +46,9 @@ class Command(BaseCommand):
         test.add_argument("--user", default="", help="Username of the requesting user (anonymous without).")
         test.add_argument("--ip", default="203.0.113.7", help="The client's address (default 203.0.113.7).")
         test.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'", help="A request header; repeat for more.")
+        actions.add_parser(
+            "prune", help="Delete the Redis Functions libraries of other versions of this app that no worker runs."
+        )
 
     def handle(self, *args, action: str, **options) -> None:
         getattr(self, f"handle_{action}")(**options)
@@ -125,6 +130,20 @@ class Command(BaseCommand):
             self._done(f"Counts of subject {shown} reset for {row.name}.")
         else:
             self.stdout.write(f"Subject {shown} had no count under {row.name}: nothing to reset.")
+
+    # --- prune ------------------------------------------------------------------------------
+
+    def handle_prune(self, **options) -> None:
+        try:
+            deleted, kept = operations.prune_libraries()
+        except redis.RedisError as error:
+            raise CommandError(f"Nothing was pruned: Redis is unreachable ({error}).") from None
+        for name in deleted:
+            self.stdout.write(f"Deleted {name}: no worker runs it.")
+        for name in kept:
+            self.stdout.write(f"Kept {name}: {'this version' if name == operations.own_library() else 'a worker runs it'}.")
+        if not deleted and not kept:
+            self.stdout.write("No library of this app on the server (it runs the scripts without Functions).")
 
     # --- test -------------------------------------------------------------------------------
 

@@ -1,0 +1,44 @@
+-- contract: what decide.lua and live.lua ask of a strategy (lua/<name>.lua defines strategies.<name>).
+-- Times in ms; the call's moment comes from clock.lua, read only when the strategy needs it.
+--
+--   look(key, limit, window, bucket, cost) -> count, retry, reset, fields
+--       reads only: the units counted; the ms until `cost` more fit (0: they fit now); the ms until
+--       every counted unit has left (0: none is counted); how many fields it read (the live page's
+--       budget). A retry or reset of -1 means "when the fixed window ends", by the worker's clock.
+--   charge(key, limit, window, bucket, cost, lease, totals_bucket) -> taken, count, retry, reset, before, state
+--       takes `cost` units when there is room for all of them, in as few commands as the strategy can;
+--       count is the units counted before, reset as look's after the request, before the reset before
+--       it (-1: nothing was counted; -2: the same bucket of the live index as after), state what
+--       refund needs. A cost above the capacity never fits: charge refuses it like any other.
+--   refund(key, state, cost)  gives back what charge took (another policy refused the request)
+-- `bucket` is the strategy's own figure from the policy's terms (a bucket, a burst).
+--
+-- A strategy written for the earlier contract (peek / take / undo / reset, with the time passed in)
+-- is called through the same three functions here.
+local contract = {}
+do
+  function contract.look(strategy, key, limit, window, bucket, cost)
+    if strategy.look then return strategy.look(key, limit, window, bucket, cost) end
+    local now = clock.ms()
+    local count, retry, state = strategy.peek(key, now, window, bucket, limit, clock.us(), cost)
+    local reset = count > 0 and strategy.reset(key, now, window, bucket, count, state) or 0
+    if count + cost > limit and retry == 0 then retry = 1 end
+    return count, retry, reset, 2
+  end
+
+  function contract.charge(strategy, key, limit, window, bucket, cost, lease, totals_bucket)
+    if strategy.charge then return strategy.charge(key, limit, window, bucket, cost, lease, totals_bucket) end
+    local now = clock.ms()
+    local count, retry, state, _, taken, reset, before =
+      strategy.take(key, now, window, bucket, limit, clock.us(), totals_bucket, cost, lease)
+    if not taken then
+      return false, count, math.max(1, retry), strategy.reset(key, now, window, bucket, count, state), -2
+    end
+    return true, count, 0, reset, before or -1, state
+  end
+
+  function contract.refund(strategy, key, state, cost)
+    if strategy.refund then return strategy.refund(key, state, cost) end
+    strategy.undo(key, clock.ms(), state, cost)
+  end
+end
