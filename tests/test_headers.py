@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from django.http import HttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.test import RequestFactory
 
 from ratelimit_app.decorators import ratelimit
@@ -30,8 +30,8 @@ def members(field: str) -> dict[str, dict[str, str]]:
 
 
 def held(count: int):
-    """`count` responses of the middleware still in flight (not closed), and the next one."""
-    middleware = RateLimitMiddleware(lambda request: HttpResponse("ok"))
+    """`count` responses of the middleware whose streamed bodies are not sent yet (their places held)."""
+    middleware = RateLimitMiddleware(lambda request: StreamingHttpResponse(iter(["ok"])))
     return [middleware(RequestFactory().get("/plain/", REMOTE_ADDR=IP)) for _ in range(count)]
 
 

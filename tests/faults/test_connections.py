@@ -19,13 +19,20 @@ import redis
 from ratelimit_app import connection, engine
 from ratelimit_app.breaker import RedisUnavailable
 from tests.cluster import wait_for
-from tests.helpers import check, in_threads, policy
+from tests.helpers import check, in_threads
+from tests.helpers import policy as any_policy
 from tests.servers import Server, manage, site_env
 
 pytestmark = pytest.mark.django_db
 TIMEOUTS = {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5}
 # a full pool is waited for up to the socket timeout: room for hundreds of callers queued on a busy machine
 QUEUED = {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 10}
+
+
+def policy(**fields):
+    """A sliding log by default: these tests wait on Redis for seconds, and a fixed window could start
+    afresh in the middle of one (its counts would seem lost)."""
+    return any_policy(**{"strategy": "sliding_log", "window": 3600, **fields})
 
 
 def use_server(settings, url: str, pool_class: str = "", timeouts: dict | None = None, **pool_kwargs: object) -> None:
@@ -122,8 +129,7 @@ def test_client_kill_in_a_loop_counts_every_decision_at_most_once(settings, priv
 @pytest.mark.slow
 def test_idle_timeouts_replace_connections_without_an_outage(settings, private, circuit, caplog):
     use_server(settings, private.url, max_connections=4)
-    # a sliding log: the rounds wait seconds for Redis, and a fixed window could start afresh between them
-    compiled = policy(limit=10**9, window=3600, strategy="sliding_log")
+    compiled = policy(limit=10**9)
     before = (circuit.failures, circuit.errors)
     admin = redis.Redis(port=private.port)
     admin.config_set("timeout", 1)
