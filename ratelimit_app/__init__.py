@@ -3,7 +3,8 @@
 For code that is not a view: `ratelimit_app.check(request, action)` tells what would happen
 without counting; `ratelimit_app.hit(request, action)` counts the request. Both take `cost=N` for a
 request worth N units (the admin's cost for the action wins) and return a Verdict;
-`acheck` and `ahit` are the same for async code. `ratelimit_app.ratelimit` is the view decorator.
+`acheck` and `ahit` are the same for async code. `ratelimit_app.usage(request)` (`ausage`) lists the
+caller's quotas and rate limits. `ratelimit_app.ratelimit` is the view decorator.
 """
 
 from __future__ import annotations
@@ -47,3 +48,18 @@ async def ahit(request, action: str, cost=None):
     from .limiter import ahit as ahit_action
 
     return await ahit_action(request, action, cost)
+
+
+def usage(request):
+    """The caller's usage of every limit that applies to them (used, limit, remaining, resets at), for
+    a customer's dashboard or an `/api/usage` view; counts nothing."""
+    from .caller_usage import usage as usage_of
+
+    return usage_of(request)
+
+
+async def ausage(request):
+    """usage() for async code."""
+    from .caller_usage import ausage as ausage_of
+
+    return await ausage_of(request)

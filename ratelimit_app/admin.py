@@ -4,6 +4,7 @@ and the tester."""
 from __future__ import annotations
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.models import LogEntry
 from django.contrib.contenttypes.models import ContentType
@@ -17,7 +18,9 @@ from django.utils.html import format_html
 from . import operations, registry, strategies, tester
 from .breaker import RedisUnavailable
 from .models import ActionCost, Mode, Override, Plan, PlanAssignment, PlanLimit, Policy
-from .rates import EXAMPLES, format_rate, human_window, parse_rate
+from .periods import LABELS as PERIOD_LABELS
+from .periods import PERIODS
+from .rates import EXAMPLES, format_rate, human_window, parse_quota, parse_rate
 
 UNKNOWN = "?"  # shown in the list when Redis cannot tell
 INVALID = "invalid"  # shown in the list for a row that fails validation (it is not enforced)
@@ -45,7 +48,10 @@ class PolicyForm(forms.ModelForm):
     rate = forms.CharField(
         label="rate",
         required=False,
-        help_text=f"Optional shorthand for the limit and the window, {EXAMPLES}. When given, it wins over both.",
+        help_text=(
+            f"Optional shorthand for the limit and the window, {EXAMPLES}; or a calendar quota, e.g. 10000/month, "
+            "500/week, 1000/calendar-day (1000/day is a window of 86,400 seconds). When given, it wins over both."
+        ),
     )
 
     def __init__(self, *args, **kwargs) -> None:
@@ -57,7 +63,13 @@ class PolicyForm(forms.ModelForm):
     def clean(self) -> dict:
         data = super().clean()
         rate = (data.get("rate") or "").strip()
-        if rate:
+        quota = parse_quota(rate)
+        if quota:  # the calendar quota strategy counts it
+            data["limit"], data["period"] = quota
+            data["window"], data["strategy"] = PERIODS[quota[1]], "quota"
+            for field in ("limit", "window", "period", "strategy"):
+                self.errors.pop(field, None)
+        elif rate:
             try:
                 data["limit"], data["window"] = parse_rate(rate)
             except ValueError as error:
@@ -69,6 +81,8 @@ class PolicyForm(forms.ModelForm):
                 self.add_error("rate", "The limit must be at least 1 request per window.")
         else:
             for field in ("limit", "window"):
+                if field == "window" and data.get("strategy") == "quota":
+                    continue  # the period sets it
                 if field in self.fields and data.get(field) is None and field not in self.errors:
                     self.add_error(field, "Give a value here, or a rate such as 100/m.")
         return data
@@ -87,7 +101,7 @@ class PolicyAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("name", "description", "enabled", "mode")}),
         ("What it protects", {"fields": ("action", "methods")}),
-        ("How much", {"fields": ("rate", "limit", "window", "strategy", "bucket_size", "burst", "key")}),
+        ("How much", {"fields": ("rate", "limit", "window", "strategy", "bucket_size", "burst", "period", "time_zone", "key")}),
         ("Bookkeeping", {"classes": ("collapse",), "fields": ("generation", "created", "updated")}),
     )
 
@@ -95,6 +109,8 @@ class PolicyAdmin(admin.ModelAdmin):
 
     @admin.display(description="limit", ordering="limit")
     def rate(self, policy: Policy) -> str:
+        if policy.period:
+            return f"{policy.limit} / {PERIOD_LABELS[policy.period]} ({policy.time_zone or settings.TIME_ZONE})"
         burst = f", burst {policy.burst}" if policy.burst else ""
         return f"{policy.limit} / {human_window(policy.window)}{burst}"
 

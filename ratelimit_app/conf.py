@@ -38,6 +38,9 @@ DEFAULTS: dict[str, Any] = {
     # totals. 1 suits a single server (the operator's reads stay one per policy); on Redis Cluster use a
     # few times the number of masters (a system check warns about 1 there).
     "RATELIMIT_SHARDS": 1,
+    # Seconds between two saves of calendar quotas' usage to the database (batched upserts): the most
+    # usage a loss of Redis can take away.
+    "RATELIMIT_QUOTA_SAVE_SECONDS": 5.0,
     # Dotted path of a view answering denied requests instead of the built-in 429 response.
     "RATELIMIT_DENIED_VIEW": None,
     # Refuse a subject over an enforcing limit from this process's memory until its retry time (no Redis call).

@@ -56,6 +56,7 @@ def ratelimit(
     limit: int | None = None,
     window: int | None = None,
     cost: Cost | None = None,
+    time_zone: str | None = None,
 ) -> Callable:
     """Enforce the policies of `action`, or declare one (`rate=` or `limit=` + `window=`) and enforce it.
     `cost`: the units a request takes from each of them (a number, or a function of the request)."""
@@ -72,7 +73,7 @@ def ratelimit(
         registry.note_cost(action, cost)
         return partial(_decorate, action=action, declared=None, cost=cost)
     options = {"rate": rate, "limit": limit, "window": window, "key": key, "methods": method, "burst": burst}
-    options.update((field, value) for field, value in (("mode", mode), ("strategy", strategy)) if value is not None)
+    options.update((field, value) for field, value in (("mode", mode), ("strategy", strategy), ("time_zone", time_zone)) if value is not None)
 
     def declare(view):
         policy = _declare(view, name, options)

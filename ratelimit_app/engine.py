@@ -9,7 +9,7 @@ from typing import NamedTuple, Sequence
 import redis
 from asgiref.sync import sync_to_async
 
-from . import giveback, keys, metrics
+from . import giveback, keys, metrics, quotas
 from .breaker import RedisUnavailable, breaker
 from .connection import aclient, cluster_configured, is_cluster
 from .decision_connection import decision_client
@@ -44,7 +44,11 @@ def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool =
     started = perf_counter()
     # the client is made inside the breaker's call: it connects as it is made, and that may fail too
     call = Ask(now, dry_run, cost, lease)
-    verdict = breaker.call(lambda: _decide(giveback.cleared(decision_client()), checks, call, version))
+    try:
+        verdict = breaker.call(lambda: _decide(giveback.cleared(decision_client()), checks, call, version))
+    except quotas.QuotaAbsent as absent:  # a period Redis does not hold: from the usage saved for it
+        call = call._replace(seeds=quotas.saved(absent.checks, absent.now_ms))
+        verdict = breaker.call(lambda: _decide(giveback.cleared(decision_client()), checks, call, version))
     metrics.record_call(perf_counter() - started)
     return verdict
 
@@ -56,6 +60,9 @@ class Ask(NamedTuple):
     dry_run: bool
     cost: int
     lease: str
+    # (policy id, subject key) -> (period start ms, used): what the database saved of quota periods
+    # that Redis did not hold (asked again after the script said so)
+    seeds: dict | None = None
 
 
 def _decide(redis_client: redis.Redis, checks: Sequence[Check], call: Ask, version: bool) -> Verdict:
@@ -85,13 +92,20 @@ async def adecide(
             checks, now=now, dry_run=dry_run, version=version, cost=cost, lease=lease
         )
     call = Ask(now, dry_run, cost, lease)
-    script_keys, args = _script_call(checks, call, version)
     redis_client = aclient()
     script = scripts.get_async("decide", redis_client)
     started = perf_counter()
+    script_keys, args = _script_call(checks, call, version)
     reply = await breaker.acall(lambda: script(script_keys, args, redis_client))
+    try:
+        verdict = _verdict(checks, reply, call)
+    except quotas.QuotaAbsent as absent:  # a period Redis does not hold: from the usage saved for it
+        call = call._replace(seeds=await sync_to_async(quotas.saved)(absent.checks, absent.now_ms))
+        script_keys, args = _script_call(checks, call, version)
+        reply = await breaker.acall(lambda: script(script_keys, args, redis_client))
+        verdict = _verdict(checks, reply, call)
     metrics.record_call(perf_counter() - started)
-    return _verdict(checks, reply, call)
+    return verdict
 
 
 def _script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[list[str], list[str]]:
@@ -106,10 +120,23 @@ def _script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[lis
         if parts is None:
             parts = _check_parts(policy, subject, limit, plan, key_prefix, shard_count)
         script_keys.append(parts[0])
-        args.append(parts[5] if parts[4] else parts[1])
+        if policy.period:  # a calendar quota's terms carry its periods, which move on
+            args.append(_quota_terms(policy, subject, limit, parts[4], call))
+        else:
+            args.append(parts[5] if parts[4] else parts[1])
     if version:
         script_keys.append(keys.version_key(key_prefix))
     return script_keys, args
+
+
+def _quota_terms(policy: CompiledPolicy, subject: Subject, limit: int, look_first: bool, call: Ask) -> str:
+    now_ms = int((time() if call.now is None else call.now) * 1000)
+    seed = call.seeds.get((policy.id, subject.key)) if call.seeds else None
+    enforce = "1" if policy.enforce else "0"
+    return (
+        f"{policy.strategy} {limit} {policy.window_ms} {quotas.bucket(policy, now_ms, seed)} {enforce} "
+        f"{policy.totals_bucket_ms} {'1' if look_first else '0'}"
+    )
 
 
 def _sent_cost(checks: Sequence[Check], cost: int) -> int:
@@ -219,6 +246,10 @@ def _verdict(checks: Sequence[Check], reply: list, call: Ask) -> Verdict:
     # the script leaves the totals and the live index to the worker (tally.py)
     admitted, refused, seen = [], [], []
     denied = False
+    # a quota without its counter: refused (a negative count) with the retry ABSENT
+    absent = [check for i, check in enumerate(checks) if reply[1 + 3 * i] < 0 and reply[3 + 3 * i] == quotas.ABSENT]
+    if absent:
+        raise quotas.QuotaAbsent(absent, now_ms)
     for i, (policy, subject, limit, plan) in enumerate(checks):
         count, reset_ms, third = reply[1 + 3 * i : 4 + 3 * i]
         exceeded = count < 0  # then -1 - count, and the third figure is the retry time, else the reset before
@@ -226,11 +257,10 @@ def _verdict(checks: Sequence[Check], reply: list, call: Ask) -> Verdict:
             count, retry_ms, before_ms = -1 - count, third, -2
         else:
             retry_ms, before_ms = 0, third
-        window_ms = policy.window_ms
-        if reset_ms < 0:
-            reset_ms = window_ms - now_ms % window_ms
-        if retry_ms < 0:
-            retry_ms = window_ms - now_ms % window_ms
+        if reset_ms < 0 or retry_ms < 0:  # the call read no clock: the window or period ends by ours
+            ends_in = quotas.periods(policy, now_ms).end - now_ms if policy.period else policy.window_ms - now_ms % policy.window_ms
+            reset_ms = ends_in if reset_ms < 0 else reset_ms
+            retry_ms = ends_in if retry_ms < 0 else retry_ms
         allowed = not (exceeded and policy.enforce)
         denied = denied or not allowed
         capacity = policy.capacity(limit)  # a token bucket's count is compared with its burst
@@ -242,6 +272,11 @@ def _verdict(checks: Sequence[Check], reply: list, call: Ask) -> Verdict:
                 capacity - count if count < capacity else 0, reset_ms / 1000, retry_after, cost,
             )
         )
+        if policy.period:  # the period the counter ends with: its length for `w`, its start for the database
+            period = quotas.periods(policy, now_ms + max(reset_ms, retry_ms, 1) - 1)
+            decisions[-1] = decisions[-1]._replace(window=(period.end - period.start) // 1000)
+            if not call.dry_run:
+                quotas.saver.record(policy, subject.key, subject.display, period.start, count)
         if not call.dry_run:
             seen.append((policy, subject, limit, plan, exceeded, count, reset_ms, before_ms))
     if seen:

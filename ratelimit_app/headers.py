@@ -34,7 +34,7 @@ def seconds_left(decision: Decision) -> int:
 def quota(decision: Decision) -> str:
     """`q` and `w`: the limit per window; for a token bucket, its burst and the seconds an empty bucket
     takes to fill (the window when the burst is the limit), so that q per w is the rate either way."""
-    return _quota(decision.policy.capacity(decision.limit), decision.policy.window, decision.limit)
+    return _quota(decision.policy.capacity(decision.limit), decision.window or decision.policy.window, decision.limit)
 
 
 @lru_cache(maxsize=1024)
@@ -50,7 +50,8 @@ def _policy_item(name: str, q: int, window: int, limit: int, in_flight: bool) ->
 
 
 def policy_header(decisions: Sequence[Decision]) -> str:
-    return ", ".join([_policy_item(d.policy.name, d.policy.capacity(d.limit), d.policy.window, d.limit, d.policy.holds)
+    return ", ".join([_policy_item(d.policy.name, d.policy.capacity(d.limit), d.window or d.policy.window, d.limit,
+                                   d.policy.holds)
                       for d in decisions])
 
 

@@ -10,6 +10,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from . import strategies
+from .periods import LABELS as PERIOD_LABELS
+from .periods import zone
 from .rates import MAX_WINDOW
 from .subjects import TOKEN, KeySpecError, ip_network, mask, parse_key_spec
 
@@ -66,6 +68,14 @@ def never_admitted(action: str, cost: int, policy_name: str, capacity: int) -> s
 def parse_methods(value: str) -> frozenset[str]:
     """'post, PUT' -> {'POST', 'PUT'}; blank -> empty set, meaning every method."""
     return frozenset(part.strip().upper() for part in value.split(",") if part.strip())
+
+
+def validate_time_zone(value: str) -> None:
+    if value:
+        try:
+            zone(value)
+        except ValueError as error:
+            raise ValidationError(str(error), code="invalid_time_zone") from error
 
 
 def validate_methods(value: str) -> None:
@@ -155,6 +165,20 @@ class Policy(models.Model):
         validators=[MinValueValidator(1, "The burst must be at least 1 request.")],
         help_text=strategies.option_help("burst"),
     )
+    period = models.CharField(
+        "calendar period",
+        max_length=5,
+        blank=True,
+        choices=[(name, label) for name, label in PERIOD_LABELS.items()],
+        help_text=strategies.option_help("period"),
+    )
+    time_zone = models.CharField(
+        "time zone",
+        max_length=64,
+        blank=True,
+        validators=[validate_time_zone],
+        help_text=strategies.option_help("time_zone"),
+    )
     source = models.CharField(
         "source",
         max_length=10,
@@ -197,6 +221,13 @@ class Policy(models.Model):
             if option not in strategy.options and getattr(self, option) is not None:
                 users = " or ".join(strategies.using(option))
                 raise ValidationError({option: f"The {shown} applies to {users} only; leave it blank."})
+        for option in ("period", "time_zone"):
+            if option not in strategy.options and getattr(self, option):
+                users = " or ".join(strategies.using(option))
+                raise ValidationError({option: (
+                    f"{self.strategy} counts in a window of seconds, not by the calendar: choose the {users} "
+                    f"strategy for a calendar period, or leave the {option.replace('_', ' ')} blank."
+                )})
         strategy.clean(self)
 
     def validate_constraints(self, exclude=None) -> None:
@@ -510,3 +541,25 @@ def canonical_network(value: str) -> str:
     except ValueError:
         return value  # the field's validator reports it
     return str(network.network_address) if network.prefixlen == network.max_prefixlen else str(network)
+
+
+class QuotaUsage(models.Model):
+    """What a subject used of a calendar quota in one period, saved from Redis every few seconds: a
+    period Redis lost starts again from here, and billing reads it."""
+
+    policy = models.ForeignKey(Policy, on_delete=models.CASCADE, related_name="quota_usage", verbose_name="policy")
+    subject = models.CharField("subject key", max_length=64, help_text="The subject's hash, as Redis keys carry it.")
+    display = models.CharField("subject", max_length=100, help_text="The subject as a person reads it, secrets masked.")
+    period_start = models.DateTimeField("period start", help_text="When the calendar period began (UTC).")
+    used = models.PositiveBigIntegerField("used", help_text="Units counted in the period.")
+    updated = models.DateTimeField("saved", auto_now=True)
+
+    class Meta:
+        ordering = ["policy", "-period_start", "-used"]
+        verbose_name = "quota usage"
+        verbose_name_plural = "quota usage"
+        constraints = [models.UniqueConstraint(fields=["policy", "subject", "period_start"], name="ratelimit_quota_usage_once")]
+        indexes = [models.Index(fields=["policy", "period_start"], name="ratelimit_quota_usage_period")]
+
+    def __str__(self) -> str:
+        return f"{self.policy}: {self.display} used {self.used} from {self.period_start:%Y-%m-%d}"

@@ -18,6 +18,7 @@ from collections import defaultdict
 from typing import Iterable
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -68,6 +69,8 @@ def compile_policy(row: Policy) -> CompiledPolicy:
         totals_bucket_ms=strategy.totals_bucket_ms(row.window * 1000, bucket_ms),
         counts_users=any(part.reads_user for part in key_spec),
         holds=strategy.holds,
+        period=row.period,
+        time_zone=(row.time_zone or settings.TIME_ZONE or "UTC") if row.period else "",
     )
 
 

@@ -43,6 +43,19 @@ def parse_rate(rate: str | tuple[int, int]) -> tuple[int, int]:
     return _checked(int(match["limit"]), window, shown=_shown(rate))
 
 
+QUOTA = re.compile(r"^\s*(?P<limit>\d{1,18})\s*/\s*(?P<period>calendar[-_ ]?day|(?:calendar[-_ ]?)?week|(?:calendar[-_ ]?)?month)\s*$", re.IGNORECASE)
+
+
+def parse_quota(rate: object) -> tuple[int, str] | None:
+    """'10000/month' -> (10000, 'month'), '500/week' (ISO, from Monday), '1000/calendar-day' -> a
+    calendar period; None for any other rate ('1000/day' is a window of 86,400 seconds)."""
+    match = QUOTA.match(rate) if isinstance(rate, str) else None
+    if match is None:
+        return None
+    period = match["period"].lower()
+    return int(match["limit"]), next(name for name in ("day", "week", "month") if period.endswith(name))
+
+
 def _shown(rate: str) -> str:
     """The rate as messages quote it: a long one cut, so an error never echoes a megabyte back."""
     return repr(rate if len(rate) <= 40 else rate[:37] + "...")

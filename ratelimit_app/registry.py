@@ -25,16 +25,17 @@ from django.utils import timezone
 from . import strategies
 from .conf import get_setting
 from .models import MAX_COST, Mode, Policy, Source
-from .rates import format_rate, parse_rate
+from .periods import PERIODS
+from .rates import format_rate, parse_quota, parse_rate
 
 logger = logging.getLogger("ratelimit_app")
 
 # How much a policy allows: taken from the code as one unit unless the operator changed any of it.
-RATE_FIELDS = ("limit", "window", "strategy", "bucket_size", "burst")
+RATE_FIELDS = ("limit", "window", "strategy", "bucket_size", "burst", "period", "time_zone")
 # What an operator may change in the admin; the rest (what is protected, who is counted) is the code's.
 OPERATOR_FIELDS = RATE_FIELDS + ("mode", "enabled")
 CODE_FIELDS = ("action", "key", "methods") + OPERATOR_FIELDS
-SETTING_KEYS = {"name", "action", "rate", "limit", "window", "key", "strategy", "methods", "mode", "enabled", "burst", "bucket_size", "description"}
+SETTING_KEYS = {"name", "action", "rate", "limit", "window", "key", "strategy", "methods", "mode", "enabled", "burst", "bucket_size", "description", "time_zone"}
 NAME_LENGTH = 64
 COMPUTED = "computed"  # in code_values: the code computes the limit per request (a callable rate)
 
@@ -79,7 +80,7 @@ def code_policy(
     limit: int | None = None,
     window: int | None = None,
     key: str = "ip",
-    strategy: str = strategies.DEFAULT,
+    strategy: str | None = None,
     methods: str | Iterable[str] | None = "",
     mode: str = Mode.ENFORCE,
     enabled: bool = True,
@@ -87,12 +88,16 @@ def code_policy(
     bucket_size: int | None = None,
     description: str = "",
     create_only: bool = False,
+    time_zone: str = "",
 ) -> CodePolicy:
     """A validated declaration, not registered (no database access); ImproperlyConfigured when a value is wrong."""
-    limit, window = _limit_and_window(origin, rate, limit, window)
+    quota = parse_quota(rate)  # '10000/month': a calendar quota, counted by the quota strategy unless told
+    limit, window = (quota[0], PERIODS[quota[1]]) if quota else _limit_and_window(origin, rate, limit, window)
     row = Policy(
-        name=name, action=action, limit=limit, window=window, key=key, strategy=strategy,
+        name=name, action=action, limit=limit, window=window, key=key,
+        strategy=strategy or ("quota" if quota else strategies.DEFAULT),
         methods=_methods(methods), mode=mode, enabled=enabled, burst=burst, bucket_size=bucket_size,
+        period=quota[1] if quota else "", time_zone=time_zone,
     )
     try:
         row.full_clean(exclude=["source"], validate_unique=False, validate_constraints=False)

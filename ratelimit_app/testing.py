@@ -12,6 +12,7 @@ from .connection import client as redis_client
 from .deny_cache import deny_cache
 from .models import Policy
 from .policies import policies_changed
+from .quotas import saver
 from .tally import tally
 
 
@@ -20,7 +21,8 @@ def reset() -> None:
     index (loaded again at the next request), the code policies written to the database (written
     again), refusals kept in memory, the circuit breaker and what the logs already said, counts not
     yet added to the policies' totals, the Redis clients and kept connections, and whatever was
-    read from the settings. Redis and the database are left as they are (see reset_counters()).
+    read from the settings, quota usage not saved yet. Redis and the database are left as they are
+    (see reset_counters()).
 
     Call it between tests that roll the database back or empty Redis, e.g. in an autouse fixture.
     """
@@ -33,6 +35,7 @@ def reset() -> None:
     events.availability.reset()
     subjects.forget_warning()  # said once a process: about a request without a client address
     tally.discard()  # waits for a flush under way: what it sends lands before the caller empties Redis
+    saver.discard()  # quota usage not saved yet (what is saved stays: see reset_counters())
 
 
 def reset_counters() -> int:

@@ -49,6 +49,8 @@ class CompiledPolicy:
     holds: bool  # a request keeps its place until its response is done (requests in flight)
     # the engine's KEYS and ARGV for a (subject, limit), made once: the same clients come back
     script_parts: dict = field(default_factory=dict, hash=False, compare=False, repr=False)
+    period: str = ""  # a calendar quota's period (day, week, month), '' for a window of seconds
+    time_zone: str = ""  # where a calendar quota's days begin (a zoneinfo name)
 
     def __hash__(self) -> int:
         # equal policies share their id: this spares hashing every field, for every policy of every
@@ -87,6 +89,7 @@ class Decision(NamedTuple):
     reset_in: float  # seconds until every counted request has left the window
     retry_after: float | None  # seconds until the cost would fit again, when exceeded; None: it never will
     cost: int = 1  # the units the request took (or would have taken) from the policy
+    window: int = 0  # a calendar quota's current period in seconds (23 to 25 h a day, 28 to 31 days a month); 0: the policy's window
 
     @property
     def never_fits(self) -> bool:

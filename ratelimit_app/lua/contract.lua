@@ -11,7 +11,8 @@
 --       it (-1: nothing was counted; -2: the same bucket of the live index as after), state what
 --       refund needs. A cost above the capacity never fits: charge refuses it like any other.
 --   refund(key, state, cost)  gives back what charge took (another policy refused the request)
--- `bucket` is the strategy's own figure from the policy's terms (a bucket, a burst).
+-- `bucket` is the strategy's own figure from the policy's terms (a bucket, a burst, a quota's periods).
+-- A retry of -3 from charge means the quota's counter is absent: nothing counts, the worker asks again.
 --
 -- A strategy written for the earlier contract (peek / take / undo / reset, with the time passed in)
 -- is called through the same three functions here.

@@ -8,9 +8,10 @@
 -- ARGV[2]      cost: the units the request takes from every policy (1: an ordinary request)
 -- ARGV[3]      the request's lease: what an in-flight policy names its places after ('' when none
 --              of the policies counts requests in flight)
--- ARGV[3 + i]  policy i's terms: "<strategy> <limit> <window ms> <bucket ms> <enforce 1|0> <totals bucket ms>
---              <look first 1|0>" (look first: the worker saw the subject refused lately, so its counter is
---              read before anything is written: refusing it again writes nothing to take back)
+-- ARGV[3 + i]  policy i's terms: "<strategy> <limit> <window ms> <bucket> <enforce 1|0> <totals bucket ms>
+--              <look first 1|0>" (bucket: ms, or a word of the strategy's own, a quota's periods; look
+--              first: the worker saw the subject refused lately, so its counter is read before anything
+--              is written: refusing it again writes nothing to take back)
 --
 -- If any enforcing policy has no room for the cost, nothing stays counted anywhere (units taken
 -- before the refusal was known are given back in the same call); otherwise every policy with room
@@ -26,7 +27,7 @@ local dry_run = string.byte(when) == 100 -- 'd'
 clock.start(dry_run and string.sub(when, 2) or when)
 local cost, lease = tonumber(ARGV[2]), ARGV[3]
 local n = #ARGV - 3
-local TERMS = '^(%S+) (%d+) (%d+) (%d+) ([01]) (%d+) ([01])$'
+local TERMS = '^(%S+) (%d+) (%d+) (%S+) ([01]) (%d+) ([01])$'
 
 local result = {0, 0, 0, 0} -- sized for one policy (most requests): more grow it
 local states -- what each policy took, by position: only kept when another policy may refuse after it
@@ -35,7 +36,7 @@ for i = 1, n do
   local name, limit, window, bucket, enforce, totals_bucket, look_first = string.match(ARGV[3 + i], TERMS)
   local strategy = strategies[name]
   if not strategy then error('decide: unknown terms ' .. ARGV[3 + i]) end
-  limit, window, bucket = tonumber(limit), tonumber(window), tonumber(bucket)
+  limit, window, bucket = tonumber(limit), tonumber(window), tonumber(bucket) or bucket
   local taken, count, retry, reset, before, state = false, 0, 0, 0, -2
   -- once the request is refused (or in a dry run), the remaining policies only look; a subject
   -- refused lately is looked at first, and charged only when it has room
@@ -47,7 +48,7 @@ for i = 1, n do
       contract.charge(strategy, KEYS[i], limit, window, bucket, cost, lease, tonumber(totals_bucket))
   end
   local exceeded = not taken and retry ~= 0
-  if exceeded and enforce == '1' then denied = true end
+  if exceeded and (enforce == '1' or retry == -3) then denied = true end -- -3: a quota asks for its saved usage
   if taken then
     count = count + cost
     if n > 1 then
@@ -68,7 +69,7 @@ if denied and states then
   for i, state in pairs(states) do
     local name, limit, window, bucket = string.match(ARGV[3 + i], TERMS)
     local strategy = strategies[name]
-    limit, window, bucket = tonumber(limit), tonumber(window), tonumber(bucket)
+    limit, window, bucket = tonumber(limit), tonumber(window), tonumber(bucket) or bucket
     contract.refund(strategy, KEYS[i], state, cost)
     local at = 3 * i - 1
     local count, _, reset = contract.look(strategy, KEYS[i], limit, window, bucket, cost)

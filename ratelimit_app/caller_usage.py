@@ -1,0 +1,79 @@
+"""What a caller has used of every limit that applies to them, for a customer's dashboard or an
+`/api/usage` view: one look at Redis (nothing is counted), calendar quotas and rate limits alike."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import NamedTuple, Sequence
+
+from . import engine, policies
+from .conf import get_setting
+from .limiter import resolve_user
+from .overrides import matching_override
+from .plans import limit_in_effect, plan_of
+from .subjects import subject_for
+from .values import Check, Decision
+
+
+class Usage(NamedTuple):
+    policy: str  # the policy's name, as the RateLimit headers name it
+    used: int  # units counted in the current window or period
+    limit: int  # the caller's limit (their plan's, an override's, or the policy's)
+    remaining: int
+    resets_at: datetime  # when the count is back to zero (a quota: when the next period starts), UTC
+    period: str  # 'day', 'week' or 'month' for a calendar quota, '' for a window of seconds
+    window: int  # seconds of the window, or of the current period
+    plan: str  # the plan that set the limit, '' when none did
+
+    def as_dict(self) -> dict:
+        """For a JSON answer (resets_at as ISO 8601)."""
+        return {**self._asdict(), "resets_at": self.resets_at.isoformat()}
+
+
+def _checks(request, index: policies.PolicyIndex) -> list[Check]:
+    """Every enforced policy whose subject this request has, at the caller's limit (exemptions left out)."""
+    on_plan = plan_of(index.plans, request) if index.plans else None
+    checks = []
+    for policy in index.policies:
+        if not policy.enforce or policy.holds:
+            continue  # shadow policies never show to clients; requests in flight are no usage
+        subject = subject_for(policy.key_spec, request)
+        if subject is None:
+            continue
+        override = matching_override(index.overrides.get(policy.id), request) if index.overrides else None
+        limit, plan_name = limit_in_effect(policy.limit, policy.id, override, on_plan)
+        if limit is not None:
+            checks.append(Check(policy, subject, limit, plan_name or ""))
+    return checks
+
+
+def _usage(checks: Sequence[Check], decisions: Sequence[Decision]) -> list[Usage]:
+    now = datetime.now(timezone.utc)
+    return [
+        Usage(
+            check.policy.name, decision.count, decision.limit, decision.remaining,
+            (now + timedelta(seconds=decision.reset_in)).replace(microsecond=0) if decision.count else now.replace(microsecond=0),
+            check.policy.period, decision.window or check.policy.window, check.plan,
+        )
+        for check, decision in zip(checks, decisions)
+    ]
+
+
+def usage(request) -> list[Usage]:
+    """The caller's usage of every limit that applies to them, counting nothing (raises
+    engine.RedisUnavailable when Redis cannot answer)."""
+    if not get_setting("RATELIMIT_ENABLED"):
+        return []
+    checks = _checks(request, policies.get_index())
+    return _usage(checks, engine.decide(checks, dry_run=True).decisions)
+
+
+async def ausage(request) -> list[Usage]:
+    """usage() for async code."""
+    if not get_setting("RATELIMIT_ENABLED"):
+        return []
+    index = await policies.aget_index()
+    if index.needs_user:
+        await resolve_user(request)
+    checks = _checks(request, index)
+    return _usage(checks, (await engine.adecide(checks, dry_run=True)).decisions)

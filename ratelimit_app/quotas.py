@@ -1,0 +1,192 @@
+"""Calendar quotas beside the engine: the periods a decision sends (by this worker's clock), the usage
+the database saved for a period Redis lost, and the saver that writes usage there every few seconds.
+
+A period's counter lives in Redis; its usage is also upserted here, batched, at most
+RATELIMIT_QUOTA_SAVE_SECONDS after a decision (the most a loss of Redis can take away). When Redis has
+no counter for the current period, the script says so and the worker asks again with the saved usage:
+one query for a subject's first decision of a period (or after a loss), none in steady state.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from datetime import datetime, timezone
+from typing import Iterable, NamedTuple, Sequence
+
+from django.db import DatabaseError, connections, router
+from django.db.models import Q
+
+from .conf import get_setting
+from .models import Policy, QuotaUsage
+from .periods import Periods, periods_at, zone
+from .values import Check, CompiledPolicy
+
+logger = logging.getLogger("ratelimit_app")
+ABSENT = -3  # the retry a quota's script reports for a counter that is not there (lua/quota.lua)
+
+_periods: dict[tuple[str, str], Periods] = {}  # (period, zone) -> the periods around the last instant asked
+
+
+def periods(policy: CompiledPolicy, now_ms: int) -> Periods:
+    """The periods of a calendar quota around `now_ms`, worked out again only when a period ends."""
+    found = _periods.get((policy.period, policy.time_zone))
+    if found is None or not found.start <= now_ms < found.end:
+        found = periods_at(policy.period, zone(policy.time_zone), now_ms)
+        if len(_periods) > 256:
+            _periods.clear()
+        _periods[(policy.period, policy.time_zone)] = found
+    return found
+
+
+def bucket(policy: CompiledPolicy, now_ms: int, seed: tuple[int, int] | None) -> str:
+    """The `bucket` of a quota's terms (lua/quota.lua): its periods, and the saved usage when asked again."""
+    found = periods(policy, now_ms)
+    text = f"{found.previous},{found.start},{found.end},{found.after}"
+    return text if seed is None else f"{text},{seed[0]},{seed[1]}"
+
+
+class QuotaAbsent(Exception):
+    """Redis has no counter for these quota checks' period: ask again with the usage saved for it."""
+
+    def __init__(self, checks: Sequence[Check], now_ms: int) -> None:
+        super().__init__(f"{len(checks)} quota counter(s) absent")
+        self.checks = checks
+        self.now_ms = now_ms
+
+
+def as_datetime(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc)
+
+
+def saved(checks: Iterable[Check], now_ms: int) -> dict[tuple[int, str], tuple[int, int]]:
+    """(policy id, subject key) -> (period start ms, used) for every check, 0 where nothing was saved:
+    one query (the saver's pending usage counts too, being newer than the database)."""
+    starts = {(check.policy.id, check.subject.key): periods(check.policy, now_ms).start for check in checks}
+    query = Q()
+    for (policy_id, subject), start in starts.items():
+        query |= Q(policy_id=policy_id, subject=subject, period_start=as_datetime(start))
+    found = {key: (start, 0) for key, start in starts.items()}
+    try:
+        rows = QuotaUsage.objects.filter(query).values_list("policy_id", "subject", "used")
+        for policy_id, subject, used in rows:
+            found[(policy_id, subject)] = (starts[(policy_id, subject)], used)
+    except DatabaseError as error:  # the period starts from what Redis and this worker know
+        logger.warning("ratelimit: the saved usage of a quota could not be read: %s", error)
+    for key, (start, used) in list(found.items()):
+        pending = saver.pending_used(key[0], key[1], start)
+        if pending > used:
+            found[key] = (start, pending)
+    return found
+
+
+# --- saving usage ------------------------------------------------------------------------------------
+
+
+class Usage(NamedTuple):
+    display: str
+    used: int
+
+
+class Saver:
+    """Usage to upsert, by (policy id, subject key, period start ms): the largest count seen wins, here
+    and in the database (every worker sends what it saw; a count only grows within a period)."""
+
+    def __init__(self) -> None:
+        self._pending: dict[tuple[int, str, int], Usage] = {}
+        self._lock = threading.Lock()
+        self._saving = threading.Lock()
+        self._timer: threading.Timer | None = None
+
+    def record(self, policy: CompiledPolicy, subject_key: str, display: str, start_ms: int, used: int) -> None:
+        key = (policy.id, subject_key, start_ms)
+        with self._lock:
+            known = self._pending.get(key)
+            if known is None or known.used < used:
+                self._pending[key] = Usage(display, used)
+            if self._timer is None:
+                self._timer = threading.Timer(get_setting("RATELIMIT_QUOTA_SAVE_SECONDS"), self._timed)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def pending_used(self, policy_id: int, subject_key: str, start_ms: int) -> int:
+        known = self._pending.get((policy_id, subject_key, start_ms))
+        return known.used if known else 0
+
+    def _timed(self) -> None:
+        try:
+            self.save()
+        finally:
+            connections.close_all()  # this thread's connections: the timer's thread ends here
+
+    def save(self) -> int:
+        """Upsert what is pending (kept for the next time if the database refuses); how many rows."""
+        with self._saving:
+            with self._lock:
+                pending, self._pending, self._timer = self._pending, {}, None
+            if not pending:
+                return 0
+            try:
+                _upsert(pending)
+            except DatabaseError as error:
+                logger.warning("ratelimit: quota usage could not be saved yet: %s", error)
+                with self._lock:
+                    for key, usage in pending.items():
+                        known = self._pending.get(key)
+                        if known is None or known.used < usage.used:
+                            self._pending[key] = usage
+                return 0
+            return len(pending)
+
+    def discard(self) -> None:
+        """Forget what is pending (tests: one test's usage must not reach the next one's database)."""
+        with self._saving, self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._pending, self._timer = {}, None
+
+    def _forked(self) -> None:
+        self._pending, self._lock, self._saving, self._timer = {}, threading.Lock(), threading.Lock(), None
+
+
+BATCH = 500  # rows per INSERT
+
+
+def _upsert(pending: dict[tuple[int, str, int], Usage]) -> None:
+    """INSERT ... ON CONFLICT keeping the larger count (what several workers saw of one period)."""
+    alias = router.db_for_write(QuotaUsage)
+    connection = connections[alias]
+    table = connection.ops.quote_name(QuotaUsage._meta.db_table)
+    larger = {"postgresql": "GREATEST", "mysql": "GREATEST"}.get(connection.vendor, "MAX")
+    now = datetime.now(timezone.utc)
+    rows = [
+        (policy_id, subject, usage.display[:100], as_datetime(start), usage.used, now)
+        for (policy_id, subject, start), usage in pending.items()
+    ]
+    columns = "policy_id, subject, display, period_start, used, updated"
+    if connection.vendor == "mysql":
+        conflict = "ON DUPLICATE KEY UPDATE used = GREATEST(used, VALUES(used)), display = VALUES(display), updated = VALUES(updated)"
+    else:
+        conflict = (
+            f"ON CONFLICT (policy_id, subject, period_start) DO UPDATE SET used = {larger}({table}.used, excluded.used), "
+            "display = excluded.display, updated = excluded.updated"
+        )
+    # a policy deleted meanwhile takes its usage with it
+    known = set(Policy.objects.using(alias).filter(pk__in={row[0] for row in rows}).values_list("pk", flat=True))
+    rows = [row for row in rows if row[0] in known]
+    with connection.cursor() as cursor:
+        for first in range(0, len(rows), BATCH):
+            batch = rows[first : first + BATCH]
+            values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(batch))
+            params = [
+                connection.ops.adapt_datetimefield_value(value) if isinstance(value, datetime) else value
+                for row in batch for value in row
+            ]
+            cursor.execute(f"INSERT INTO {table} ({columns}) VALUES {values} {conflict}", params)
+
+
+saver = Saver()
+atexit.register(saver.save)
+os.register_at_fork(after_in_child=saver._forked)

@@ -1,0 +1,308 @@
+"""Calendar quotas: periods against a reference model (hypothesis over instants, DST, month ends, leap
+years), the quota strategy decided by the real Lua on the real server, exact under 8 processes with
+costs, all-or-nothing with other policies, the headers' `t` and `w`, usage() for a dashboard, and bad
+input refused plainly."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.contrib.auth.models import AnonymousUser
+from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.http import HttpResponse
+from django.test import RequestFactory
+from hypothesis import given, settings, strategies as st
+
+import ratelimit_app
+from ratelimit_app import engine, quotas
+from ratelimit_app.decorators import ratelimit
+from ratelimit_app.models import Policy, QuotaUsage
+from ratelimit_app.periods import periods_at, zone
+from ratelimit_app.rates import parse_quota
+from ratelimit_app.registry import code_policy
+from tests.helpers import check, declarations_forgotten, in_processes, make_policy, policy
+
+ZONES = ["UTC", "Europe/Paris", "America/New_York", "America/Santiago", "Australia/Lord_Howe", "Asia/Kolkata",
+         "Pacific/Apia", "America/Havana", "Asia/Tehran"]
+FROM, TO = datetime(1995, 1, 1, tzinfo=timezone.utc), datetime(2045, 1, 1, tzinfo=timezone.utc)
+
+
+def ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def local(instant_ms: int, name: str) -> datetime:
+    return datetime.fromtimestamp(instant_ms / 1000, ZoneInfo(name))
+
+
+def label(period: str, instant_ms: int, name: str) -> tuple:
+    """Which period an instant belongs to, read plainly from its local date: the reference model."""
+    day = local(instant_ms, name).date()
+    if period == "day":
+        return (day,)
+    if period == "week":
+        return tuple(day.isocalendar())[:2]
+    return (day.year, day.month)
+
+
+# --- periods against the reference model -------------------------------------------------------
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    instant=st.datetimes(min_value=FROM.replace(tzinfo=None), max_value=TO.replace(tzinfo=None)),
+    name=st.sampled_from(ZONES),
+    period=st.sampled_from(["day", "week", "month"]),
+)
+def test_a_period_holds_exactly_the_instants_of_its_local_day_week_or_month(instant, name, period):
+    now = ms(instant.replace(tzinfo=timezone.utc))
+    found = periods_at(period, zone(name), now)
+    here = label(period, now, name)
+    assert found.start <= now < found.end
+    assert label(period, found.start, name) == here and label(period, found.end - 1, name) == here
+    assert label(period, found.start - 1, name) != here and label(period, found.end, name) != here
+    # the neighbours are whole periods that touch it
+    assert label(period, found.previous, name) == label(period, found.start - 1, name) != label(period, found.previous - 1, name)
+    assert label(period, found.after - 1, name) == label(period, found.end, name) != label(period, found.after, name)
+
+
+@pytest.mark.parametrize(("name", "day", "hours"), [
+    ("Europe/Paris", "2026-03-29", 23), ("Europe/Paris", "2026-10-25", 25), ("Europe/Paris", "2026-06-01", 24),
+    ("America/New_York", "2026-03-08", 23), ("America/New_York", "2026-11-01", 25),
+    ("Australia/Lord_Howe", "2026-04-05", 24.5), ("Pacific/Apia", "2011-12-29", 24),
+])
+def test_days_across_dst_changes_last_23_or_25_hours(name, day, hours):
+    noon = datetime.fromisoformat(f"{day}T12:00:00").replace(tzinfo=ZoneInfo(name))
+    found = periods_at("day", zone(name), ms(noon))
+    assert (found.end - found.start) / 3_600_000 == hours
+
+
+@pytest.mark.parametrize(("month", "days"), [("2024-02", 29), ("2026-02", 28), ("2100-02", 28), ("2000-02", 29),
+                                             ("2026-01", 31), ("2026-04", 30), ("2026-12", 31)])
+def test_months_have_their_real_length(month, days):
+    found = periods_at("month", zone("UTC"), ms(datetime.fromisoformat(f"{month}-15T00:00:00+00:00")))
+    assert (found.end - found.start) // 86_400_000 == days
+    assert datetime.fromtimestamp(found.start / 1000, timezone.utc).day == 1
+
+
+def test_a_week_starts_on_monday_in_the_policys_zone():
+    # Sunday 2026-11-29 23:30 in UTC is already Monday 00:30 in Paris
+    found = periods_at("week", zone("Europe/Paris"), ms(datetime(2026, 11, 29, 23, 30, tzinfo=timezone.utc)))
+    assert local(found.start, "Europe/Paris") == datetime(2026, 11, 30, tzinfo=ZoneInfo("Europe/Paris"))
+
+
+# --- rates and bad input ------------------------------------------------------------------------
+
+
+def test_rates_say_month_week_and_calendar_day_while_day_stays_86400_seconds():
+    assert parse_quota("10000/month") == (10000, "month")
+    assert parse_quota("500/week") == (500, "week")
+    assert parse_quota("1000/calendar-day") == (1000, "day")
+    assert parse_quota("1000/day") is None  # a window of 86,400 seconds, as before
+    declared = code_policy("monthly", action="*", origin="test", rate="10000/month", key="header:x-api-key")
+    assert (declared.values["strategy"], declared.values["period"], declared.values["limit"]) == ("quota", "month", 10000)
+    day = code_policy("daily", action="*", origin="test", rate="1000/day")
+    assert (day.values["window"], day.values["period"]) == (86400, "")
+
+
+@pytest.mark.django_db
+def test_a_time_zone_that_does_not_exist_is_refused_with_a_message():
+    row = Policy(name="q", action="*", limit=10, window=1, strategy="quota", period="month", time_zone="Mars/Olympus")
+    with pytest.raises(ValidationError) as refused:
+        row.full_clean()
+    assert "'Mars/Olympus' is not a time zone" in str(refused.value.message_dict["time_zone"])
+    with pytest.raises(ImproperlyConfigured, match="is not a time zone"):
+        code_policy("bad-zone", action="*", origin="@ratelimit", rate="10/month", time_zone="Nowhere/Else")
+
+
+@pytest.mark.django_db
+def test_a_period_a_strategy_cannot_count_is_refused_with_a_message():
+    row = Policy(name="q", action="*", limit=10, window=60, strategy="sliding_window", period="month")
+    with pytest.raises(ValidationError) as refused:
+        row.full_clean()
+    assert "not by the calendar" in " ".join(refused.value.message_dict["period"])
+    with pytest.raises(ImproperlyConfigured, match="not by the calendar"):
+        code_policy("bad-strategy", action="*", origin="@ratelimit", rate="10/month", strategy="token_bucket")
+    quota = Policy(name="q", action="*", limit=10, window=60, strategy="quota")
+    with pytest.raises(ValidationError) as refused:
+        quota.full_clean()
+    assert "day, week or month" in " ".join(refused.value.message_dict["period"])
+
+
+@pytest.mark.django_db
+def test_the_admin_form_takes_a_calendar_rate_and_a_zone(admin_client):
+    answer = admin_client.post("/admin/ratelimit_app/policy/add/", {
+        "name": "monthly", "action": "/api/", "rate": "10000/month", "strategy": "sliding_window",
+        "time_zone": "Europe/Paris", "key": "ip", "mode": "enforce", "enabled": "on",
+        "overrides-TOTAL_FORMS": "0", "overrides-INITIAL_FORMS": "0",
+    })
+    assert answer.status_code == 302, answer.content.decode()[:3000]
+    saved = Policy.objects.get(name="monthly")
+    assert (saved.strategy, saved.period, saved.time_zone, saved.limit) == ("quota", "month", "Europe/Paris", 10000)
+    refused = admin_client.post("/admin/ratelimit_app/policy/add/", {
+        "name": "daily", "action": "/api/", "rate": "100/calendar-day", "time_zone": "Europe/Pariss",
+        "key": "ip", "mode": "enforce", "enabled": "on", "overrides-TOTAL_FORMS": "0", "overrides-INITIAL_FORMS": "0",
+    })
+    assert refused.status_code == 200 and "is not a time zone" in refused.content.decode()
+
+
+# --- the engine -----------------------------------------------------------------------------------
+
+NOON = datetime(2026, 1, 31, 12, tzinfo=ZoneInfo("Europe/Paris"))
+
+
+def quota(period="month", zone_name="Europe/Paris", **fields):
+    return policy(strategy="quota", period=period, time_zone=zone_name, window=1, **fields)
+
+
+@pytest.mark.django_db
+def test_a_month_counts_until_its_last_instant_and_tells_the_wait_until_the_first(redis_client):
+    limited = quota(limit=3)
+    end = datetime(2026, 2, 1, tzinfo=ZoneInfo("Europe/Paris"))
+    now = NOON.timestamp()
+    assert [engine.decide([check(limited)], now=now).allowed for _ in range(4)] == [True, True, True, False]
+    [refused] = engine.decide([check(limited)], now=now).decisions
+    assert refused.retry_after == pytest.approx((end - NOON).total_seconds())
+    assert refused.window == 31 * 86400
+    last = end.timestamp() - 0.001
+    assert not engine.decide([check(limited)], now=last).allowed
+    [fresh] = engine.decide([check(limited)], now=end.timestamp()).decisions
+    assert (fresh.allowed, fresh.count, fresh.window) == (True, 1, 28 * 86400)
+
+
+@pytest.mark.django_db
+def test_on_the_servers_clock_a_quota_counts_and_its_counter_ends_with_the_period(redis_client):
+    limited = quota(period="day", zone_name="UTC", limit=2)
+    assert [engine.decide([check(limited)]).allowed for _ in range(3)] == [True, True, False]
+    [counter] = redis_client.keys("*q*")
+    midnight = (datetime.now(timezone.utc) + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    assert redis_client.pexpiretime(counter) == ms(midnight)
+
+
+@pytest.mark.django_db
+def test_a_refusal_by_a_quota_counts_nothing_in_the_other_policies_and_the_reverse():
+    monthly, minute = quota(limit=5), policy(limit=2, window=60)
+    now = NOON.timestamp()
+    assert engine.decide([check(monthly), check(minute)], now=now, cost=2).allowed
+    assert not engine.decide([check(monthly), check(minute)], now=now, cost=2).allowed  # the minute is full
+    assert [d.count for d in engine.decide([check(monthly), check(minute)], now=now, dry_run=True).decisions] == [2, 2]
+    assert not engine.decide([check(monthly), check(policy(limit=100, window=60))], now=now + 60, cost=4).allowed
+    assert engine.decide([check(monthly)], now=now, dry_run=True).decisions[0].count == 2
+
+
+def _costly(limited, start, results):
+    start.wait()
+    results.put(sum(engine.decide([check(limited)], cost=3).allowed for _ in range(100)))
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("first", ["in Redis", "absent"])
+def test_eight_processes_of_cost_3_against_300_admit_exactly_100(first):
+    limited = quota(period="month", zone_name="UTC", limit=300)
+    if first == "in Redis":
+        assert engine.decide([check(limited)], cost=3).allowed
+    assert sum(in_processes(_costly, (limited,))) == (99 if first == "in Redis" else 100)
+    [decision] = engine.decide([check(limited)], dry_run=True).decisions
+    assert (decision.count, decision.remaining) == (300, 0)
+
+
+# --- durability -----------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_flushall_starts_the_period_again_from_the_saved_usage(redis_client, django_assert_num_queries):
+    row = make_policy(name="monthly", strategy="quota", period="month", time_zone="UTC", limit=10, window=1)
+    from ratelimit_app.policies import compile_policy
+
+    limited = compile_policy(row)
+    assert all(engine.decide([check(limited)], cost=2).allowed for _ in range(3))
+    assert quotas.saver.save() == 1
+    assert QuotaUsage.objects.get().used == 6
+    assert engine.decide([check(limited)]).allowed  # 7: not saved yet
+    quotas.saver.discard()  # the worker that counted it is gone too
+    redis_client.flushall()
+    with django_assert_num_queries(1):  # the first decision after the loss reads what was saved
+        assert engine.decide([check(limited)], cost=4).allowed  # 6 saved + 4: the one unsaved unit is lost
+    with django_assert_num_queries(0):
+        assert not engine.decide([check(limited)]).allowed  # steady state: Redis alone
+    assert engine.decide([check(limited)], dry_run=True).decisions[0].count == 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_that_lost_redis_starts_from_what_it_has_not_saved_yet(redis_client):
+    row = make_policy(name="monthly", strategy="quota", period="month", time_zone="UTC", limit=10, window=1)
+    from ratelimit_app.policies import compile_policy
+
+    limited = compile_policy(row)
+    assert all(engine.decide([check(limited)], cost=2).allowed for _ in range(3))
+    quotas.saver.save()
+    assert engine.decide([check(limited)]).allowed  # 7, pending in this worker
+    redis_client.flushall()
+    assert not engine.decide([check(limited)], cost=4).allowed  # 7 + 4 > 10
+    assert engine.decide([check(limited)], cost=3).allowed
+    quotas.saver.save()
+    assert QuotaUsage.objects.get().used == 10
+
+
+# --- usage for the people who pay ------------------------------------------------------------------
+
+
+def _caller(key="k-123"):
+    made = RequestFactory().get("/api/usage", REMOTE_ADDR="203.0.113.9", HTTP_X_API_KEY=key)
+    made.user = AnonymousUser()
+    return made
+
+
+@pytest.mark.django_db
+def test_usage_lists_the_callers_quotas_and_rate_limits_counting_nothing():
+    make_policy(name="monthly", action="/api/", strategy="quota", period="month", time_zone="UTC", limit=1000,
+                window=1, key="header:x-api-key")
+    make_policy(name="per-minute", action="*", limit=10, window=60, key="ip")
+    make_policy(name="watching", action="*", limit=10, window=60, key="ip", mode="shadow")
+
+    @ratelimit("/api/")
+    def view(request):
+        return HttpResponse("ok")
+
+    for _ in range(3):
+        ratelimit_app.hit(_caller(), "/api/")
+    shown = {item.policy: item for item in ratelimit_app.usage(_caller())}
+    assert set(shown) == {"monthly", "per-minute"}  # a shadow policy never shows to clients
+    month = shown["monthly"]
+    assert (month.used, month.limit, month.remaining, month.period) == (3, 1000, 997, "month")
+    first_of_next = (datetime.now(timezone.utc).replace(day=28) + timedelta(days=4)).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    assert abs((month.resets_at - first_of_next).total_seconds()) <= 1
+    assert month.as_dict()["resets_at"].startswith(first_of_next.date().isoformat())
+    assert {item.policy: item.used for item in ratelimit_app.usage(_caller())} == {"monthly": 3, "per-minute": 3}
+    assert {item.policy: item.used for item in ratelimit_app.usage(_caller("other"))}["monthly"] == 0
+
+
+@pytest.mark.django_db
+async def test_ausage_is_usage_for_async_views():
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(make_policy)(name="weekly", strategy="quota", period="week", time_zone="UTC", limit=50,
+                                     window=1, key="header:x-api-key")
+    await ratelimit_app.ahit(_caller(), "anything")
+    [item] = await ratelimit_app.ausage(_caller())
+    assert (item.policy, item.used, item.remaining, item.window) == ("weekly", 1, 49, 7 * 86400)
+
+
+@pytest.mark.django_db
+def test_a_declared_monthly_quota_answers_429_with_the_wait_until_the_next_month():
+    with declarations_forgotten():
+
+        @ratelimit(rate="2/month", key="header:x-api-key", time_zone="UTC")
+        def view(request):
+            return HttpResponse("ok")
+
+        answers = [view(_caller()) for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    now = datetime.now(timezone.utc)
+    first_of_next = (now.replace(day=28) + timedelta(days=4)).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    wait = int(answers[2].headers["Retry-After"])
+    assert abs(wait - (first_of_next - now).total_seconds()) <= 2
+    length = periods_at("month", zone("UTC"), ms(now))
+    assert f";q=2;w={(length.end - length.start) // 1000}" in answers[0].headers["RateLimit-Policy"]
