@@ -15,6 +15,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from . import admin_usage  # noqa: F401 - registers the quota usage pages
 from . import operations, registry, strategies, tester
 from .breaker import RedisUnavailable
 from .models import ActionCost, Mode, Override, Plan, PlanAssignment, PlanLimit, Policy
