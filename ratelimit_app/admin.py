@@ -67,7 +67,7 @@ class PolicyForm(forms.ModelForm):
         quota = parse_quota(rate)
         if quota:  # the calendar quota strategy counts it
             data["limit"], data["period"] = quota
-            data["window"], data["strategy"] = PERIODS[quota[1]], "quota"
+            data["window"], data["strategy"] = PERIODS[quota[1]], strategies.calendar()
             for field in ("limit", "window", "period", "strategy"):
                 self.errors.pop(field, None)
         elif rate:
@@ -82,7 +82,7 @@ class PolicyForm(forms.ModelForm):
                 self.add_error("rate", "The limit must be at least 1 request per window.")
         else:
             for field in ("limit", "window"):
-                if field == "window" and data.get("strategy") == "quota":
+                if field == "window" and data.get("strategy") == strategies.calendar():
                     continue  # the period sets it
                 if field in self.fields and data.get(field) is None and field not in self.errors:
                     self.add_error(field, "Give a value here, or a rate such as 100/m.")

@@ -169,6 +169,8 @@ class Policy(models.Model):
         "calendar period",
         max_length=5,
         blank=True,
+        default="",
+        db_default="",
         choices=[(name, label) for name, label in PERIOD_LABELS.items()],
         help_text=strategies.option_help("period"),
     )
@@ -176,6 +178,8 @@ class Policy(models.Model):
         "time zone",
         max_length=64,
         blank=True,
+        default="",
+        db_default="",
         validators=[validate_time_zone],
         help_text=strategies.option_help("time_zone"),
     )

@@ -95,7 +95,7 @@ def code_policy(
     limit, window = (quota[0], PERIODS[quota[1]]) if quota else _limit_and_window(origin, rate, limit, window)
     row = Policy(
         name=name, action=action, limit=limit, window=window, key=key,
-        strategy=strategy or ("quota" if quota else strategies.DEFAULT),
+        strategy=strategy or (strategies.calendar() if quota else strategies.DEFAULT),
         methods=_methods(methods), mode=mode, enabled=enabled, burst=burst, bucket_size=bucket_size,
         period=quota[1] if quota else "", time_zone=time_zone,
     )

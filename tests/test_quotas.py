@@ -102,14 +102,14 @@ def test_rates_say_month_week_and_calendar_day_while_day_stays_86400_seconds():
     assert parse_quota("1000/calendar-day") == (1000, "day")
     assert parse_quota("1000/day") is None  # a window of 86,400 seconds, as before
     declared = code_policy("monthly", action="*", origin="test", rate="10000/month", key="header:x-api-key")
-    assert (declared.values["strategy"], declared.values["period"], declared.values["limit"]) == ("quota", "month", 10000)
+    assert (declared.values["strategy"], declared.values["period"], declared.values["limit"]) == ("calendar_quota", "month", 10000)
     day = code_policy("daily", action="*", origin="test", rate="1000/day")
     assert (day.values["window"], day.values["period"]) == (86400, "")
 
 
 @pytest.mark.django_db
 def test_a_time_zone_that_does_not_exist_is_refused_with_a_message():
-    row = Policy(name="q", action="*", limit=10, window=1, strategy="quota", period="month", time_zone="Mars/Olympus")
+    row = Policy(name="q", action="*", limit=10, window=1, strategy="calendar_quota", period="month", time_zone="Mars/Olympus")
     with pytest.raises(ValidationError) as refused:
         row.full_clean()
     assert "'Mars/Olympus' is not a time zone" in str(refused.value.message_dict["time_zone"])
@@ -125,7 +125,7 @@ def test_a_period_a_strategy_cannot_count_is_refused_with_a_message():
     assert "not by the calendar" in " ".join(refused.value.message_dict["period"])
     with pytest.raises(ImproperlyConfigured, match="not by the calendar"):
         code_policy("bad-strategy", action="*", origin="@ratelimit", rate="10/month", strategy="token_bucket")
-    quota = Policy(name="q", action="*", limit=10, window=60, strategy="quota")
+    quota = Policy(name="q", action="*", limit=10, window=60, strategy="calendar_quota")
     with pytest.raises(ValidationError) as refused:
         quota.full_clean()
     assert "day, week or month" in " ".join(refused.value.message_dict["period"])
@@ -140,7 +140,7 @@ def test_the_admin_form_takes_a_calendar_rate_and_a_zone(admin_client):
     })
     assert answer.status_code == 302, answer.content.decode()[:3000]
     saved = Policy.objects.get(name="monthly")
-    assert (saved.strategy, saved.period, saved.time_zone, saved.limit) == ("quota", "month", "Europe/Paris", 10000)
+    assert (saved.strategy, saved.period, saved.time_zone, saved.limit) == ("calendar_quota", "month", "Europe/Paris", 10000)
     refused = admin_client.post("/admin/ratelimit_app/policy/add/", {
         "name": "daily", "action": "/api/", "rate": "100/calendar-day", "time_zone": "Europe/Pariss",
         "key": "ip", "mode": "enforce", "enabled": "on", "overrides-TOTAL_FORMS": "0", "overrides-INITIAL_FORMS": "0",
@@ -154,7 +154,7 @@ NOON = datetime(2026, 1, 31, 12, tzinfo=ZoneInfo("Europe/Paris"))
 
 
 def quota(period="month", zone_name="Europe/Paris", **fields):
-    return policy(strategy="quota", period=period, time_zone=zone_name, window=1, **fields)
+    return policy(strategy="calendar_quota", period=period, time_zone=zone_name, window=1, **fields)
 
 
 @pytest.mark.django_db
@@ -213,7 +213,7 @@ def test_eight_processes_of_cost_3_against_300_admit_exactly_100(first):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_flushall_starts_the_period_again_from_the_saved_usage(redis_client, django_assert_num_queries):
-    row = make_policy(name="monthly", strategy="quota", period="month", time_zone="UTC", limit=10, window=1)
+    row = make_policy(name="monthly", strategy="calendar_quota", period="month", time_zone="UTC", limit=10, window=1)
     from ratelimit_app.policies import compile_policy
 
     limited = compile_policy(row)
@@ -232,7 +232,7 @@ def test_a_flushall_starts_the_period_again_from_the_saved_usage(redis_client, d
 
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_that_lost_redis_starts_from_what_it_has_not_saved_yet(redis_client):
-    row = make_policy(name="monthly", strategy="quota", period="month", time_zone="UTC", limit=10, window=1)
+    row = make_policy(name="monthly", strategy="calendar_quota", period="month", time_zone="UTC", limit=10, window=1)
     from ratelimit_app.policies import compile_policy
 
     limited = compile_policy(row)
@@ -257,7 +257,7 @@ def _caller(key="k-123"):
 
 @pytest.mark.django_db
 def test_usage_lists_the_callers_quotas_and_rate_limits_counting_nothing():
-    make_policy(name="monthly", action="/api/", strategy="quota", period="month", time_zone="UTC", limit=1000,
+    make_policy(name="monthly", action="/api/", strategy="calendar_quota", period="month", time_zone="UTC", limit=1000,
                 window=1, key="header:x-api-key")
     make_policy(name="per-minute", action="*", limit=10, window=60, key="ip")
     make_policy(name="watching", action="*", limit=10, window=60, key="ip", mode="shadow")
@@ -283,7 +283,7 @@ def test_usage_lists_the_callers_quotas_and_rate_limits_counting_nothing():
 async def test_ausage_is_usage_for_async_views():
     from asgiref.sync import sync_to_async
 
-    await sync_to_async(make_policy)(name="weekly", strategy="quota", period="week", time_zone="UTC", limit=50,
+    await sync_to_async(make_policy)(name="weekly", strategy="calendar_quota", period="week", time_zone="UTC", limit=50,
                                      window=1, key="header:x-api-key")
     await ratelimit_app.ahit(_caller(), "anything")
     [item] = await ratelimit_app.ausage(_caller())
@@ -323,7 +323,7 @@ def _saved_usage(row, start_ms: int, count: int, first: int = 0) -> None:
 
 @pytest.mark.django_db
 def test_the_admin_lists_usage_of_the_current_and_previous_periods_and_exports_them_as_csv(admin_client):
-    row = make_policy(name="monthly", strategy="quota", period="month", time_zone="UTC", limit=1000, window=1)
+    row = make_policy(name="monthly", strategy="calendar_quota", period="month", time_zone="UTC", limit=1000, window=1)
     found = periods_at("month", zone("UTC"), ms(datetime.now(timezone.utc)))
     _saved_usage(row, found.start, 3)
     _saved_usage(row, found.previous, 2, first=10)
@@ -352,7 +352,7 @@ def test_the_csv_export_of_many_subjects_takes_the_memory_of_a_few(admin_client)
     the same size (the rows of 50,000 subjects held at once would take over 10 MB)."""
     import tracemalloc
 
-    row = make_policy(name="monthly", strategy="quota", period="month", time_zone="UTC", limit=1000, window=1)
+    row = make_policy(name="monthly", strategy="calendar_quota", period="month", time_zone="UTC", limit=1000, window=1)
     start = periods_at("month", zone("UTC"), ms(datetime.now(timezone.utc))).start
 
     def peak_of_export() -> tuple[int, int]:

@@ -42,6 +42,11 @@ def using(option: str) -> list[str]:
     return [name for name, strategy in STRATEGIES.items() if option in strategy.options]
 
 
+def calendar() -> str:
+    """The strategy that counts calendar periods (a rate such as '10000/month' is counted by it)."""
+    return using("period")[0]
+
+
 def field_help(field: str, text: str) -> str:
     """A shared field's help, with what it means for the strategies that read it their own way."""
     notes = [f"For {name}: {strategy.notes[field]}." for name, strategy in STRATEGIES.items() if field in strategy.notes]

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 def monthly(limit: int = 10):
-    return compile_policy(make_policy(name="monthly", strategy="quota", period="month", time_zone="UTC", limit=limit, window=1))
+    return compile_policy(make_policy(name="monthly", strategy="calendar_quota", period="month", time_zone="UTC", limit=limit, window=1))
 
 
 def saved_by_the_worker(used: int) -> None:

@@ -1,4 +1,4 @@
--- quota: a count per calendar period (a day, an ISO week or a month in a time zone). The worker works
+-- calendar_quota: a count per calendar period (a day, an ISO week or a month in a time zone). The worker works
 -- out the periods and sends them as `bucket`: "<previous start>,<start>,<end>,<after>[,<seed start>,<seed>]"
 -- (ms); the call's moment picks [previous, start), [start, end) or [end, after). One integer per subject,
 -- count * 1000000 + the period's number (from its start), written with SET ... PXAT <the period's end>
@@ -64,7 +64,7 @@ do
     return count, count + cost > limit and ends or 0, count > 0 and ends or 0, 1
   end
 
-  strategies.quota = {
+  strategies.calendar_quota = {
     look = look,
     charge = function(key, limit, window, bucket, cost)
       if cost > limit then
