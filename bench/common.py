@@ -13,7 +13,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.test import RequestFactory
 from django_redis import get_redis_connection
 
-from ratelimit_app import engine
+from ratelimit_app import engine, strategies
 from ratelimit_app.engine import Check
 from ratelimit_app.models import Policy, Strategy
 from ratelimit_app.policies import CompiledPolicy, compile_policy
@@ -105,7 +105,7 @@ def unique() -> int:
 def policy(strategy: str, limit: int = HUGE, window: int = 3600, key: str = "ip", action: str = "*",
            save: bool = False, burst: int | None = None) -> CompiledPolicy:
     row = Policy(name=f"bench-{unique()}", action=action, limit=limit, window=window, strategy=strategy, key=key,
-                 burst=burst)
+                 burst=burst, period="month" if "period" in strategies.get(strategy).options else "")
     row.full_clean()
     if save:
         row.save()

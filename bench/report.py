@@ -9,7 +9,7 @@ from typing import Iterator
 from bench.common import STRATEGIES, Results, Row
 from ratelimit_app import strategies
 
-COMMAND_BUDGETS = {"fixed_window": 2, "sliding_window": 4, "sliding_log": 5, "token_bucket": 3}
+COMMAND_BUDGETS = {"fixed_window": 2, "sliding_window": 4, "sliding_log": 5, "token_bucket": 3, "calendar_quota": 2}
 REFUSED_BUDGET = 2  # server-side commands of a refused repeat decision without the deny cache
 BURST_BUDGET = 3  # and of a token-bucket decision using its burst
 REDIS_CPU_BUDGET = 1.05  # spread workload: Redis CPU per decision of ours (fixed window) against limits' fixed window

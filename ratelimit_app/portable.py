@@ -23,7 +23,9 @@ from django.db import DatabaseError, transaction
 from django.utils.dateparse import parse_datetime
 
 from .models import ActionCost, Override, Plan, PlanAssignment, PlanLimit, Policy, SubjectMatch
-from .rates import parse_rate
+from . import strategies
+from .periods import PERIODS
+from .rates import parse_quota, parse_rate
 
 FORMAT = "ratelimit_app/1"
 
@@ -34,6 +36,7 @@ POLICY_FIELDS: dict[str, tuple[str, bool]] = {
     "name": (TEXT, False), "action": (TEXT, False), "limit": (WHOLE, False), "window": (WHOLE, False),
     "strategy": (TEXT, False), "key": (TEXT, False), "methods": (TEXT, False), "mode": (TEXT, False),
     "enabled": (FLAG, False), "bucket_size": (WHOLE, True), "burst": (WHOLE, True), "description": (TEXT, False),
+    "period": (TEXT, False), "time_zone": (TEXT, False),
 }
 IMPORTED_POLICY_FIELDS = {**POLICY_FIELDS, "rate": (TEXT, False)}  # '100/m' may stand for limit and window
 MATCH_FIELDS: dict[str, tuple[str, bool]] = {
@@ -299,7 +302,11 @@ def import_data(data: Any) -> Imported:
         for field in POLICY_FIELDS:
             if field in entry:
                 setattr(policy, field, entry[field])
-        if "rate" in entry:  # '100/m' instead of limit and window
+        quota = parse_quota(entry.get("rate"))
+        if quota:  # '10000/month': a calendar quota
+            policy.limit, policy.period = quota
+            policy.window, policy.strategy = PERIODS[quota[1]], strategies.calendar()
+        elif "rate" in entry:  # '100/m' instead of limit and window
             try:
                 policy.limit, policy.window = parse_rate(entry["rate"])
             except ValueError as error:

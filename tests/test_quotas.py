@@ -370,3 +370,30 @@ def test_the_csv_export_of_many_subjects_takes_the_memory_of_a_few(admin_client)
     lines, large = peak_of_export()
     assert lines == 50_001
     assert large < small * 1.5 + 1_000_000, (small, large)
+
+
+@pytest.mark.django_db
+def test_export_and_import_carry_a_quotas_period_and_zone():
+    from ratelimit_app import portable
+
+    make_policy(name="monthly", strategy="calendar_quota", period="month", time_zone="Europe/Paris", limit=100, window=1)
+    exported = portable.export_data()
+    Policy.objects.all().delete()
+    portable.import_data(exported)
+    saved = Policy.objects.get(name="monthly")
+    assert (saved.strategy, saved.period, saved.time_zone, saved.limit) == ("calendar_quota", "month", "Europe/Paris", 100)
+    portable.import_data({"format": exported["format"], "policies": [
+        {"name": "weekly", "action": "/api/", "rate": "500/week", "key": "ip", "strategy": "sliding_window",
+         "methods": "", "mode": "enforce", "enabled": True, "description": ""}]})
+    assert Policy.objects.get(name="weekly").period == "week"
+    with pytest.raises(portable.ImportRefused, match="is not a time zone"):
+        portable.import_data({"format": exported["format"], "policies": [{**exported["policies"][0], "time_zone": "Europe/Nowhere"}]})
+
+
+@pytest.mark.django_db
+def test_a_repeat_quota_decision_is_fcall_and_incrby_as_a_fixed_windows(redis_client):
+    from tests.helpers import server_commands_per_call
+
+    limited = quota(zone_name="UTC", limit=10**9)
+    engine.decide([check(limited)])  # the period's first: it reads the saved usage and the clock
+    assert server_commands_per_call(redis_client, lambda: engine.decide([check(limited)])) == 2
