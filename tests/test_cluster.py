@@ -452,3 +452,20 @@ def test_a_subject_on_a_plan_gets_the_plans_limit_on_the_cluster(cluster, client
     assert {s["subject"]: (s["limit"], s["plan"]) for s in data["subjects"]} == {
         f"ip:{IP}": (4, "pro"), "ip:198.51.100.9": (2, None)
     }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_calendar_quota_on_a_cluster_is_all_or_nothing_across_shards_and_survives_a_flush(cluster):
+    from ratelimit_app import quotas
+    from ratelimit_app.policies import compile_policy
+
+    monthly = compile_policy(make_policy(name="monthly", strategy="calendar_quota", period="month", time_zone="UTC", limit=5, window=1))
+    per_minute = policy(limit=3, window=60)
+    first, second = who_in_other_shards(2)
+    both = [check(monthly, first), check(per_minute, second)]
+    assert [engine.decide(both, cost=1).allowed for _ in range(4)] == [True, True, True, False]  # the minute is full
+    assert engine.decide([check(monthly, first)], dry_run=True).decisions[0].count == 3
+    quotas.saver.save()
+    cluster.flush()
+    assert engine.decide([check(monthly, first)], cost=2).allowed  # 3 saved + 2
+    assert not engine.decide([check(monthly, first)]).allowed
