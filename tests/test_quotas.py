@@ -397,3 +397,37 @@ def test_a_repeat_quota_decision_is_fcall_and_incrby_as_a_fixed_windows(redis_cl
     limited = quota(zone_name="UTC", limit=10**9)
     engine.decide([check(limited)])  # the period's first: it reads the saved usage and the clock
     assert server_commands_per_call(redis_client, lambda: engine.decide([check(limited)])) == 2
+
+
+@pytest.mark.django_db
+def test_a_plan_gives_its_customers_their_monthly_quota():
+    from ratelimit_app.models import Plan, PlanAssignment, PlanLimit
+
+    with declarations_forgotten():
+
+        @ratelimit(rate="2/month", key="header:x-api-key", time_zone="UTC", name="api-month")
+        def view(request):
+            return HttpResponse("ok")
+
+        view(_caller("k-free"))  # the declaration is written to the database
+        pro = Plan.objects.create(name="pro")
+        PlanLimit.objects.create(plan=pro, policy=Policy.objects.get(name="api-month"), limit=4)
+        PlanAssignment.objects.create(plan=pro, kind="header", header="X-Api-Key", value="k-pro")
+        free = [view(_caller("k-free")).status_code for _ in range(2)]
+        paid = [view(_caller("k-pro")) for _ in range(5)]
+    assert free == [200, 429]
+    assert [a.status_code for a in paid] == [200, 200, 200, 200, 429]
+    assert '"api-month";q=4;' in paid[0].headers["RateLimit-Policy"]
+    [item] = ratelimit_app.usage(_caller("k-pro"))
+    assert (item.used, item.limit, item.plan) == (4, 4, "pro")
+
+
+@pytest.mark.django_db
+def test_a_quota_row_with_a_zone_that_does_not_exist_is_skipped_and_reported_by_the_checks(client):
+    from django.core.checks import run_checks
+
+    make_policy(name="monthly", strategy="calendar_quota", period="month", time_zone="UTC", limit=1, window=1)
+    Policy.objects.filter(name="monthly").update(time_zone="Europe/Atlantis")  # past the form, as raw SQL would
+    [warning] = [m for m in run_checks() if m.id == "ratelimit_app.W001"]
+    assert "monthly" in warning.msg and "'Europe/Atlantis' is not a time zone" in warning.msg
+    assert [client.get("/", REMOTE_ADDR="203.0.113.7").status_code for _ in range(2)] == [200, 200]
