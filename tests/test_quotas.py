@@ -13,7 +13,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.http import HttpResponse
 from django.test import RequestFactory
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import ratelimit_app
 from ratelimit_app import engine, quotas
@@ -431,3 +431,28 @@ def test_a_quota_row_with_a_zone_that_does_not_exist_is_skipped_and_reported_by_
     [warning] = [m for m in run_checks() if m.id == "ratelimit_app.W001"]
     assert "monthly" in warning.msg and "'Europe/Atlantis' is not a time zone" in warning.msg
     assert [client.get("/", REMOTE_ADDR="203.0.113.7").status_code for _ in range(2)] == [200, 200]
+
+
+@pytest.mark.django_db
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    sequence=st.lists(st.tuples(st.integers(min_value=0, max_value=9 * 86_400_000), st.sampled_from([1, 1, 2, 5])), min_size=1, max_size=30),
+    period=st.sampled_from(["day", "week", "month"]),
+    name=st.sampled_from(["Europe/Paris", "America/Santiago", "UTC"]),
+)
+def test_the_quota_strategy_decides_as_the_calendar_does(redis_client, sequence, period, name):
+    """The real Lua against the reference model: units counted per calendar label, a refusal waits
+    until the period's end, across month ends, DST days and leap years (2028)."""
+    redis_client.flushdb()
+    limited = quota(period=period, zone_name=name, limit=4)
+    now, used = ms(datetime(2028, 2, 20, 22, tzinfo=timezone.utc)), {}
+    for gap, cost in sequence:
+        now += gap
+        here = label(period, now, name)
+        fits = used.get(here, 0) + cost <= 4
+        if fits:
+            used[here] = used.get(here, 0) + cost
+        [decision] = engine.decide([check(limited)], now=now / 1000, cost=cost).decisions
+        assert (decision.allowed, decision.count) == (fits, used.get(here, 0)), (local(now, name), cost)
+        if not fits and cost <= 4:
+            assert round(decision.retry_after * 1000) == periods_at(period, zone(name), now).end - now
