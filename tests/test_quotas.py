@@ -456,3 +456,17 @@ def test_the_quota_strategy_decides_as_the_calendar_does(redis_client, sequence,
         assert (decision.allowed, decision.count) == (fits, used.get(here, 0)), (local(now, name), cost)
         if not fits and cost <= 4:
             assert round(decision.retry_after * 1000) == periods_at(period, zone(name), now).end - now
+
+
+@pytest.mark.django_db
+def test_the_live_page_lists_a_quotas_subjects_with_the_time_to_the_periods_end():
+    from ratelimit_app import live
+
+    limited = quota(period="day", zone_name="UTC", limit=10)
+    engine.decide([check(limited, "ip:198.51.100.1")], cost=3)
+    engine.decide([check(limited, "ip:198.51.100.2")])
+    shown = live.live_usage(limited)
+    assert {s.display: s.count for s in shown.subjects} == {"ip:198.51.100.1": 3, "ip:198.51.100.2": 1}
+    ends = periods_at("day", zone("UTC"), ms(datetime.now(timezone.utc))).end / 1000 - datetime.now(timezone.utc).timestamp()
+    assert all(abs(s.reset_in - ends) < 5 for s in shown.subjects)
+    assert live.live_usage(limited, now=datetime.now(timezone.utc).timestamp()).subjects
