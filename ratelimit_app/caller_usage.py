@@ -16,6 +16,8 @@ from .values import Check, Decision
 
 
 class Usage(NamedTuple):
+    """One limit the caller is subject to: how much of it they used, and when it is back."""
+
     policy: str  # the policy's name, as the RateLimit headers name it
     used: int  # units counted in the current window or period
     limit: int  # the caller's limit (their plan's, an override's, or the policy's)
