@@ -203,13 +203,7 @@ def shape_problems(data: Any) -> list[str]:
         problems += _type_problems(where, entry, IMPORTED_POLICY_FIELDS, nested=("overrides",))
         if not isinstance(entry, dict):
             continue
-        name = entry.get("name")
-        if "name" not in entry:
-            problems.append(f"{where}, field 'name': required.")
-        elif isinstance(name, str) and name in seen:
-            problems.append(f"{where}, field 'name': the name is already used by policy {seen[name]}.")
-        elif isinstance(name, str):
-            seen[name] = number
+        problems += _unique_problems(where, number, entry, "name", seen, "the name is already used by policy")
         overrides = entry.get("overrides", [])
         if not isinstance(overrides, list):
             problems.append(f"{where}, field 'overrides': expected a list, got {_kind(overrides)}.")
@@ -227,14 +221,21 @@ def _cost_shape_problems(costs: Any) -> list[str]:
     for number, entry in enumerate(costs, 1):
         where = _cost_label(number, entry)
         problems += _type_problems(where, entry, COST_FIELDS)
-        action = entry.get("action") if isinstance(entry, dict) else None
-        if isinstance(entry, dict) and "action" not in entry:
-            problems.append(f"{where}, field 'action': required.")
-        elif isinstance(action, str) and action in seen:
-            problems.append(f"{where}, field 'action': the action is already priced by cost {seen[action]}.")
-        elif isinstance(action, str):
-            seen[action] = number
+        if isinstance(entry, dict):
+            problems += _unique_problems(where, number, entry, "action", seen, "the action is already priced by cost")
     return problems
+
+
+def _unique_problems(where: str, number: int, entry: dict, field: str, seen: dict[str, int], taken: str) -> list[str]:
+    """`field` is required and unique among the entries of its list (`seen`: value -> entry number)."""
+    value = entry.get(field)
+    if field not in entry:
+        return [f"{where}, field '{field}': required."]
+    if isinstance(value, str) and value in seen:
+        return [f"{where}, field '{field}': {taken} {seen[value]}."]
+    if isinstance(value, str):
+        seen[value] = number
+    return []
 
 
 def _plan_shape_problems(plans: Any) -> list[str]:
@@ -247,13 +248,7 @@ def _plan_shape_problems(plans: Any) -> list[str]:
         problems += _type_problems(where, entry, PLAN_FIELDS, nested=("limits", "assignments"))
         if not isinstance(entry, dict):
             continue
-        name = entry.get("name")
-        if "name" not in entry:
-            problems.append(f"{where}, field 'name': required.")
-        elif isinstance(name, str) and name in seen:
-            problems.append(f"{where}, field 'name': the name is already used by plan {seen[name]}.")
-        elif isinstance(name, str):
-            seen[name] = number
+        problems += _unique_problems(where, number, entry, "name", seen, "the name is already used by plan")
         for nested, what, fields in (
             ("limits", "limit", PLAN_LIMIT_FIELDS), ("assignments", "assignment", {**MATCH_FIELDS, **MATCH_REFERENCES})
         ):
