@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from importlib import resources
 from typing import Sequence
 
@@ -59,7 +60,13 @@ async def arelease(held: Sequence[Held]) -> None:
     async def send():
         connection = await pool.get_connection()
         try:
-            await connection.send_packed_command(connection.pack_commands(_unanswered(commands)))
+            skips = _skips.get(pool)
+            if skips is None:
+                skips = _skips[pool] = await _aprobe(connection)
+            await connection.send_packed_command(connection.pack_commands(_unanswered(commands) if skips else commands))
+            if not skips:
+                for _ in commands:
+                    await _aread_ignoring_errors(connection)
         finally:
             await pool.release(connection)
 
@@ -139,6 +146,44 @@ def _release_commands(held: Sequence[Held], slot_of) -> list[tuple[str, tuple]]:
     return [(counters[0], ("EVAL", RELEASE, len(counters), *counters, *args)) for counters, args in groups.values()]
 
 
+# pool -> whether its connections may run CLIENT REPLY SKIP (an ACL user may be refused CLIENT: then
+# each reply is read before the connection goes back, or the next user of it would read it as its own)
+_skips: weakref.WeakKeyDictionary[object, bool] = weakref.WeakKeyDictionary()
+PROBE = ("CLIENT", "REPLY", "ON")  # changes nothing: replies are on on a pooled connection
+
+
+def _probe(connection: redis.Connection) -> bool:
+    connection.send_command(*PROBE)
+    try:
+        connection.read_response()
+    except redis.ResponseError:
+        return False
+    return True
+
+
+async def _aprobe(connection) -> bool:
+    await connection.send_command(*PROBE)
+    try:
+        await connection.read_response()
+    except redis.ResponseError:
+        return False
+    return True
+
+
+def _read_ignoring_errors(connection: redis.Connection) -> None:
+    try:
+        connection.read_response()
+    except redis.ResponseError:
+        pass  # nothing to do about a give-back that failed: its lease runs out
+
+
+async def _aread_ignoring_errors(connection) -> None:
+    try:
+        await connection.read_response()
+    except redis.ResponseError:
+        pass
+
+
 def _unanswered(commands: Sequence[tuple]) -> list[tuple]:
     return [part for command in commands for part in (SKIP_REPLY, command)]
 
@@ -146,13 +191,20 @@ def _unanswered(commands: Sequence[tuple]) -> list[tuple]:
 def _send_unanswered(redis_client: redis.Redis, commands: Sequence[tuple]) -> None:
     """Write `commands` and wait for no reply. On the thread's kept connection the replies are read
     later, before its next command (read_unread): they have long arrived by then. On a pooled
-    connection CLIENT REPLY SKIP silences them, so it goes back to the pool with nothing to read."""
+    connection CLIENT REPLY SKIP silences them, so it goes back to the pool with nothing to read; a
+    user the server refuses CLIENT reads them instead."""
     kept = getattr(redis_client, "connection", None)
     if kept is None:
         pool = redis_client.connection_pool
         connection = pool.get_connection()  # checked by the pool before it lends it
         try:
-            connection.send_packed_command(connection.pack_commands(_unanswered(commands)))
+            skips = _skips.get(pool)
+            if skips is None:
+                skips = _skips[pool] = _probe(connection)
+            connection.send_packed_command(connection.pack_commands(_unanswered(commands) if skips else commands))
+            if not skips:
+                for _ in commands:
+                    _read_ignoring_errors(connection)
         finally:
             pool.release(connection)
         return
