@@ -223,9 +223,10 @@ def _send_unanswered(kept: redis.Connection, commands: Sequence[tuple], held: Se
 
 
 def read_unread(kept: redis.Connection) -> None:
-    """Read the replies of the give-backs sent on `kept` that have arrived. One that has not (a busy
-    server) is not waited for: the connection is closed. Unless all were answered, the give-backs
-    may not have run (a connection Redis closed with them unread): they are owed, and sent again."""
+    """Read the replies of the give-backs sent on `kept` that have arrived. One that has not is not
+    waited for: the connection is closed. Unless all came, the give-backs may not have run (Redis may
+    close a connection before it reads what was written: CLIENT KILL, a restart): they are owed, and
+    sent again (a release runs twice harmlessly)."""
     sock, count, held = getattr(kept, UNREAD, ALL_READ)
     if not count:
         return
@@ -233,7 +234,7 @@ def read_unread(kept: redis.Connection) -> None:
     try:
         for _ in range(count):
             if sock is not kept._sock or not kept.can_read(timeout=0):
-                break  # reconnected since (those replies went with the old socket), or not answered yet
+                break  # closed or reconnected since (the replies went with the old socket), or not answered yet
             try:
                 kept.read_response()
             except redis.ResponseError:
@@ -243,7 +244,7 @@ def read_unread(kept: redis.Connection) -> None:
     except (redis.ConnectionError, redis.TimeoutError, OSError):
         pass
     kept.disconnect()
-    owed.add(held)  # a release runs twice harmlessly
+    owed.add(held)
 
 
 def cleared(redis_client):
