@@ -29,6 +29,7 @@ MAX_PACKED = 4096
 
 
 _pinned = _Pinned()
+UNREAD = "_ratelimit_unread"  # on a kept connection: (its socket, replies of give-backs not read yet, their places)
 _generation = 0  # moves on when the cache settings change, after an outage or a failover (see unpin)
 
 
@@ -58,6 +59,14 @@ class SentOnce(redis.Redis):
 
     def execute_command(self, *args: object, **options: object) -> object:
         return _sent_once(self, args, options, parse=True)
+
+    def close(self) -> None:
+        """The kept connection goes back to the pool (its thread ended): closed if give-backs' replies
+        are still to come on it, which its next user would read as its own (Redis runs what it got)."""
+        kept = getattr(self, "connection", None)
+        if kept is not None and getattr(kept, UNREAD, (None, 0))[1]:
+            kept.disconnect()
+        super().close()
 
 
 def _sent_once(redis_client: redis.Redis, command: tuple, options: dict, parse: bool) -> object:

@@ -25,6 +25,8 @@ The doors, outermost first: RateLimitMiddleware, @ratelimit on the view, PolicyT
    a streamed body's when it ends, is closed or is dropped unsent; a request that raises, or is
    cancelled because its client left, gives them back at once (let_go). They are recorded before the
    call that takes them is sent, so a call left unanswered (timed out, cancelled) is given back too.
+   What no door gave back (hit() in a view of a site without the middleware) goes back when the
+   request ends (request_finished).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from django.urls import Resolver404, resolve
 from . import giveback, headers, policies
 from .conf import get_setting
 from .lru import byte_bounded_cache
-from .limiter import STATE_ATTRIBUTE, Cost, RequestState, adecide, decide, state_of
+from .limiter import STATE_ATTRIBUTE, Cost, RequestState, adecide, decide, holding_now, state_of
 from .responses import is_refusal, refusal
 from .subjects import http_request
 from .values import Held
@@ -348,6 +350,21 @@ def let_go(request) -> None:
 async def alet_go(request) -> None:
     """The request failed, or was cancelled because its client left: its places go back now."""
     await agive_back(_taken(request))
+
+
+def request_began(**kwargs) -> None:
+    """request_started: the states that take places from now on are this request's (limiter.asking)."""
+    holding_now.set([])
+
+
+def request_ended(**kwargs) -> None:
+    """request_finished (the server closed the response, or the client left): what no door gave back
+    goes back now, e.g. places taken by hit() on a site without the middleware."""
+    holders = holding_now.get()
+    if holders:
+        held = [place for state in holders for place in _taken(None, state)]
+        holders.clear()
+        give_back(held)
 
 
 def give_back(held: Sequence[Held]) -> None:

@@ -1,8 +1,10 @@
 """Giving back the places of requests in flight (concurrency policies) when they end: one EVAL of
-lua/release.lua per slot, written without waiting for its reply, and owed while Redis cannot take it."""
+lua/release.lua per slot, written without waiting for its reply (read later), owed while Redis cannot
+take it, and sent again when its connection closed before Redis answered."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from importlib import resources
@@ -13,8 +15,8 @@ from asgiref.sync import sync_to_async
 
 from . import keys
 from .breaker import RedisUnavailable, breaker
-from .connection import aclient, cluster_configured, is_cluster
-from .decision_connection import decision_client
+from .connection import aclient, client, cluster_configured, is_cluster
+from .decision_connection import UNREAD, decision_client
 from .values import Held
 
 logger = logging.getLogger("ratelimit_app")
@@ -24,9 +26,7 @@ RELEASE = "\n".join(
     line for line in resources.files(__package__).joinpath("lua", "release.lua").read_text(encoding="utf-8").splitlines()
     if line.strip() and not line.lstrip().startswith("--")
 )
-SKIP_REPLY = ("CLIENT", "REPLY", "SKIP")  # the next command's reply is not sent
-UNREAD = "_ratelimit_unread"  # on a kept connection: (its socket, replies of give-backs not read yet)
-ALL_READ = (None, 0)
+ALL_READ = (None, 0, ())
 
 
 def release(held: Sequence[Held]) -> None:
@@ -45,7 +45,7 @@ def release(held: Sequence[Held]) -> None:
 
 
 async def arelease(held: Sequence[Held]) -> None:
-    """release() for async code: only the write is awaited."""
+    """release() for async code: only the write is awaited; its reply is read by a task of its own."""
     if cluster_configured():
         return await sync_to_async(release, thread_sensitive=False)(held)
     held = owed.adding(held)
@@ -54,19 +54,46 @@ async def arelease(held: Sequence[Held]) -> None:
     if breaker.open_until:
         return owed.add(held)
     pool = aclient().connection_pool
-    commands = [command for _, command in _release_commands(held, None)]
+    commands = [command for _, command, _ in _release_commands(held, None)]
 
     async def send():
         connection = await pool.get_connection()
         try:
-            await connection.send_packed_command(connection.pack_commands(_unanswered(commands)))
-        finally:
+            await connection.send_packed_command(connection.pack_commands(commands))
+        except BaseException:
             await pool.release(connection)
+            raise
+        task = asyncio.ensure_future(_aread_replies(pool, connection, len(commands), held))
+        _reading.add(task)  # the loop keeps tasks weakly
+        task.add_done_callback(_reading.discard)
 
     try:
         await breaker.acall(send)
     except RedisUnavailable:
         owed.add(held)
+
+
+_reading: set[asyncio.Future] = set()
+
+
+async def _aread_replies(pool, connection, count: int, held: Sequence[Held]) -> None:
+    """Read the give-back's replies, then lend the connection again. Until Redis answered, it may not
+    have run (a connection closed with it unread, CLIENT KILL): then it is owed, and sent again."""
+    answered = False
+    try:
+        for _ in range(count):
+            try:
+                await connection.read_response()
+            except redis.ResponseError:
+                pass  # nothing to do about a give-back that failed: its lease runs out
+        answered = True
+    except (redis.RedisError, OSError):
+        pass
+    finally:  # also when the loop ends first (its tasks are cancelled): sent again from a thread
+        if not answered:
+            owed.add(held)
+            await connection.disconnect(nowait=True)
+        await pool.release(connection)
 
 
 class Owed:
@@ -107,7 +134,9 @@ class Owed:
             held, self.places = self.places, []
         if held:
             try:
-                breaker.call(lambda: send(decision_client(), held))
+                # on a pooled connection, answered before it goes back: a timer's thread ends at once,
+                # and a connection kept for it would go back to the pool with replies unread
+                breaker.call(lambda: send(client(), held))
             except RedisUnavailable:
                 self.add(held)
 
@@ -121,41 +150,63 @@ owed = Owed()
 
 def send(redis_client, held: Sequence[Held]) -> None:
     if is_cluster(redis_client):
-        for key, command in _release_commands(held, redis_client.keyslot):
-            _send_unanswered(redis_client.get_node_from_key(key).redis_connection, [command])
+        for key, command, group in _release_commands(held, redis_client.keyslot):
+            _send_answered(redis_client.get_node_from_key(key).redis_connection, [command], group)
+        return
+    kept = getattr(redis_client, "connection", None)
+    commands = _release_commands(held, None)
+    if kept is None:
+        _send_answered(redis_client, [command for _, command, _ in commands], held)
     else:
-        _send_unanswered(redis_client, [command for _, command in _release_commands(held, None)])
+        _send_unanswered(kept, [command for _, command, _ in commands], held)
 
 
-def _release_commands(held: Sequence[Held], slot_of) -> list[tuple[str, tuple]]:
-    """(a key, the EVAL) for each slot the counters live in (`slot_of` None: one server, one EVAL)."""
+def _release_commands(held: Sequence[Held], slot_of) -> list[tuple[str, tuple, list[Held]]]:
+    """(a key, the EVAL, its places) for each slot the counters live in (`slot_of` None: one server,
+    one EVAL)."""
     key_prefix = keys.prefix()
-    groups: dict[int, tuple[list[str], list]] = {}
+    groups: dict[int, tuple[list[str], list, list[Held]]] = {}
     for place in held:
         counter = keys.counter_key(place.policy, place.subject.key, key_prefix)
-        counters, args = groups.setdefault(slot_of(counter) if slot_of else 0, ([], []))
+        counters, args, places = groups.setdefault(slot_of(counter) if slot_of else 0, ([], [], []))
         counters.append(counter)
         args += (place.lease, place.cost, place.policy.window_ms)
-    return [(counters[0], ("EVAL", RELEASE, len(counters), *counters, *args)) for counters, args in groups.values()]
+        places.append(place)
+    return [(counters[0], ("EVAL", RELEASE, len(counters), *counters, *args), places)
+            for counters, args, places in groups.values()]
 
 
-def _unanswered(commands: Sequence[tuple]) -> list[tuple]:
-    return [part for command in commands for part in (SKIP_REPLY, command)]
+def _send_answered(redis_client: redis.Redis, commands: Sequence[tuple], held: Sequence[Held]) -> None:
+    """On a pooled connection: write `commands` and read their replies before lending it again (a
+    reply left on it would answer its next user). Unanswered (the connection closed first), they are
+    owed, and sent again."""
+    pool = redis_client.connection_pool
+    connection = pool.get_connection()  # checked by the pool before it lends it
+    try:
+        connection.send_packed_command(connection.pack_commands(commands))
+        if not _read_replies(connection, len(commands)):
+            owed.add(held)
+    finally:
+        pool.release(connection)
 
 
-def _send_unanswered(redis_client: redis.Redis, commands: Sequence[tuple]) -> None:
-    """Write `commands` and wait for no reply. On the thread's kept connection the replies are read
-    later, before its next command (read_unread): they have long arrived by then. On a pooled
-    connection CLIENT REPLY SKIP silences them, so it goes back to the pool with nothing to read."""
-    kept = getattr(redis_client, "connection", None)
-    if kept is None:
-        pool = redis_client.connection_pool
-        connection = pool.get_connection()  # checked by the pool before it lends it
-        try:
-            connection.send_packed_command(connection.pack_commands(_unanswered(commands)))
-        finally:
-            pool.release(connection)
-        return
+def _read_replies(connection: redis.Connection, count: int) -> bool:
+    """Whether Redis answered all `count` commands written on `connection` (an error reply included)."""
+    try:
+        for _ in range(count):
+            try:
+                connection.read_response()
+            except redis.ResponseError:
+                pass  # nothing to do about a give-back that failed: its lease runs out
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        connection.disconnect()
+        return False
+    return True
+
+
+def _send_unanswered(kept: redis.Connection, commands: Sequence[tuple], held: Sequence[Held]) -> None:
+    """On the thread's kept connection: write `commands` and wait for no reply. The replies are read
+    later, before its next command (read_unread): they have long arrived by then."""
     read_unread(kept)
     try:
         if kept._sock is not None and kept.can_read(timeout=0):
@@ -168,29 +219,32 @@ def _send_unanswered(redis_client: redis.Redis, commands: Sequence[tuple]) -> No
     except redis.ConnectionError:  # a write that failed ran nothing; a release runs twice harmlessly
         kept.disconnect()
         kept.send_packed_command(packed)
-    setattr(kept, UNREAD, (kept._sock, len(commands)))
+    setattr(kept, UNREAD, (kept._sock, len(commands), list(held)))
 
 
 def read_unread(kept: redis.Connection) -> None:
-    """Read the replies of the give-backs sent on `kept` that have arrived; if one has not (a busy
-    server), the connection is closed rather than waited for: Redis still runs what it was sent."""
-    sock, count = getattr(kept, UNREAD, ALL_READ)
+    """Read the replies of the give-backs sent on `kept` that have arrived. One that has not is not
+    waited for: the connection is closed. Unless all came, the give-backs may not have run (Redis may
+    close a connection before it reads what was written: CLIENT KILL, a restart): they are owed, and
+    sent again (a release runs twice harmlessly)."""
+    sock, count, held = getattr(kept, UNREAD, ALL_READ)
     if not count:
         return
     setattr(kept, UNREAD, ALL_READ)
-    if sock is not kept._sock:
-        return  # reconnected since: those replies went with the old socket
     try:
         for _ in range(count):
-            if not kept.can_read(timeout=0):
-                kept.disconnect()
-                return
+            if sock is not kept._sock or not kept.can_read(timeout=0):
+                break  # closed or reconnected since (the replies went with the old socket), or not answered yet
             try:
                 kept.read_response()
             except redis.ResponseError:
                 pass  # nothing to do about a give-back that failed: its lease runs out
+        else:
+            return
     except (redis.ConnectionError, redis.TimeoutError, OSError):
-        kept.disconnect()
+        pass
+    kept.disconnect()
+    owed.add(held)
 
 
 def cleared(redis_client):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from contextvars import ContextVar
 from typing import Callable, Iterable, NamedTuple, Sequence, Union
 
 from . import engine, events, metrics, policies
@@ -236,9 +237,17 @@ def lease_of(state: RequestState) -> str:
     return state.lease
 
 
+# the states of this request's context that hold places (set when a request starts): what no door
+# gave back, e.g. hit()'s on a site without the middleware, goes back when the request ends
+holding_now: ContextVar[list[RequestState] | None] = ContextVar("ratelimit_holding_now", default=None)
+
+
 def asking(state: RequestState, call: Call) -> None:
     """Before the call is sent: the request may hold its places from now on, answered or not."""
     if call.holding:
+        holders = holding_now.get()
+        if holders is not None and state not in holders:
+            holders.append(state)
         state.held += call.holding
 
 

@@ -54,6 +54,11 @@ def by_hit(request):
     return HttpResponse(in_flight(request) if verdict.allowed else "refused", status=200 if verdict.allowed else 429)
 
 
+async def by_ahit(request):
+    verdict = await ratelimit_app.ahit(request, "inflight")
+    return HttpResponse("counted" if verdict.allowed else "refused", status=200 if verdict.allowed else 429)
+
+
 @ratelimit("inflight")
 async def decorated_async(request):
     return HttpResponse(in_flight(request))
@@ -81,6 +86,7 @@ urlpatterns = [
     path("decorated/boom/", decorated_boom),
     path("decorated/async/", decorated_async),
     path("hit/", by_hit),
+    path("hit/async/", by_ahit),
     path("api/", Api.as_view()),
     path("api/boom/", ApiBoom.as_view()),
 ]
