@@ -88,7 +88,7 @@ def _declare(view, name: str | None, options: dict[str, Any]) -> CodePolicy:
     the view's name and action; another one (stacked, or the view routed again with another rate) gets
     a name and an action of its own, so that neither applies to the other's route. The same
     declaration written twice is one policy (one count), as django-ratelimit counts one group."""
-    path = _view_path(view)
+    path = registry.view_path(view)
     origin = f"@ratelimit on {path}"
     earlier = registry.declarations_of(path)
     if not earlier:
@@ -116,11 +116,6 @@ def _declare(view, name: str | None, options: dict[str, Any]) -> CodePolicy:
 def _terms(policy: CodePolicy) -> dict[str, Any]:
     """What a declaration enforces, apart from where (its action)."""
     return {field: value for field, value in policy.values.items() if field != "action"}
-
-
-def _view_path(view) -> str:
-    owner = getattr(view, "view_class", None) or getattr(view, "cls", None) or view  # View.as_view(): the class
-    return f"{owner.__module__}.{owner.__qualname__}"
 
 
 def _decorate(view, *, action: str, declared: CodePolicy | None, cost: Cost | None, is_async: bool | None = None):

@@ -13,7 +13,7 @@ import logging
 import re
 import threading
 from hashlib import blake2b
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from django.core.checks import Error, register
 from django.core.exceptions import ImproperlyConfigured, ValidationError
@@ -151,9 +151,13 @@ class _Registry:
         self.providers: list[Callable[[], list[CodePolicy]]] = []
         self.written: set[str] = set()  # names whose rows hold their current declaration (written or found)
         self.pending = True  # some declaration may have no row yet (startup, a new declaration, new settings)
-        self.first_request = True  # the root URLconf is imported then, so that its views declare first
+        # the URLconf in use is read before declarations are (its views declare first), at a process's
+        # first request or after a reset or a new ROOT_URLCONF
+        self.routes_pending = True
         self.costs: dict[str, tuple[int, str]] = {}  # action -> the largest fixed cost a view's code gives it, and where
-        self.by_view: dict[str, list[CodePolicy]] = {}  # the decorator's declarations per view, in order
+        # the decorator's declarations per view, in order: kept after a reset, to be made again when a
+        # URLconf routes to the view (its module is imported once, its decorators never run again)
+        self.by_view: dict[str, list[CodePolicy]] = {}
         # told when declarations change (None) or rows were written (the database alias): the policy index
         self.listeners: list[Callable[[str | None], None]] = []
         self.lock = threading.Lock()
@@ -186,6 +190,12 @@ def register_policy(policy: CodePolicy) -> CodePolicy:
         _registry.pending = True
     _changed(None)  # the index enforces it from the next request on, with or without its row
     return policy
+
+
+def view_path(view: Any) -> str:
+    """The dotted path that names a view's declarations: a class-based view's class, or the function."""
+    owner = getattr(view, "view_class", None) or getattr(view, "cls", None) or view  # View.as_view(): the class
+    return f"{owner.__module__}.{owner.__qualname__}"
 
 
 def declarations_of(view: str) -> list[CodePolicy]:
@@ -243,7 +253,10 @@ def add_provider(provider: Callable[[], list[CodePolicy]]) -> None:
 
 
 def declared_policies() -> list[CodePolicy]:
-    """Everything declared in code: decorators and compat classes imported so far, and the providers'."""
+    """Everything declared in code: the views of the URLconf in use and decorators imported so far,
+    compat classes, declare_policy()'s, and the providers'."""
+    if _registry.routes_pending:
+        _declare_routes()
     found = dict(_registry.declared)
     for provider in _registry.providers:
         for policy in provider():
@@ -341,19 +354,61 @@ def sync_pending(**kwargs: object) -> None:
     """At a request's start (a flag test after the first): at a process's first request, import the root
     URLconf so that its views declare their policies before the policy index first loads, and write the
     rows before the view runs (outside its transaction under ATOMIC_REQUESTS)."""
-    if _registry.first_request:
-        _registry.first_request = False
-        _import_urlconf()
+    if _registry.routes_pending:
+        _declare_routes()
     write_pending()
 
 
-def _import_urlconf() -> None:
+def _declare_routes() -> None:
+    """Import the URLconf in use and declare again what its views declared (forgotten by a reset)."""
     from django.urls import get_resolver
 
+    _registry.routes_pending = False  # first: a view's module imported now reads the declarations
     try:
-        get_resolver().url_patterns
+        views = list(_views(get_resolver().url_patterns))
     except Exception:  # noqa: BLE001 - the request's own resolve raises it again, where Django reports it
         logger.debug("ratelimit: the URLconf did not import before the first request", exc_info=True)
+        return
+    for view in views:
+        for policy in list(_registry.by_view.get(view_path(view), ())):
+            register_policy(policy)
+
+
+def _views(patterns: Iterable[Any]) -> Iterator[Any]:
+    for pattern in patterns:
+        if hasattr(pattern, "url_patterns"):  # an include()
+            yield from _views(pattern.url_patterns)
+        else:
+            yield pattern.callback
+
+
+def forget_routes() -> None:
+    """Another URLconf is in use: what its views declared is declared again before the next load."""
+    _registry.routes_pending = True
+    _changed(None)
+
+
+def forget_declarations() -> None:
+    """Forget what views declared (declared again when the URLconf in use routes to them) and which rows
+    were written (written again): a test's declarations and a rolled-back database do not outlive it.
+    Declarations not made on a view (compat classes, declare_policy()) and the settings' stay."""
+    with _registry.lock:
+        for made in _registry.by_view.values():
+            for policy in made:
+                if _registry.declared.get(policy.name) is policy:
+                    del _registry.declared[policy.name]
+        _registry.written.clear()
+        _registry.pending = True
+        _registry.routes_pending = True
+    _changed(None)
+
+
+def undeclare(name: str) -> None:
+    """Forget one declaration (tests: a policy a test declared does not outlive it)."""
+    with _registry.lock:
+        _registry.declared.pop(name, None)
+        _registry.written.discard(name)
+    _changed(None)
 
 
 def forget_synced() -> None:

@@ -1,5 +1,6 @@
-"""The one place that reacts to a changed setting (override_settings in tests, a settings reload):
-each part of the app forgets what it derived from the settings it reads, the settings cache first."""
+"""What ratelimit_app keeps in a process, in one place: `state` lists every part with how it forgets
+itself (state.reset(), used by ratelimit_app.testing.reset()), and a changed setting (override_settings
+in tests, a settings reload) makes the parts that read it forget what they derived, the settings cache first."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from typing import Callable
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from . import admin_connection, conf, connection, decision_connection, doors, metrics, policies, registry, subjects
-from .breaker import breaker
+from . import admin_connection, conf, connection, decision_connection, doors, events, metrics, policies, registry, subjects
+from .breaker import breaker, outage
 from .deny_cache import deny_cache
+from .giveback import owed
+from .quotas import saver
+from .tally import tally
 
 CACHE_SETTINGS = {"CACHES", "RATELIMIT_CACHE", "RATELIMIT_USE_CACHE", "RATELIMIT_ADMIN_TIMEOUT"}
 
@@ -27,7 +31,47 @@ FORGET: tuple[tuple[set[str] | None, Callable[[], None]], ...] = (
     ({"RATELIMIT_POLICY_RECHECK_SECONDS", "RATELIMIT_POLICY_RELOAD_SECONDS"}, policies.forget_settings),
     ({"RATELIMIT_POLICIES", "REST_FRAMEWORK"}, registry.forget_synced),  # what the declarations' providers read
     ({"ROOT_URLCONF"}, doors.forget_routes),
+    ({"ROOT_URLCONF"}, registry.forget_routes),  # the views' declarations of the new URLconf are made again
 )
+
+
+class AppState:
+    """Every singleton ratelimit_app keeps in a process, each by what forgets it: one list, so that
+    nothing is left out of a reset. Redis and the database are not part of it."""
+
+    def __init__(self, parts: tuple[tuple[str, Callable[[], None]], ...]) -> None:
+        self.parts = parts
+
+    def names(self) -> list[str]:
+        return [name for name, _forget in self.parts]
+
+    def reset(self) -> None:
+        """Forget everything, as if the process had just started (in the order of `parts`)."""
+        for _name, forget in self.parts:
+            forget()
+
+
+state = AppState((
+    ("settings read", conf.forget_settings),  # first: what follows reads the settings again
+    ("Redis clients per cache settings, asyncio clients per loop", connection.forget_clients),
+    ("threads' kept decision connections", decision_connection.unpin),
+    ("the admin's Redis client", admin_connection.forget_client),
+    ("subjects: trusted proxies, grouped addresses, displays", subjects.forget_settings),
+    ("subjects: the warning about a request without an address", subjects.forget_warning),
+    ("metrics switched on or off", metrics.forget_settings),
+    ("policy index (loaded again at the next request)", policies.forget_index),
+    ("policy index's recheck and reload deadlines", policies.forget_settings),
+    ("code declarations of views, written rows, URLconf read", registry.forget_declarations),
+    ("resolved routes", doors.forget_routes),
+    ("deny cache", deny_cache.clear),
+    ("circuit breaker", breaker.reset),
+    ("outage log's last line", outage.reset),
+    ("Redis availability (lost/found signals)", events.availability.reset),
+    ("in-flight places owed back to Redis", owed.forget),
+    ("quota usage not saved yet (what is saved stays)", saver.discard),
+    # last: waits for a flush under way, so that what it sends lands before a caller empties Redis
+    ("counts not yet added to the policies' totals", tally.discard),
+))
 
 
 @receiver(setting_changed, dispatch_uid="ratelimit_settings_changed")

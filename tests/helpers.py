@@ -79,11 +79,11 @@ def declarations_forgotten(keep: str = "") -> Iterator[None]:
     """Policies a test declares in code do not outlive it (except those whose origin mentions `keep`)."""
     from ratelimit_app import registry
 
-    before = set(registry._registry.declared)
+    before = registry.declared_names()
     yield
-    for name in set(registry._registry.declared) - before:
-        if not keep or keep not in registry._registry.declared[name].origin:
-            registry._registry.declared.pop(name, None)
+    for name in registry.declared_names() - before:
+        if not keep or keep not in registry.declared(name).origin:
+            registry.undeclare(name)
 
 
 def in_processes(target, args: tuple = (), processes: int = 8, timeout: float = 120) -> list:

@@ -194,7 +194,7 @@ def test_a_saved_cost_reaches_the_index_and_a_deleted_one_leaves_it():
 
 def test_an_invalid_cost_row_is_skipped_with_a_logged_error(caplog):
     ActionCost.objects.bulk_create([ActionCost(action="has space", cost=2), ActionCost(action="search", cost=3)])
-    policies._state.stale = True  # bulk_create sends no signal
+    policies.forget_index()  # bulk_create sends no signal
     with caplog.at_level(logging.ERROR, logger="ratelimit_app"):
         index = get_index()
     assert index.costs == {"search": 3}

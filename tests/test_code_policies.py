@@ -26,8 +26,8 @@ LOGIN_POLICY = "tests-code-urls-login"
 
 @pytest.fixture(autouse=True)
 def forget_declarations():
-    """Declarations a test makes do not outlive it (the URLconfs' stay: each module is imported once)."""
-    with declarations_forgotten(keep="code_urls"):  # tests.code_urls, tests.faults.code_urls
+    """Policies a test declares outside a view do not outlive it (a view's are forgotten by the reset)."""
+    with declarations_forgotten():
         yield
 
 
@@ -43,8 +43,7 @@ def change_form(policy: Policy, **changes) -> dict:
 
 
 def login_policy() -> Policy:
-    import tests.code_urls  # noqa: F401  (declares its policies; imported late so other tests' databases hold none)
-
+    """The row of tests.code_urls.login, which the URLconf in use (tests.code_urls) routes to."""
     registry.sync()
     return Policy.objects.get(name=LOGIN_POLICY)
 
@@ -103,6 +102,7 @@ def test_a_bad_declaration_fails_at_import_naming_the_view():
             return None
 
 
+@pytest.mark.urls("tests.code_urls")
 def test_decorator_declares_a_policy_from_code_named_after_the_view():
     policy = login_policy()
     assert (policy.source, policy.action, policy.limit, policy.window, policy.key) == ("code", "code:tests.code_urls.login", 2, 60, "ip")
@@ -278,6 +278,7 @@ def test_import_with_a_bad_rate_changes_nothing(tmp_path):
 # --- the admin -----------------------------------------------------------------------------------
 
 
+@pytest.mark.urls("tests.code_urls")
 def test_admin_list_marks_policies_from_code_and_changed_ones(admin_client):
     policy = login_policy()
     Policy.objects.create(name="written-here", action="x", limit=1, window=60)
@@ -288,6 +289,7 @@ def test_admin_list_marks_policies_from_code_and_changed_ones(admin_client):
     assert '<td class="field-origin">code, changed here</td>' in admin_client.get(CHANGELIST).content.decode()
 
 
+@pytest.mark.urls("tests.code_urls")
 def test_admin_marks_a_policy_no_longer_declared_and_lets_it_be_deleted(admin_client):
     gone = Policy.objects.create(name="gone", action="code:old.view", limit=1, window=60, source="code", code_values={})
     assert '<td class="field-origin">code, no longer in code</td>' in admin_client.get(CHANGELIST).content.decode()
@@ -296,6 +298,7 @@ def test_admin_marks_a_policy_no_longer_declared_and_lets_it_be_deleted(admin_cl
     assert admin_client.get(f"{CHANGELIST}{declared.pk}/delete/").status_code == 403
 
 
+@pytest.mark.urls("tests.code_urls")
 def test_operator_changes_a_code_policy_in_the_admin_then_reverts_it(admin_client):
     policy = login_policy()
     url = f"{CHANGELIST}{policy.pk}/change/"
@@ -316,6 +319,7 @@ def test_operator_changes_a_code_policy_in_the_admin_then_reverts_it(admin_clien
     assert "This policy has the code&#x27;s values" in admin_client.get(url).content.decode()
 
 
+@pytest.mark.urls("tests.code_urls")
 def test_revert_action_in_the_list(admin_client):
     policy = login_policy()
     Policy.objects.filter(pk=policy.pk).update(limit=99)
@@ -324,6 +328,7 @@ def test_revert_action_in_the_list(admin_client):
     assert policy.limit == 2
 
 
+@pytest.mark.urls("tests.code_urls")
 def test_revert_needs_the_change_permission(client, django_user_model):
     staff = django_user_model.objects.create_user("viewer", password="x", is_staff=True)
     client.force_login(staff)

@@ -63,7 +63,7 @@ def test_a_computed_rate_is_never_marked_no_longer_in_code(admin_client):
         return "2/m"
 
     is_ratelimited(rf.get("/"), group="computed", key="ip", rate=rate, increment=True)
-    registry._registry.declared.pop(Policy.objects.get(action="django-ratelimit:computed").name)  # a fresh worker
+    registry.undeclare(Policy.objects.get(action="django-ratelimit:computed").name)  # a fresh worker
     page = admin_client.get("/admin/ratelimit_app/policy/").content.decode()
     assert "no longer in code" not in page
 
@@ -168,7 +168,7 @@ def test_a_cache_that_is_not_redis_is_refused_with_a_clear_message():
 
 def _attempts(start, results):
     start.wait()
-    connection._client = None  # a fresh connection in each process, as every worker has
+    connection.forget_clients()  # a fresh connection in each process, as every worker has
     results.put(sum(not is_ratelimited(rf.get("/", REMOTE_ADDR="203.0.113.50"), group="exact", key="ip", rate="100/h", increment=True) for _ in range(100)))
 
 

@@ -172,7 +172,7 @@ def _attempts(start, results):
     from tests.compat_throttles import Hundred
 
     start.wait()
-    connection._client = None  # a fresh connection in each process, as every worker has
+    connection.forget_clients()  # a fresh connection in each process, as every worker has
     admitted = 0
     for _ in range(100):
         request = APIRequestFactory().get("/", REMOTE_ADDR="203.0.113.50")

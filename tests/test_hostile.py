@@ -131,21 +131,14 @@ def test_a_malformed_body_gives_no_subject_and_no_500(client, body, content_type
 # --- addresses ------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def warn_again(monkeypatch):
-    from ratelimit_app import subjects
-
-    monkeypatch.setattr(subjects, "_warned_no_address", False, raising=False)
-
-
-def test_behind_a_unix_socket_ip_policies_apply_once_unix_is_a_trusted_proxy(client, settings, warn_again):
+def test_behind_a_unix_socket_ip_policies_apply_once_unix_is_a_trusted_proxy(client, settings):
     make(limit=2)
     settings.RATELIMIT_TRUSTED_PROXIES = ["unix"]
     assert [search(client, REMOTE_ADDR="", HTTP_X_FORWARDED_FOR="198.51.100.1") for _ in range(3)] == [200, 200, 429]
     assert search(client, REMOTE_ADDR="", HTTP_X_FORWARDED_FOR="198.51.100.2") == 200
 
 
-def test_an_ip_policy_meeting_no_address_says_so_once_loudly(client, caplog, warn_again):
+def test_an_ip_policy_meeting_no_address_says_so_once_loudly(client, caplog):
     make(limit=2)
     with caplog.at_level("WARNING", logger="ratelimit_app"):
         assert [search(client, REMOTE_ADDR="") for _ in range(5)] == [200] * 5
