@@ -23,6 +23,13 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.CACHES["default"]["LOCATION"] = os.environ["REDIS_URL"]
 
 
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    """The order the tests ran in, printed last (even with -q): a failure that depends on it replays."""
+    if config.pluginmanager.hasplugin("randomly"):
+        seed = config.getoption("randomly_seed")
+        terminalreporter.write_line(f"Tests ran in random order: --randomly-seed={seed} replays it (-p no:randomly: file order).")
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _private:
         _private.stop()
