@@ -363,3 +363,23 @@ def test_the_live_page_lists_the_subjects_of_a_declared_policy(admin_client, cli
     policy = Policy.objects.get(name=LOGIN_POLICY)
     data = admin_client.get(f"/admin/ratelimit_app/policy/{policy.pk}/live/?format=json").json()
     assert [(s["subject"], s["count"]) for s in data["subjects"]] == [("ip:198.51.100.4", 1)]
+
+
+def test_a_urlconfs_declarations_leave_with_it_and_come_back_with_it():
+    """A view module is imported once: after a reset, the views of the URLconf in use declare again,
+    and those of a URLconf no longer in use do not (their policies stay out of the next tests)."""
+    from django.test import override_settings
+
+    from ratelimit_app import testing
+
+    with override_settings(ROOT_URLCONF="tests.code_urls"):
+        assert registry.declared(LOGIN_POLICY) is not None
+        testing.reset()
+        assert registry.declared(LOGIN_POLICY) is not None  # the URLconf in use routes to the view
+        registry.sync()
+        assert Policy.objects.filter(name=LOGIN_POLICY).exists()
+    Policy.objects.filter(name=LOGIN_POLICY).delete()  # as the next test's rolled-back database
+    testing.reset()
+    assert registry.declared(LOGIN_POLICY) is None
+    registry.sync()
+    assert not Policy.objects.filter(name=LOGIN_POLICY).exists()

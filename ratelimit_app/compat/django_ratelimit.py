@@ -96,7 +96,8 @@ def _declare_static(group, fn, key, rate, method) -> None:
     except ValueError:
         return  # refused when the view is called, as django-ratelimit does
     if limit > 0:
-        _policy(group if group is not None else _group_of(fn), limit, window, _methods(method), _key_label(key))
+        policy = _policy(group if group is not None else _group_of(fn), limit, window, _methods(method), _key_label(key))
+        registry.declared_on(registry.view_path(fn), policy)  # the view's: declared again for a URLconf routing to it
 
 
 # --- the functions ------------------------------------------------------------------------------
