@@ -383,3 +383,16 @@ def test_a_urlconfs_declarations_leave_with_it_and_come_back_with_it():
     assert registry.declared(LOGIN_POLICY) is None
     registry.sync()
     assert not Policy.objects.filter(name=LOGIN_POLICY).exists()
+
+
+def test_a_view_no_urlconf_routes_to_declares_again_when_called_after_a_reset(rf):
+    from django.http import HttpResponse
+
+    from ratelimit_app import testing
+
+    @ratelimit(rate="1/m", key="ip", name="called-directly")
+    def view(request):
+        return HttpResponse("ok")
+
+    testing.reset()  # as between two tests: the view's module is not imported again
+    assert [view(rf.get("/", REMOTE_ADDR="203.0.113.9")).status_code for _ in range(2)] == [200, 429]
