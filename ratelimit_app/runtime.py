@@ -42,9 +42,6 @@ class AppState:
     def __init__(self, parts: tuple[tuple[str, Callable[[], None]], ...]) -> None:
         self.parts = parts
 
-    def names(self) -> list[str]:
-        return [name for name, _forget in self.parts]
-
     def reset(self) -> None:
         """Forget everything, as if the process had just started (in the order of `parts`)."""
         for _name, forget in self.parts:
