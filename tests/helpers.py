@@ -86,20 +86,43 @@ def declarations_forgotten(keep: str = "") -> Iterator[None]:
             registry.undeclare(name)
 
 
-def in_processes(target, args: tuple = (), processes: int = 8, timeout: float = 120) -> list:
+def in_processes(target, args: tuple = (), processes: int = 8, timeout: float = 60) -> list:
     """Run `target(*args, start, results)` in forked processes that start together (a barrier); each
-    puts one result on `results`. Returns the results, one per process."""
+    puts one result on `results`. Returns the results, one per process. A child still running when
+    the time is up is killed, so a hang fails its test instead of stalling the suite at exit."""
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
-    start, results = context.Barrier(processes), context.Queue()
-    workers = [context.Process(target=target, args=(*args, start, results)) for _ in range(processes)]
+    start, results = context.Barrier(processes, timeout=timeout), context.Queue()
+    workers = [context.Process(target=_child, args=(target, (*args, start, results))) for _ in range(processes)]
     for worker in workers:
         worker.start()
-    collected = [results.get(timeout=timeout) for _ in workers]
-    for worker in workers:
-        worker.join(timeout=10)
-    return collected
+    try:
+        return [results.get(timeout=timeout) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(timeout=10)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+
+
+_inherited_connections: list = []
+
+
+def _child(target, args: tuple) -> None:
+    """A forked child opens its own database connections: queries interleaved on the parent's socket
+    hang both. The inherited ones are kept, never closed, as closing would end the parent's session."""
+    from django.db import connections
+
+    for connection in connections.all(initialized_only=True):
+        if connection.vendor != "sqlite" and connection.connection is not None:
+            _inherited_connections.append(connection.connection)
+            connection.connection = None
+    try:
+        target(*args)
+    finally:
+        connections.close_all()  # its own now: the test database can be dropped once the suite ends
 
 
 def in_threads(target, threads: int = 8) -> tuple[list, list[Exception]]:
