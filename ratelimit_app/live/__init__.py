@@ -1,8 +1,5 @@
-"""The operator's side of Redis: what the live page and the policy list read, and resets.
-
-Kept apart from the request path (engine.py): these reads go through the admin's own client
-(admin_connection.py), in bounded batches, so watching never holds Redis for long. `usage` lists the
-subjects counted now; `activity` reads a policy's totals (its window, its trend); `resets` forgets counts.
+"""The operator's reads of Redis, through the admin's own client in bounded batches so watching never
+holds Redis for long: `usage` (the live page's subjects), `activity` (a policy's totals, its trend), `resets`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Importing: the file's shape is checked first, then every row as the admin would, then the rows against
-each other once written; nothing is written unless all of it is good."""
+"""Importing: policies and plans by name, costs by action, replacing the overrides, limits and assignments of
+what the file names (what it does not name stays). The file is checked whole first; nothing is written unless
+all of it is good."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Policies declared in code (@ratelimit(rate=...), RATELIMIT_POLICIES, the compat modules), kept as
-ordinary Policy rows marked source='code' so that every door, the live page and the admin treat them alike.
-
-Declaring touches no database (`declarations`): it marks the policy index stale, and the index is built
-from the rows merged with what this process knows (`known`), so a worker enforces every declaration from
-its first request, whatever the database holds. The rows are written before the index loads and after
-migrate (`rows`); an operator's change in the admin wins over the code until it is reverted.
+"""Policies declared in code, kept as ordinary Policy rows marked source='code': `declarations` (validated,
+no database), `known` (this process's, merged into the policy index at once), `rows` (written before the index
+loads and after migrate; an operator's change wins until reverted).
 """
 
 from __future__ import annotations
