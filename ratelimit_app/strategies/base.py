@@ -22,6 +22,9 @@ class Strategy:
     # a request keeps what it took until its response is done, when the doors give it back (the Lua
     # half then has `release`)
     holds: ClassVar[bool] = False
+    # its count starts afresh at each window's edge: the live page says "this window", not "in the last ..."
+    whole_windows: ClassVar[bool] = False
+    counts_like: ClassVar[tuple[str, ...]] = ()  # libraries whose counting it reproduces, for their compat layers
 
     @property
     def lua(self) -> str:
