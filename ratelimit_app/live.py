@@ -16,8 +16,8 @@ from . import keys, strategies
 from .admin_connection import admin_call, admin_client
 from .conf import get_setting
 from .deny_cache import deny_cache
+from .loading import compile_policy
 from .version import bump_version
-from .policies import compile_policy
 from .scripts import now_arg, run_each, scripts
 from .tally import tally
 
