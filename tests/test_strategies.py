@@ -36,8 +36,8 @@ call_command("makemigrations", "--check", "--dry-run", "ratelimit_app")
 
 
 def test_a_strategy_added_needs_no_migration(tmp_path):
-    done = subprocess.run([sys.executable, "-c", ADDED_BEFORE_THE_MODELS], cwd=ROOT, env=site_env(tmp_path / "db.sqlite3"),
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", ADDED_BEFORE_THE_MODELS], cwd=ROOT,
+                          env=site_env(tmp_path / "db.sqlite3"), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines() == ["Leaky bucket", "No changes detected in app 'ratelimit_app'"]
 
@@ -57,18 +57,17 @@ def test_the_admin_offers_a_strategy_registered_at_run_time_and_the_model_accept
 
 @pytest.mark.django_db
 def test_a_strategy_not_registered_is_refused_with_the_list_of_those_that_are(admin_client):
-    registered = ", ".join(strategies.STRATEGIES)
+    refusal = f"leaky_bucket is not a strategy of this site; choose one of {', '.join(strategies.STRATEGIES)}."
     response = admin_client.post(ADD, {**FORM, "strategy": "leaky_bucket"})
-    assert response.context["adminform"].form.errors["strategy"] == [
-        f"leaky_bucket is not a strategy of this site; choose one of {registered}."
-    ]
+    assert response.context["adminform"].form.errors["strategy"] == [refusal]
     with pytest.raises(ValidationError) as refused:
         Policy(name="queue", action="*", limit=5, window=60, strategy="leaky_bucket").full_clean()
-    assert refused.value.message_dict["strategy"] == [f"leaky_bucket is not a strategy of this site; choose one of {registered}."]
+    assert refused.value.message_dict["strategy"] == [refusal]
 
 
-def test_every_strategy_has_its_python_and_its_lua_half():
+def test_every_strategy_has_its_python_and_its_lua_half_and_a_name_the_field_holds():
     for name, strategy in strategies.STRATEGIES.items():
+        assert len(name) <= Policy._meta.get_field("strategy").max_length, name
         assert (PACKAGE / "strategies" / f"{name}.py").exists(), name
         assert (PACKAGE / "lua" / strategy.lua).exists(), name
 
@@ -105,6 +104,6 @@ def test_no_module_or_template_outside_the_strategies_names_one():
     ]
     for path in sorted(PACKAGE.rglob("*")):
         if path.suffix in (".html", ".txt", ".js", ".css"):
-            found += [f"{path.relative_to(ROOT)}:{number}" for number, line in enumerate(path.read_text().splitlines(), 1)
-                      if names.search(line)]
+            lines = enumerate(path.read_text().splitlines(), 1)
+            found += [f"{path.relative_to(ROOT)}:{number}" for number, line in lines if names.search(line)]
     assert found == []

@@ -21,7 +21,7 @@ def unknown_strategy() -> str:
 
 class FromRegistry:
     """A field whose help text (and, for the strategy, choices) the registry gives when read. Neither
-    changes a column, so the migrations hold neither, and name Django's own field class."""
+    changes a column: migrations record the field without them, as Django's own field class."""
 
     unmigrated = ("help_text",)
 
