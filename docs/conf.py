@@ -25,7 +25,7 @@ author = "ratelimit_app contributors"
 copyright = "2026, ratelimit_app contributors"
 version = release = ratelimit_app.__version__
 
-extensions = ["myst_parser", "sphinx.ext.autodoc", "model_fields", "no_empty_entries"]
+extensions = ["myst_parser", "sphinx.ext.autodoc", "model_fields", "no_empty_entries", "strategy_list"]
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
 source_suffix = {".md": "markdown"}

@@ -11,8 +11,8 @@ from . import live, scripts
 from .connection import client
 from .breaker import RedisUnavailable
 from .live import PolicyActivity, policy_activity, policy_trends  # noqa: F401  (the policy list's columns)
+from .loading import compile_policy
 from .models import Policy
-from .policies import compile_policy
 from .subjects import SubjectTextError, subject_from_text
 from .values import CompiledPolicy
 

@@ -11,69 +11,23 @@ and writes the rows of new ones first.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import defaultdict
 from typing import Iterable
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from . import registry, strategies
+from . import registry
 from . import version as policy_version
 from .breaker import RedisUnavailable
 from .conf import get_setting
 from .deny_cache import deny_cache
-from .models import ActionCost, Mode, Override, PlanAssignment, PlanLimit, Policy
-from .overrides import PolicyOverrides, compile_overrides
-from .plans import PlanAssignments, compile_plans
-from .subjects import parse_key_spec
+from .loading import compile_policy, read_rows  # noqa: F401  (compile_policy: imported from here by tests, the bench)
+from .overrides import PolicyOverrides
+from .plans import PlanAssignments
 from .values import CompiledPolicy
-
-logger = logging.getLogger("ratelimit_app")
-
-
-def with_head(methods: frozenset[str]) -> frozenset[str]:
-    """HEAD is GET: Django answers HEAD with the GET view, so a GET policy counts it too."""
-    return methods | {"HEAD"} if "GET" in methods else methods
-
-
-def compile_policy(row: Policy) -> CompiledPolicy:
-    """Validate a row (as the admin would) and compile it; raises ValidationError for a bad row."""
-    row.full_clean(validate_unique=False, validate_constraints=False)
-    strategy = strategies.get(row.strategy)
-    key_spec = parse_key_spec(row.key)
-    bucket_ms = strategy.bucket_ms(row)
-    return CompiledPolicy(
-        id=row.pk,
-        name=row.name,
-        action=row.action,
-        limit=row.limit,
-        window=row.window,
-        strategy=row.strategy,
-        key=row.key,
-        key_spec=key_spec,
-        methods=with_head(row.methods_set),
-        mode=row.mode,
-        bucket_size=row.bucket_size,
-        generation=row.generation,
-        burst=strategy.burst(row),
-        window_ms=row.window * 1000,
-        bucket_ms=bucket_ms,
-        shape=strategy.shape(row, bucket_ms),
-        enforce=row.mode == Mode.ENFORCE,
-        totals_bucket_ms=strategy.totals_bucket_ms(row.window * 1000, bucket_ms),
-        counts_users=any(part.reads_user for part in key_spec),
-        holds=strategy.holds,
-        most=strategy.most,
-        period=row.period,
-        time_zone=(row.time_zone or settings.TIME_ZONE or "UTC") if row.period else "",
-    )
-
 
 class PolicyIndex:
     """Enabled policies by how they match: everywhere ('*'), by path prefix, by name; and the costs of
@@ -169,78 +123,8 @@ _state = _IndexState()
 
 
 def load_index() -> PolicyIndex:
-    """Read the enabled policies, their overrides, the action costs and the plans; a bad row is
-    skipped with a logged error. A policy declared in code whose row is not in the database (yet) is
-    enforced as the code declares it: a row, once there, wins (the operator's changes, or disabling it)."""
-    rows = list(Policy.objects.order_by("pk"))
-    names = {row.name for row in rows}
-    unwritten = [policy for policy in registry.declared_policies() if policy.name not in names]
-    if unwritten:
-        registry.not_written(unwritten)
-    compiled = []
-    for row in rows + [registry.unsaved_row(policy) for policy in unwritten]:
-        if not row.enabled:
-            continue
-        try:
-            compiled.append(compile_policy(row))
-        except (ValidationError, ValueError, KeyError) as error:
-            logger.error("ratelimit: policy %r (id %s) is invalid and is skipped: %s", row.name, row.pk, error)
-    ids = {policy.id for policy in compiled if policy.id > 0}  # a declaration without its row has none
-    return PolicyIndex(compiled, _load_overrides(ids), _load_costs(), _load_plans(ids))
-
-
-def _load_costs() -> dict[str, int]:
-    costs = {}
-    for row in ActionCost.objects.order_by("pk"):
-        try:
-            # the fields only: a cost over some policy's capacity still counts (the engine refuses such a request)
-            row.full_clean(validate_unique=False, validate_constraints=False)
-        except ValidationError as error:
-            logger.error("ratelimit: action cost %r (id %s) is invalid and is skipped: %s", row.action, row.pk, error)
-            continue
-        costs[row.action] = row.cost
-    return costs
-
-
-def _load_overrides(policy_ids: set[int]) -> dict[int, PolicyOverrides]:
-    rows = []
-    for row in Override.objects.filter(policy_id__in=policy_ids).select_related("user", "group", "policy"):
-        try:
-            row.full_clean(exclude=["policy", "user", "group"], validate_unique=False, validate_constraints=False)
-            rows.append(row)
-        except ValidationError as error:
-            logger.error("ratelimit: override id %s of policy %r is invalid and is skipped: %s", row.pk, row.policy.name, error)
-    return compile_overrides(rows, _members({row.group_id for row in rows if row.group_id}))
-
-
-def _load_plans(policy_ids: set[int]) -> PlanAssignments | None:
-    assignments = []
-    for row in PlanAssignment.objects.select_related("user", "group", "plan").order_by("pk"):
-        try:
-            row.full_clean(exclude=["plan", "user", "group"], validate_unique=False, validate_constraints=False)
-            assignments.append(row)
-        except ValidationError as error:
-            logger.error("ratelimit: assignment id %s to plan %r is invalid and is skipped: %s", row.pk, row.plan.name, error)
-    if not assignments:
-        return None  # most sites sell nothing: no plan limit is read either
-    limits = []
-    for row in PlanLimit.objects.filter(policy_id__in=policy_ids).select_related("plan").order_by("pk"):
-        try:
-            row.full_clean(exclude=["plan", "policy"], validate_unique=False, validate_constraints=False)
-            limits.append(row)
-        except ValidationError as error:
-            logger.error("ratelimit: limit id %s of plan %r is invalid and is skipped: %s", row.pk, row.plan.name, error)
-    return compile_plans(limits, assignments, _members({row.group_id for row in assignments if row.group_id}))
-
-
-def _members(group_ids: set[int]) -> dict[int, frozenset[int]]:
-    """The users of each group: group id -> their ids."""
-    members: dict[int, set[int]] = defaultdict(set)
-    if group_ids:
-        memberships = get_user_model().groups.through.objects.filter(group_id__in=group_ids)
-        for group_id, user_id in memberships.values_list("group_id", get_user_model()._meta.model_name + "_id"):
-            members[group_id].add(user_id)
-    return {group_id: frozenset(users) for group_id, users in members.items()}
+    """Read the enabled policies, their overrides, the action costs and the plans (loading.read_rows)."""
+    return PolicyIndex(*read_rows())
 
 
 def get_index() -> PolicyIndex:

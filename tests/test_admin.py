@@ -68,7 +68,7 @@ def test_add_form_creates_a_policy(admin_client):
         ("key", "usr", "Unknown key kind"),
         ("methods", "GET,FETCH", "Unknown HTTP method"),
         ("action", "two words", "cannot be empty or contain spaces"),
-        ("strategy", "leaky_bucket", "Select a valid choice"),
+        ("strategy", "leaky_bucket", "is not a strategy of this site"),
     ],
 )
 def test_bad_values_are_refused_with_a_message_on_the_field(admin_client, field, value, message):

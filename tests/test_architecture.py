@@ -34,16 +34,3 @@ def test_one_module_reacts_to_changed_settings():
         str(path.relative_to(ROOT)) for path in (ROOT / "ratelimit_app").rglob("*.py") if "setting_changed" in path.read_text()
     )
     assert listening == ["ratelimit_app/runtime.py"]
-
-
-def test_a_strategy_is_named_in_at_most_three_python_files():
-    from ratelimit_app.strategies import STRATEGIES
-
-    sources = {
-        path: path.read_text().lower()
-        for path in (ROOT / "ratelimit_app").rglob("*.py")
-        if "migrations" not in path.parts
-    }
-    naming = {name: sorted(str(path.relative_to(ROOT)) for path, text in sources.items() if name in text) for name in STRATEGIES}
-    assert all(len(files) <= 3 for files in naming.values()), naming
-    assert all(f"ratelimit_app/strategies/{name}.py" in files for name, files in naming.items())

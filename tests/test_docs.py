@@ -43,6 +43,15 @@ def test_every_system_check_id_is_in_the_reference():
     assert documented - ids == set(), "docs/reference/checks.md lists checks the code no longer has"
 
 
+def test_every_strategy_is_explained_with_its_trade_offs():
+    """The reference lists the strategies from the registry (docs/_ext/strategy_list.py); the explanation
+    is written by hand, and a strategy added fails here until it has its row there."""
+    from ratelimit_app.strategies import STRATEGIES
+
+    explained = set(re.findall(r"^\| `(\w+)` \|", (DOCS / "explanation" / "strategies.md").read_text(), re.M))
+    assert set(STRATEGIES) - explained == set(), "docs/explanation/strategies.md leaves out a strategy"
+
+
 def test_the_readme_is_short_and_names_the_package():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 200

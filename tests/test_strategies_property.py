@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ratelimit_app import engine, live
+from ratelimit_app import engine, live, strategies
+from tests import test_quotas, test_token_bucket
 from tests.helpers import check, policy
 
 T0 = 1_800_000_000_000  # ms, a boundary of every window used here
@@ -93,6 +94,16 @@ MODELS = {
     "concurrency": (InFlight, {"window": 4}),
 }
 STRATEGY_SHAPES = {name: shape for name, (_model, shape) in MODELS.items()}
+# the strategies decided against a reference model of their own, by the test that does it
+ELSEWHERE = {
+    "token_bucket": test_token_bucket.test_decisions_match_the_reference_model,
+    "calendar_quota": test_quotas.test_the_quota_strategy_decides_as_the_calendar_does,
+}
+
+
+def test_every_strategy_is_decided_against_a_reference_model():
+    """A strategy added to the registry fails here until it has its row in MODELS (or ELSEWHERE)."""
+    assert sorted(strategies.STRATEGIES) == sorted([*MODELS, *ELSEWHERE]), "add the strategy's row to MODELS"
 
 
 def model_of(compiled) -> Model:

@@ -19,7 +19,7 @@ def _cell(text: str) -> str:
 def _kind(field: models.Field) -> str:
     if field.is_relation:
         return f"{type(field).__name__} to {field.related_model.__name__}"
-    kind = type(field).__name__
+    kind = field.deconstruct()[1].rsplit(".", 1)[1]  # the class migrations know: Django's for a registry's field
     if field.choices:
         kind += ": " + ", ".join(f"``{value}``" for value, _label in field.flatchoices)
     return kind

@@ -13,9 +13,9 @@ from django.db.models import Q, QuerySet
 from django.http import StreamingHttpResponse
 from django.urls import path
 
+from ..loading import compile_policy
 from ..models import Policy, QuotaUsage
 from ..periods import periods_at, zone
-from ..policies import compile_policy
 
 CHUNK = 2000  # rows per database fetch of the export
 

@@ -24,10 +24,9 @@ from django.core.cache.backends.dummy import DummyCache
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.utils.module_loading import import_string
 
-from .. import registry
+from .. import registry, strategies
 from ..conf import get_setting
 from ..engine import Decision, RedisUnavailable
-from ..models import Strategy
 from ..rates import format_rate, parse_rate
 from ..registry import CodePolicy
 from ..subjects import mask, meta_key
@@ -281,7 +280,8 @@ def _code_policy(group: str, limit: int | None, window: int, methods: str, key: 
     origin = f"@ratelimit(group={group!r}, rate={rate!r}, key={key!r})"
     return registry.code_policy(
         name, action=f"django-ratelimit:{group}", origin=origin, limit=limit or 1, window=window,
-        key=spec or "global", methods=methods, strategy=Strategy.FIXED_WINDOW, create_only=limit is None,
+        key=spec or "global", methods=methods, strategy=strategies.counting_like("django-ratelimit"),
+        create_only=limit is None,
         description=(
             f"Declared by django-ratelimit's {origin}, counted per {key}"
             + ("; the limit is computed per request by the code" if limit is None else "") + "."

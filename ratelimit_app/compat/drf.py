@@ -22,10 +22,9 @@ from rest_framework import throttling as drf
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
-from .. import registry
+from .. import registry, strategies
 from ..conf import get_setting
 from ..engine import Decision, RedisUnavailable
-from ..models import Strategy
 from ..rates import parse_rate
 from ..registry import CodePolicy
 from ..throttling import RateLimitUnavailable
@@ -163,7 +162,8 @@ def _naming(cls: type, scope: str | None, own_rate: bool) -> tuple[str, str]:
 def _code_policy(name: str, limit: int, window: int, key: str, origin: str) -> CodePolicy:
     return registry.code_policy(
         name, action=f"drf:{name[4:]}", origin=origin, limit=limit, window=window, key=key,
-        strategy=Strategy.SLIDING_LOG, description=f"Declared by {origin}; counted per the throttle's cache key.",
+        strategy=strategies.counting_like("drf"),
+        description=f"Declared by {origin}; counted per the throttle's cache key.",
     )
 
 

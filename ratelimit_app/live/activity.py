@@ -9,7 +9,7 @@ from django.core.exceptions import ValidationError
 
 from .. import keys
 from ..admin_connection import admin_call, admin_client
-from ..policies import compile_policy
+from ..loading import compile_policy
 from ..scripts import now_arg, run_each, scripts
 from ..tally import tally
 

@@ -1,7 +1,7 @@
 """The counting strategies. Each is one unit: strategies/<name>.py (what a policy of it may hold, its
 key shape, what its count is compared with, how the live page reads it) beside lua/<name>.lua (the
-contract at the top of decide.lua). The model's choices, the admin form and the tester come from here:
-adding a strategy is one .py, one .lua and one row in the reference-model property test."""
+contract at the top of decide.lua). The policy's choices (read at each use, in no migration), the admin
+form, the tester and the docs' list come from here: CONTRIBUTING.md says how to add one."""
 
 from __future__ import annotations
 
@@ -45,6 +45,11 @@ def using(option: str) -> list[str]:
 def calendar() -> str:
     """The strategy that counts calendar periods (a rate such as '10000/month' is counted by it)."""
     return using("period")[0]
+
+
+def counting_like(library: str) -> str:
+    """The strategy that counts as `library` does ('drf', 'django-ratelimit'), for its compat layer."""
+    return next(name for name, strategy in STRATEGIES.items() if library in strategy.counts_like)
 
 
 def field_help(field: str, text: str) -> str:

@@ -25,6 +25,9 @@ class Strategy:
     # the largest cost one request may take (None: any): a strategy writing a member per unit bounds a
     # request's work in Redis, and a larger cost never fits (scripts.py hands the figure to the Lua half)
     most: ClassVar[int | None] = None
+    # its count starts afresh at each window's edge: the live page says "this window", not "in the last ..."
+    whole_windows: ClassVar[bool] = False
+    counts_like: ClassVar[tuple[str, ...]] = ()  # libraries whose counting it reproduces, for their compat layers
 
     @property
     def lua(self) -> str:

@@ -11,6 +11,8 @@ class FixedWindow(Strategy):
     help = "one counter per window, cheapest, allows bursts at window edges."
     letter = "f"
     order = 1
+    whole_windows = True
+    counts_like = ("django-ratelimit",)  # a cache counter per window
 
     def shape(self, row, bucket_ms: int) -> str:
         # 'w': a counter that exists is the current window's (it ends with its window); the counters of

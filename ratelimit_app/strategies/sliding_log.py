@@ -12,6 +12,7 @@ class SlidingLog(Strategy):
     letter = "l"
     order = 3
     most = 10_000  # a member a unit: one request's units are written in bounded time
+    counts_like = ("drf",)  # DRF's throttles keep the times of the requests in the window
 
     def live_batch(self, policy, batch: int, field_budget: int) -> int:
         return batch // 2  # two sorted-set reads a counter: its count and its newest request

@@ -1,0 +1,14 @@
+"""System checks: misconfiguration is reported by `manage.py check`, not by a 500 later. Importing this
+package registers them all (apps.py does at start-up); one module per concern."""
+
+from __future__ import annotations
+
+from .cache import check_cache, check_retries, check_shards, check_timeouts
+from .costs import check_code_costs, check_code_costs_against_rows
+from .policies import check_middleware_order, check_policies
+from .environment import check_metrics, check_trusted_proxies
+
+__all__ = [
+    "check_cache", "check_code_costs", "check_code_costs_against_rows", "check_metrics", "check_middleware_order", "check_policies", "check_retries",
+    "check_shards", "check_timeouts", "check_trusted_proxies",
+]

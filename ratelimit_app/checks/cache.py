@@ -1,0 +1,110 @@
+"""System checks of the cache ratelimit_app reaches Redis through: a django-redis cache, its timeouts
+and retries, and the shards a cluster needs."""
+
+from __future__ import annotations
+
+import socket
+
+import redis
+from django.conf import settings
+from django.core.checks import Error, Warning, register
+
+from ..conf import get_setting
+
+
+@register()
+def check_cache(app_configs: object = None, **kwargs: object) -> list:
+    alias = get_setting("RATELIMIT_CACHE")
+    backend = settings.CACHES.get(alias, {}).get("BACKEND", "")
+    if alias not in settings.CACHES:
+        return [Error(f"RATELIMIT_CACHE names the cache {alias!r}, which is not in CACHES.", id="ratelimit_app.E001")]
+    if not backend.startswith("django_redis."):
+        return [
+            Error(
+                f"The cache {alias!r} uses {backend}; ratelimit_app needs a django-redis cache "
+                "(django_redis.cache.RedisCache) shared by every worker.",
+                id="ratelimit_app.E002",
+            )
+        ]
+    return []
+
+
+@register()
+def check_timeouts(app_configs: object = None, **kwargs: object) -> list:
+    alias = get_setting("RATELIMIT_CACHE")
+    options = settings.CACHES.get(alias, {}).get("OPTIONS", {})
+    missing = [name for name in ("SOCKET_CONNECT_TIMEOUT", "SOCKET_TIMEOUT") if not options.get(name)]
+    if not missing or not settings.CACHES.get(alias, {}).get("BACKEND", "").startswith("django_redis."):
+        return []
+    return [
+        Warning(
+            f"The cache {alias!r} sets no {' and no '.join(missing)}: if Redis stops answering, requests "
+            "wait for the operating system's timeouts before rate limiting fails open or closed.",
+            hint="Add e.g. 'SOCKET_CONNECT_TIMEOUT': 0.25, 'SOCKET_TIMEOUT': 0.25 to its OPTIONS.",
+            id="ratelimit_app.W002",
+        )
+    ]
+
+
+RECOMMENDED_RETRY = ("'CONNECTION_POOL_KWARGS': "
+                     "{'retry': Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))} "
+                     "(from redis.retry and redis.backoff), without retry_on_error or retry_on_timeout")
+
+
+@register()
+def check_retries(app_configs: object = None, **kwargs: object) -> list:
+    from ..connection import pool_retry, retries, uses_cluster_factory
+
+    alias = get_setting("RATELIMIT_CACHE")
+    cache = settings.CACHES.get(alias, {})
+    if not cache.get("BACKEND", "").startswith("django_redis.") or uses_cluster_factory():
+        return []  # a cluster client retries by its own rules (connect_cluster)
+    pool_kwargs = cache.get("OPTIONS", {}).get("CONNECTION_POOL_KWARGS", {})
+    try:
+        retry = pool_retry(pool_kwargs)
+    except (TypeError, ValueError, AttributeError) as error:
+        return [Error(f"The cache {alias!r} has CONNECTION_POOL_KWARGS redis-py refuses: {error}",
+                      id="ratelimit_app.E004")]
+    if retries(retry, redis.TimeoutError, socket.timeout):
+        return [
+            Warning(
+                f"The cache {alias!r} retries commands that timed out: a stalled Redis costs each request two "
+                "timeouts, and runs the command twice when it wakes up (a request counted twice).",
+                hint=f"Retry only a broken connection: {RECOMMENDED_RETRY}.",
+                id="ratelimit_app.W003",
+            )
+        ]
+    if not retries(retry, redis.ConnectionError):
+        return [
+            Warning(
+                f"The cache {alias!r} never retries a broken connection: a connection that Redis or a proxy "
+                "closed (idle timeout, restart, failover) costs the request that finds it an outage.",
+                hint=f"Retry a broken connection once: {RECOMMENDED_RETRY}.",
+                id="ratelimit_app.W006",
+            )
+        ]
+    return []
+
+
+@register()
+def check_shards(app_configs: object = None, **kwargs: object) -> list:
+    from ..connection import cluster_configured
+
+    shards = get_setting("RATELIMIT_SHARDS")
+    if not (isinstance(shards, int) and not isinstance(shards, bool) and 1 <= shards <= 16384):
+        return [
+            Error(
+                f"RATELIMIT_SHARDS is {shards!r}; it must be a whole number from 1 to 16384 (the default is 1).",
+                hint="On Redis Cluster, a few times the number of masters spreads the load (16 for 3 masters).",
+                id="ratelimit_app.E016",
+            )
+        ]
+    if shards == 1 and cluster_configured():
+        return [
+            Error(
+                "RATELIMIT_SHARDS is 1 with ClusterConnectionFactory: Redis Cluster needs the shards' hash tags.",
+                hint="Set RATELIMIT_SHARDS to a few times the number of masters (16 for 3 masters).",
+                id="ratelimit_app.E017",
+            )
+        ]
+    return []

@@ -1,0 +1,31 @@
+"""What subjects used of their calendar quotas, saved from Redis."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from .policy import Policy
+
+
+class QuotaUsage(models.Model):
+    """What a subject used of a calendar quota in one period, saved from Redis every few seconds: a
+    period Redis lost starts again from here, and billing reads it."""
+
+    policy = models.ForeignKey(Policy, on_delete=models.CASCADE, related_name="quota_usage", verbose_name="policy")
+    subject = models.CharField("subject key", max_length=64, help_text="The subject's hash, as Redis keys carry it.")
+    display = models.CharField("subject", max_length=100, help_text="The subject as a person reads it, secrets masked.")
+    period_start = models.DateTimeField("period start", help_text="When the calendar period began (UTC).")
+    used = models.PositiveBigIntegerField("used", help_text="Units counted in the period.")
+    updated = models.DateTimeField("saved", auto_now=True)
+
+    class Meta:
+        ordering = ["policy", "-period_start", "-used"]
+        verbose_name = "quota usage"
+        verbose_name_plural = "quota usage"
+        constraints = [
+            models.UniqueConstraint(fields=["policy", "subject", "period_start"], name="ratelimit_quota_usage_once")
+        ]
+        indexes = [models.Index(fields=["policy", "period_start"], name="ratelimit_quota_usage_period")]
+
+    def __str__(self) -> str:
+        return f"{self.policy}: {self.display} used {self.used} from {self.period_start:%Y-%m-%d}"
