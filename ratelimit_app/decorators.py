@@ -17,24 +17,12 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.decorators import method_decorator
 
-from . import headers, registry
-from .doors import (
-    adecide_left_over,
-    ainner_door,
-    afinish,
-    alet_go,
-    decide_left_over,
-    finish,
-    has_decorator_inside,
-    has_throttle_inside,
-    inner_door,
-    let_go,
-    passed_drf_throttles,
-)
+from . import registry
+from .doors import around_view, entering, has_decorator_inside, has_throttle_inside, passed_drf_throttles
+from .drivers import Io, arun, run
 from .limiter import Cost, valid_cost
 from .rates import format_rate
 from .registry import CodePolicy
-from .responses import refusal
 
 USAGE = (
     "@ratelimit needs arguments: @ratelimit('login') enforces the policies of the action 'login'; "
@@ -124,50 +112,18 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, cost: Cost | No
         return _remember(method_decorator(decorate, name="dispatch")(view), declared)
     decorator_inside = has_decorator_inside(view)
     throttle_inside = not decorator_inside and has_throttle_inside(view)
-    if is_async is None:
-        is_async = iscoroutinefunction(view)
+    is_async = iscoroutinefunction(view) if is_async is None else is_async
+    drive = arun if is_async else run
+
+    @wraps(view)
+    def limited(request, *args, **kwargs):
+        _declared_again(declared)
+        last = not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
+        turn = entering(request, [action], last=last, cost=cost)
+        return drive(around_view(request, Io(view, view, (request, *args), kwargs), turn))
 
     if is_async:
-
-        @wraps(view)
-        async def limited(request, *args, **kwargs):
-            _declared_again(declared)
-            last = not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
-            try:
-                state = await ainner_door(request, [action], last=last, cost=cost)
-                response = refusal(request, state)
-                if response is None:
-                    response = await view(request, *args, **kwargs)
-                    if not last:  # DRF may have refused the request before the throttle that was to decide
-                        state = await adecide_left_over(request, state)
-                        response = refusal(request, state) or response
-                    _with_headers(response, state)
-                return await afinish(request, response)
-            except BaseException:  # a CancelledError too: the client left while the request was decided or ran
-                await alet_go(request)
-                raise
-
         markcoroutinefunction(limited)
-    else:
-
-        @wraps(view)
-        def limited(request, *args, **kwargs):
-            _declared_again(declared)
-            last = not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
-            try:
-                state = inner_door(request, [action], last=last, cost=cost)
-                response = refusal(request, state)
-                if response is None:
-                    response = view(request, *args, **kwargs)
-                    if not last:  # DRF may have refused the request before the throttle that was to decide
-                        state = decide_left_over(request, state)
-                        response = refusal(request, state) or response
-                    _with_headers(response, state)
-                return finish(request, response)
-            except BaseException:
-                let_go(request)
-                raise
-
     limited.ratelimit_actions = (*getattr(view, "ratelimit_actions", ()), action)
     if cost is not None:
         limited.ratelimit_cost = cost  # the policy tester shows it
@@ -179,11 +135,6 @@ def _declared_again(declared: CodePolicy | None) -> None:
     # declares it again (a dict lookup when it is still declared)
     if declared is not None:
         registry.register_policy(declared)
-
-
-def _with_headers(response, state) -> None:
-    if state is not None and state.decisions:
-        headers.apply(response, state.decisions)
 
 
 def _remember(view, declared: CodePolicy | None):
