@@ -53,7 +53,8 @@ def plan(
 
 
 def checks_for(planned: Iterable[Planned]) -> list[Check]:
-    return [Check(p.policy, p.subject, p.limit, p.plan.name if p.by_plan else "") for p in planned if p.limit is not None]
+    return [Check(p.policy, p.subject, p.limit, p.plan.name if p.by_plan else "")
+            for p in planned if p.limit is not None]
 
 
 def looking(checks: Sequence[Check], *, now: float | None = None, cost: int = 1) -> Steps[Verdict]:

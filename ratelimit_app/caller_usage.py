@@ -55,7 +55,7 @@ def _usage(checks: Sequence[Check], decisions: Sequence[Decision]) -> list[Usage
     return [
         Usage(
             check.policy.name, decision.count, decision.limit, decision.remaining,
-            (now + timedelta(seconds=decision.reset_in)).replace(microsecond=0) if decision.count else now.replace(microsecond=0),
+            (now + timedelta(seconds=decision.reset_in) if decision.count else now).replace(microsecond=0),
             check.policy.period, decision.window or check.policy.window, check.plan,
         )
         for check, decision in zip(checks, decisions)

@@ -61,7 +61,8 @@ def ratelimit(
         registry.note_cost(action, cost)
         return partial(_decorate, action=action, declared=None, cost=cost)
     options = {"rate": rate, "limit": limit, "window": window, "key": key, "methods": method, "burst": burst}
-    options.update((field, value) for field, value in (("mode", mode), ("strategy", strategy), ("time_zone", time_zone)) if value is not None)
+    given = (("mode", mode), ("strategy", strategy), ("time_zone", time_zone))
+    options.update((field, value) for field, value in given if value is not None)
 
     def declare(view):
         policy = _declare(view, name, options)
@@ -96,7 +97,8 @@ def _declare(view, name: str | None, options: dict[str, Any]) -> CodePolicy:
             raise ImproperlyConfigured(f"{origin}: several policies declared here need name='...' each.")
         name = registry.slug_name(free[0])
     elif any(known.name == name for known in earlier):
-        raise ImproperlyConfigured(f"{origin}: the policy {name!r} is declared here twice with different values; give each its own name.")
+        raise ImproperlyConfigured(
+            f"{origin}: the policy {name!r} is declared here twice with different values; give each its own name.")
     policy = registry.code_policy(name, action=f"code:{path}@{name}", origin=origin, **options)
     return registry.declared_on(path, registry.register_policy(policy))
 

@@ -8,7 +8,7 @@ from typing import Iterable, NamedTuple
 
 from django.urls import Resolver404, resolve
 
-from . import giveback, policies
+from . import engine, policies
 from .conf import get_setting
 from .drivers import Io, Steps, run
 from .limiter import Cost, RequestState, deciding, holding_now
@@ -127,7 +127,9 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, route: Rou
     index = policies.fresh_index()
     if index is None:
         index = yield Io(policies.get_index, policies.aget_index)
-    if not index or route is not None and not index.matching(path=request.path_info, names=names, method=request.method):
+    if not index:
+        return None
+    if route is not None and not index.matching(path=request.path_info, names=names, method=request.method):
         return None
     state = state_of(request, names)
     if route is not None:
@@ -168,7 +170,7 @@ def leaving(request, response, state: RequestState | None = None) -> Steps:
         if getattr(response, "streaming", False):
             _when_streamed(response, _Places(held))
         else:
-            yield Io(giveback.release, giveback.arelease, (held,))
+            yield Io(engine.release, engine.arelease, (held,))
     return response
 
 
@@ -176,7 +178,7 @@ def letting_go(request) -> Steps[None]:
     """The request failed (an exception, or its client left) before its answer left the door."""
     held = _taken(request)
     if held:
-        yield Io(giveback.release, giveback.arelease, (held,))
+        yield Io(engine.release, engine.arelease, (held,))
 
 
 def finish(request, response):
@@ -210,7 +212,7 @@ class _Places:
     def __call__(self) -> None:
         held = self.take()
         if held:
-            giveback.release(held)
+            engine.release(held)
 
 
 def _when_streamed(response, places: _Places) -> None:
@@ -237,7 +239,7 @@ async def _aended(content, places: _Places):  # _ended's twin: an async body is 
     finally:
         held = places.take()
         if held:
-            await giveback.arelease(held)
+            await engine.arelease(held)
 
 
 def request_began(**kwargs) -> None:
@@ -253,4 +255,4 @@ def request_ended(**kwargs) -> None:
         held = [place for state in holders for place in _taken(None, state)]
         holders.clear()
         if held:
-            giveback.release(held)
+            engine.release(held)

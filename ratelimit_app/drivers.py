@@ -41,7 +41,7 @@ def run(steps: Steps[T]) -> T:
             reply, error = None, raised
 
 
-async def arun(steps: Steps[T]) -> T:
+async def arun(steps: Steps[T]) -> T:  # run()'s twin: the one place an await cannot be shared with sync code
     """Drive `steps` on an event loop: each Io's coroutine is awaited (a CancelledError thrown in)."""
     reply: Any = None
     error: BaseException | None = None

@@ -212,9 +212,11 @@ def conclude(request, state: RequestState, call: Call, outcome: Verdict | engine
     settle(request, state, call.checks, outcome, call.epoch)
     if call.holding:
         # a refused request took nothing anywhere; an admitted one holds where its policy had room
-        taken = {(d.policy.id, d.subject) for d in outcome.decisions if outcome.allowed and d.policy.holds and not d.exceeded}
+        taken = {(d.policy.id, d.subject) for d in outcome.decisions
+                 if outcome.allowed and d.policy.holds and not d.exceeded}
         asked = set(map(id, call.holding))
-        state.held = [place for place in state.held if id(place) not in asked or (place.policy.id, place.subject) in taken]
+        state.held = [place for place in state.held
+                      if id(place) not in asked or (place.policy.id, place.subject) in taken]
 
 
 def loading(request, index: policies.PolicyIndex | None = None) -> Steps[policies.PolicyIndex]:

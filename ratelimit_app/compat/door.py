@@ -73,7 +73,8 @@ def refused_by_other_policies(request) -> bool:
 
 
 def _check(index: policies.PolicyIndex, request, want: Want) -> Check | None:
-    compiled = next((p for p in index.by_name.get(want.policy.values["action"], ()) if p.name == want.policy.name), None)
+    declared = index.by_name.get(want.policy.values["action"], ())
+    compiled = next((p for p in declared if p.name == want.policy.name), None)
     if compiled is None:
         return None  # disabled in the admin (or invalid, which is logged when loading)
     limit = compiled.limit if want.limit is None else want.limit  # a callable rate computes it per request
