@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import partial, wraps
 from typing import Any, Callable, Iterable
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.decorators import method_decorator
 
@@ -114,18 +114,20 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, cost: Cost | No
         return _remember(method_decorator(decorate, name="dispatch")(view), declared)
     decorator_inside = has_decorator_inside(view)
     throttle_inside = not decorator_inside and has_throttle_inside(view)
-    is_async = iscoroutinefunction(view) if is_async is None else is_async
-    drive = arun if is_async else run
 
-    @wraps(view)
-    def limited(request, *args, **kwargs):
+    def steps(request, args, kwargs):
         _declared_again(declared)
         last = not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
         turn = entering(request, [action], last=last, cost=cost)
-        return drive(around_view(request, Io(view, view, (request, *args), kwargs), turn))
+        return around_view(request, Io(view, view, (request, *args), kwargs), turn)
 
-    if is_async:
-        markcoroutinefunction(limited)
+    if iscoroutinefunction(view) if is_async is None else is_async:
+        async def limited(request, *args, **kwargs):  # a coroutine function to inspect too, as the view was
+            return await arun(steps(request, args, kwargs))
+    else:
+        def limited(request, *args, **kwargs):
+            return run(steps(request, args, kwargs))
+    limited = wraps(view)(limited)
     limited.ratelimit_actions = (*getattr(view, "ratelimit_actions", ()), action)
     if cost is not None:
         limited.ratelimit_cost = cost  # the policy tester shows it
