@@ -30,6 +30,7 @@ from ..models import Strategy
 from ..rates import format_rate, parse_rate
 from ..registry import CodePolicy
 from . import door
+from .django_ratelimit_keys import get_ip as _get_ip  # noqa: F401 (django_ratelimit.core's name, imported by its users)
 from .django_ratelimit_keys import key_label, key_value, subject
 
 __all__ = ["ALL", "UNSAFE", "Ratelimited", "ratelimit", "is_ratelimited", "get_usage", "RatelimitMiddleware"]
