@@ -23,7 +23,7 @@ def __getattr__(name: str):
 
 def check(request, action: str, cost=None):
     """What would happen to `request` (of `cost` units) under the policies of `action`, counting nothing: a Verdict."""
-    from .limiter import check as check_action
+    from .actions import check as check_action
 
     return check_action(request, action, cost)
 
@@ -31,21 +31,21 @@ def check(request, action: str, cost=None):
 def hit(request, action: str, cost=None):
     """Count `request` under the policies of `action` not decided yet for it, taking `cost` units
     (a number or a function of the request; None: 1): a Verdict (`.allowed`)."""
-    from .limiter import hit as hit_action
+    from .actions import hit as hit_action
 
     return hit_action(request, action, cost)
 
 
 async def acheck(request, action: str, cost=None):
     """check() for async code."""
-    from .limiter import acheck as acheck_action
+    from .actions import acheck as acheck_action
 
     return await acheck_action(request, action, cost)
 
 
 async def ahit(request, action: str, cost=None):
     """hit() for async code."""
-    from .limiter import ahit as ahit_action
+    from .actions import ahit as ahit_action
 
     return await ahit_action(request, action, cost)
 

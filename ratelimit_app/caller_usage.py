@@ -8,7 +8,8 @@ from typing import NamedTuple, Sequence
 
 from . import engine, policies
 from .conf import get_setting
-from .limiter import resolve_user
+from .drivers import Io, Steps, arun, run
+from .limiter import loading
 from .overrides import matching_override
 from .plans import limit_in_effect, plan_of
 from .subjects import subject_for
@@ -54,28 +55,26 @@ def _usage(checks: Sequence[Check], decisions: Sequence[Decision]) -> list[Usage
     return [
         Usage(
             check.policy.name, decision.count, decision.limit, decision.remaining,
-            (now + timedelta(seconds=decision.reset_in)).replace(microsecond=0) if decision.count else now.replace(microsecond=0),
+            (now + timedelta(seconds=decision.reset_in) if decision.count else now).replace(microsecond=0),
             check.policy.period, decision.window or check.policy.window, check.plan,
         )
         for check, decision in zip(checks, decisions)
     ]
 
 
-def usage(request) -> list[Usage]:
+def using(request) -> Steps[list[Usage]]:
     """The caller's usage of every limit that applies to them, counting nothing (raises
     engine.RedisUnavailable when Redis cannot answer)."""
     if not get_setting("RATELIMIT_ENABLED"):
         return []
-    checks = _checks(request, policies.get_index())
-    return _usage(checks, engine.decide(checks, dry_run=True).decisions)
+    checks = _checks(request, (yield from loading(request)))
+    verdict = yield Io(engine.decide, engine.adecide, (checks,), {"dry_run": True})
+    return _usage(checks, verdict.decisions)
+
+
+def usage(request) -> list[Usage]:
+    return run(using(request))
 
 
 async def ausage(request) -> list[Usage]:
-    """usage() for async code."""
-    if not get_setting("RATELIMIT_ENABLED"):
-        return []
-    index = await policies.aget_index()
-    if index.needs_user:
-        await resolve_user(request)
-    checks = _checks(request, index)
-    return _usage(checks, (await engine.adecide(checks, dry_run=True)).decisions)
+    return await arun(using(request))

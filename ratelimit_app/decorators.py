@@ -13,28 +13,16 @@ from __future__ import annotations
 from functools import partial, wraps
 from typing import Any, Callable, Iterable
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.decorators import method_decorator
 
-from . import headers, registry
-from .doors import (
-    adecide_left_over,
-    ainner_door,
-    afinish,
-    alet_go,
-    decide_left_over,
-    finish,
-    has_decorator_inside,
-    has_throttle_inside,
-    inner_door,
-    let_go,
-    passed_drf_throttles,
-)
+from . import registry
+from .doors import around_view, entering, has_decorator_inside, has_throttle_inside, passed_drf_throttles
+from .drivers import Io, arun, run
 from .limiter import Cost, valid_cost
 from .rates import format_rate
 from .registry import CodePolicy
-from .responses import refusal
 
 USAGE = (
     "@ratelimit needs arguments: @ratelimit('login') enforces the policies of the action 'login'; "
@@ -73,7 +61,8 @@ def ratelimit(
         registry.note_cost(action, cost)
         return partial(_decorate, action=action, declared=None, cost=cost)
     options = {"rate": rate, "limit": limit, "window": window, "key": key, "methods": method, "burst": burst}
-    options.update((field, value) for field, value in (("mode", mode), ("strategy", strategy), ("time_zone", time_zone)) if value is not None)
+    given = (("mode", mode), ("strategy", strategy), ("time_zone", time_zone))
+    options.update((field, value) for field, value in given if value is not None)
 
     def declare(view):
         policy = _declare(view, name, options)
@@ -108,7 +97,8 @@ def _declare(view, name: str | None, options: dict[str, Any]) -> CodePolicy:
             raise ImproperlyConfigured(f"{origin}: several policies declared here need name='...' each.")
         name = registry.slug_name(free[0])
     elif any(known.name == name for known in earlier):
-        raise ImproperlyConfigured(f"{origin}: the policy {name!r} is declared here twice with different values; give each its own name.")
+        raise ImproperlyConfigured(
+            f"{origin}: the policy {name!r} is declared here twice with different values; give each its own name.")
     policy = registry.code_policy(name, action=f"code:{path}@{name}", origin=origin, **options)
     return registry.declared_on(path, registry.register_policy(policy))
 
@@ -124,50 +114,20 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, cost: Cost | No
         return _remember(method_decorator(decorate, name="dispatch")(view), declared)
     decorator_inside = has_decorator_inside(view)
     throttle_inside = not decorator_inside and has_throttle_inside(view)
-    if is_async is None:
-        is_async = iscoroutinefunction(view)
 
-    if is_async:
+    def steps(request, args, kwargs):
+        _declared_again(declared)
+        last = not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
+        turn = entering(request, [action], last=last, cost=cost)
+        return around_view(request, Io(view, view, (request, *args), kwargs), turn)
 
-        @wraps(view)
-        async def limited(request, *args, **kwargs):
-            _declared_again(declared)
-            last = not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
-            try:
-                state = await ainner_door(request, [action], last=last, cost=cost)
-                response = refusal(request, state)
-                if response is None:
-                    response = await view(request, *args, **kwargs)
-                    if not last:  # DRF may have refused the request before the throttle that was to decide
-                        state = await adecide_left_over(request, state)
-                        response = refusal(request, state) or response
-                    _with_headers(response, state)
-                return await afinish(request, response)
-            except BaseException:  # a CancelledError too: the client left while the request was decided or ran
-                await alet_go(request)
-                raise
-
-        markcoroutinefunction(limited)
+    if iscoroutinefunction(view) if is_async is None else is_async:
+        async def limited(request, *args, **kwargs):  # a coroutine function to inspect too, as the view was
+            return await arun(steps(request, args, kwargs))
     else:
-
-        @wraps(view)
         def limited(request, *args, **kwargs):
-            _declared_again(declared)
-            last = not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
-            try:
-                state = inner_door(request, [action], last=last, cost=cost)
-                response = refusal(request, state)
-                if response is None:
-                    response = view(request, *args, **kwargs)
-                    if not last:  # DRF may have refused the request before the throttle that was to decide
-                        state = decide_left_over(request, state)
-                        response = refusal(request, state) or response
-                    _with_headers(response, state)
-                return finish(request, response)
-            except BaseException:
-                let_go(request)
-                raise
-
+            return run(steps(request, args, kwargs))
+    limited = wraps(view)(limited)
     limited.ratelimit_actions = (*getattr(view, "ratelimit_actions", ()), action)
     if cost is not None:
         limited.ratelimit_cost = cost  # the policy tester shows it
@@ -179,11 +139,6 @@ def _declared_again(declared: CodePolicy | None) -> None:
     # declares it again (a dict lookup when it is still declared)
     if declared is not None:
         registry.register_policy(declared)
-
-
-def _with_headers(response, state) -> None:
-    if state is not None and state.decisions:
-        headers.apply(response, state.decisions)
 
 
 def _remember(view, declared: CodePolicy | None):

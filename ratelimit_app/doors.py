@@ -1,51 +1,23 @@
-"""Which door decides what. A request is decided in ONE Redis call, all-or-nothing, whatever doors see it.
-
-The doors, outermost first: RateLimitMiddleware, @ratelimit on the view, PolicyThrottle inside DRF.
-
-1. Every door adds the names it knows (the URL name, a DRF view's throttle_scope, the decorator's
-   action) to the request's pending names. '*' and path prefix policies are always pending.
-2. The LAST door that sees the request makes the one call, for everything pending. The middleware
-   knows from the resolved view whether a door inside will see the request (the view carries
-   @ratelimit, or is a DRF view throttled by PolicyThrottle); if so it only gathers and waits.
-   A door inside decides with the request as it knows it: DRF's throttle with DRF's user, so a
-   token user is counted as that user by `user` and `user_or_ip` policies.
-3. If the door inside never runs (DRF refused the request before its throttles: failed
-   authentication, permissions, 405), the outer door (the middleware, or @ratelimit around a DRF
-   view) decides on the way out, so such requests still count against per-address policies, and a
-   denial replaces the response with the 429.
-4. A refusal by any door comes from responses.refusal: one shape for every door. A refusal made inside
-   the view goes out through the middleware inside RateLimitMiddleware like any answer; one that
-   replaces a response (DRF's 429) keeps the headers and cookies that middleware added to it.
-5. Once the call is made, the request's policies are decided: a later hit() in the view decides only
-   policies not decided yet, in a call of its own.
-6. This app's own admin pages are never counted or refused (the operator cannot be locked out by the
-   policies being fixed); the admin login stays protected.
-7. Places taken in in-flight (concurrency) policies go back when the request ends, whatever answer the
-   server finally sends: the first door the answer leaves gives them back before it is sent (finish),
-   a streamed body's when it ends, is closed or is dropped unsent; a request that raises, or is
-   cancelled because its client left, gives them back at once (let_go). They are recorded before the
-   call that takes them is sent, so a call left unanswered (timed out, cancelled) is given back too.
-   What no door gave back (hit() in a view of a site without the middleware) goes back when the
-   request ends (request_finished).
-"""
+"""The door sequence, written once: enter -> decide -> view -> leave (docs/explanation/decision.md).
+Plain code that yields its I/O: each door runs it with the sync or the async driver (drivers.py)."""
 
 from __future__ import annotations
 
-import logging
 import weakref
-from typing import NamedTuple, Sequence
+from typing import Iterable, NamedTuple
 
 from django.urls import Resolver404, resolve
 
-from . import giveback, headers, policies
+from . import engine, policies
 from .conf import get_setting
+from .drivers import Io, Steps, run
+from .limiter import Cost, RequestState, deciding, holding_now
 from .lru import byte_bounded_cache
-from .limiter import STATE_ATTRIBUTE, Cost, RequestState, adecide, decide, holding_now, state_of
-from .responses import is_refusal, refusal
+from .responses import answer, refusal
 from .subjects import http_request
 from .values import Held
 
-logger = logging.getLogger("ratelimit_app")
+STATE_ATTRIBUTE = "_ratelimit"  # the request's RequestState, in its HttpRequest's __dict__
 ADMIN_PAGES = "ratelimit_app_"  # URL names of this app's admin pages, in the admin's namespace
 
 
@@ -82,6 +54,17 @@ def has_throttle_inside(view) -> bool:
     return is_policy_throttled(owner)
 
 
+def passed_drf_throttles(request) -> bool:
+    """Whether `request` is a DRF Request: the view's throttles already ran, none will see it again."""
+    return http_request(request) is not request
+
+
+def policy_throttle_is_last(throttle, view) -> bool:
+    """Whether this PolicyThrottle is the last of the view's: DRF runs them in order, the last decides."""
+    doors = [c for c in getattr(view, "throttle_classes", ()) if getattr(c, "ratelimit_door", False)]
+    return not doors or type(throttle) is doors[-1] or type(throttle) not in doors
+
+
 @byte_bounded_cache(2 << 20)  # a client inventing paths only evicts entries; resolving again is always right
 def _resolve_route(path: str, urlconf: str | None) -> Route:
     try:
@@ -105,199 +88,112 @@ def forget_routes() -> None:
     _resolve_route.cache_clear()
 
 
-# --- the middleware: first in, last out ---------------------------------------------------------
+# --- the sequence ----------------------------------------------------------------------------------
 
 
-def _enter(request, index: policies.PolicyIndex) -> RequestState | None:
-    """The middleware's way in: the request's state with the names of its route; None when exempt or
-    when no policy can apply (then a request costs no state and no call)."""
+def through_middleware(request, get_response) -> Steps:
+    """The middleware: first in (it decides, unless a door inside will), last out."""
     route = route_of(request)
-    if route.exempt or not index.matching(path=request.path_info, names=route.names, method=request.method):
-        return None
-    state = state_of(request)
-    state.add_names(route.names)
-    state.json_api = route.json_api
-    state.awaiting = route.door_inside  # a door inside will make the call
-    return state
+    turn = entering(request, route.names, last=not route.door_inside, route=route)
+    return around_view(request, Io(get_response, get_response, (request,)), turn)
 
 
-def _answer(request, response, state: RequestState | None):
-    """The response as it leaves: the refusal when a door refused, else the view's with the headers."""
-    if state is None:
-        return response
-    if state.refused:
-        if is_refusal(response):
-            return response  # a door inside answered: its refusal came out through the middleware inside, keep it
-        refused = refusal(request, state)
-        return response if refused is None else _replacing(refused, response)
-    headers.apply(response, state.decisions)
-    return response
+def around_view(request, view: Io, turn: Steps[RequestState | None]) -> Steps:
+    """enter -> decide -> view -> leave, for a door around a view: returns the response. A request that
+    raises (or is cancelled: its client left) gives its places back at once."""
+    try:
+        state = yield from turn
+        if state is not None and state.refused:
+            return (yield from leaving(request, refusal(request, state), state))
+        response = yield view
+        if state is None:
+            state = _state(request)  # made inside the view: by a door, or hit()
+        if state is not None and state.awaiting:  # the door inside never ran (DRF refused first): decide now
+            yield from entering(request, (), last=True)
+        return (yield from leaving(request, answer(request, response, state), state))
+    except GeneratorExit:  # dropped unfinished, which no driver does: nothing to give back from here
+        raise
+    except BaseException:
+        yield from letting_go(request)
+        raise
 
 
-# What the replaced response says about its own body or its own status, not about the site.
-NOT_CARRIED = frozenset({"content-type", "content-length", "content-encoding", "content-language", "www-authenticate"})
-
-
-def _replacing(refused, response):
-    """`refused` in place of `response`, with what the middleware inside added to that (X-Frame-Options,
-    Vary, cookies): DRF's refusal, or the view's answer to a request refused on the way out."""
-    for name, value in response.headers.items():
-        if name.lower() not in NOT_CARRIED and name not in refused.headers:
-            refused.headers[name] = value
-    for name, morsel in response.cookies.items():
-        refused.cookies.setdefault(name, morsel)
-    refused._resource_closers.extend(response._resource_closers)  # what was to run when it closed
-    return refused
-
-
-def _refuse_if_denied(state: RequestState) -> RequestState:
-    state.refused = bool(state.denied) or state.unavailable
-    return state
-
-
-def middleware_request(request):
-    """On the way in: decide now, or leave the call to a door inside. Returns a refusal or None."""
-    if not get_setting("RATELIMIT_ENABLED"):
-        return None
-    index = policies.get_index()
-    if not index:
-        return None
-    state = _enter(request, index)
-    if state is None or state.awaiting:
-        return None
-    return refusal(request, _refuse_if_denied(decide(request, state, index)))
-
-
-def middleware_response(request, response):
-    """On the way out: decide what no door inside decided (DRF refused before its throttles); headers."""
-    state: RequestState | None = request.__dict__.get(STATE_ATTRIBUTE)
-    if state is None:
-        return response
-    return finish(request, _answer(request, response, decide_left_over(request, state)), state)
-
-
-def decide_left_over(request, state: RequestState | None) -> RequestState | None:
-    """An outer door on the way out: make the call a door inside was left, if that door never ran."""
-    if state is not None and state.awaiting:
-        state.awaiting = False
-        _refuse_if_denied(decide(request, state))
-    return state
-
-
-async def amiddleware_request(request):
-    """middleware_request() on an async stack, through the asyncio Redis client."""
-    if not get_setting("RATELIMIT_ENABLED"):
+def entering(request, names, *, last: bool, cost: Cost | None = None, route: Route | None = None) -> Steps:
+    """A door's way in: gather the `names` it knows and the code's `cost` (the door nearer the view says
+    last); the last door to see the request makes its one call. The middleware's `route`: no state on
+    this app's admin pages or when no policy can apply (then a request costs nothing)."""
+    if not get_setting("RATELIMIT_ENABLED") or route is not None and route.exempt:
         return None
     index = policies.fresh_index()
     if index is None:
-        index = await policies.aget_index()
+        index = yield Io(policies.get_index, policies.aget_index)
     if not index:
         return None
-    state = _enter(request, index)
-    if state is None or state.awaiting:
+    if route is not None and not index.matching(path=request.path_info, names=names, method=request.method):
         return None
-    return refusal(request, _refuse_if_denied(await adecide(request, state, index)))
-
-
-async def amiddleware_response(request, response):
-    state: RequestState | None = request.__dict__.get(STATE_ATTRIBUTE)
-    if state is None:
-        return response
-    if state.awaiting:  # most requests were decided on the way in: no coroutine to await here
-        await adecide_left_over(request, state)
-    return await afinish(request, _answer(request, response, state), state)
-
-
-async def adecide_left_over(request, state: RequestState | None) -> RequestState | None:
-    if state is not None and state.awaiting:
-        state.awaiting = False
-        _refuse_if_denied(await adecide(request, state))
-    return state
-
-
-# --- the doors inside the view ------------------------------------------------------------------
-
-
-def policy_throttle_is_last(throttle, view) -> bool:
-    """Whether this PolicyThrottle is the last of the view's: DRF runs them in order, the last decides."""
-    doors = [c for c in getattr(view, "throttle_classes", ()) if getattr(c, "ratelimit_door", False)]
-    return not doors or type(throttle) is doors[-1] or type(throttle) not in doors
-
-
-def _gather(request, names, cost: Cost | None) -> RequestState | None:
-    if not get_setting("RATELIMIT_ENABLED"):
-        return None
-    state = state_of(request)
-    state.add_names(names)
+    state = state_of(request, names)
+    if route is not None:
+        state.json_api = route.json_api
     if cost is not None:
         state.cost = cost
+    state.awaiting = not last  # an outer door leaves the call to the door inside
+    if last:
+        yield from deciding(request, state, index)
+        state.refused = bool(state.denied) or state.unavailable
     return state
 
 
-def inner_door(request, names, *, last: bool, cost: Cost | None = None) -> RequestState | None:
-    """A decorator's or a throttle's turn: gather `names` (and the code's `cost`: the door inside, the
-    nearer the view, says last); the last door inside makes the call.
-
-    A door that is not last leaves the call to the door inside, and must call decide_left_over() with
-    the view's response: DRF may refuse the request before its throttles run.
-    """
-    state = _gather(request, names, cost)
+def state_of(request, names: Iterable[str | None] = ()) -> RequestState:
+    """The request's state (a DRF Request shares its HttpRequest's), with `names` gathered."""
+    base = http_request(request)
+    state = base.__dict__.get(STATE_ATTRIBUTE)
     if state is None:
-        return state
-    if not last:
-        state.awaiting = True
-        return state
-    state.awaiting = False
-    return _refuse_if_denied(decide(request, state))
+        state = base.__dict__[STATE_ATTRIBUTE] = RequestState(names)
+    else:
+        state.add_names(names)
+    return state
 
 
-async def ainner_door(request, names, *, last: bool, cost: Cost | None = None) -> RequestState | None:
-    state = _gather(request, names, cost)
-    if state is None:
-        return state
-    if not last:
-        state.awaiting = True
-        return state
-    state.awaiting = False
-    return _refuse_if_denied(await adecide(request, state))
+def _state(request) -> RequestState | None:
+    return http_request(request).__dict__.get(STATE_ATTRIBUTE)
 
 
-# --- places in flight --------------------------------------------------------------------------
+# --- places in flight: given back when the answer leaves, or when the request fails --------------
+
+
+def leaving(request, response, state: RequestState | None = None) -> Steps:
+    """The request's answer leaves a door: its places go back now, before a byte of it is sent, so that a
+    client's next request never finds them taken; a streamed body's when it ends, is closed, or the
+    response is dropped unsent (an outer middleware answered instead, e.g. ConditionalGetMiddleware's 304)."""
+    held = _taken(request, state)
+    if held:
+        if getattr(response, "streaming", False):
+            _when_streamed(response, _Places(held))
+        else:
+            yield Io(engine.release, engine.arelease, (held,))
+    return response
+
+
+def letting_go(request) -> Steps[None]:
+    """The request failed (an exception, or its client left) before its answer left the door."""
+    held = _taken(request)
+    if held:
+        yield Io(engine.release, engine.arelease, (held,))
+
+
+def finish(request, response):
+    """leaving(), for the DRF throttle's view (sync, as DRF's finalize_response is)."""
+    return run(leaving(request, response))
 
 
 def _taken(request, state: RequestState | None = None) -> list[Held]:
     """The places the request holds, now no longer its own to give back (each is given back once)."""
     if state is None:
-        state = http_request(request).__dict__.get(STATE_ATTRIBUTE)
+        state = _state(request)
     if state is None or not state.held:
         return []
     held, state.held = state.held, []
     return held
-
-
-def finish(request, response, state: RequestState | None = None):
-    """The request's answer leaves a door: its places go back now, before a byte of it is sent, so
-    that a client's next request never finds them taken. A streamed body is still to come: then when
-    it ends or is closed, or when the response is dropped unsent (an outer middleware answered
-    instead, e.g. ConditionalGetMiddleware's 304)."""
-    held = _taken(request, state)
-    if held:
-        if getattr(response, "streaming", False):
-            _when_streamed(response, _Places(held))
-        else:
-            give_back(held)
-    return response
-
-
-async def afinish(request, response, state: RequestState | None = None):
-    """finish() on an event loop."""
-    held = _taken(request, state)
-    if held:
-        if getattr(response, "streaming", False):
-            _when_streamed(response, _Places(held))
-        else:
-            await agive_back(held)
-    return response
 
 
 class _Places:
@@ -314,7 +210,9 @@ class _Places:
         return held
 
     def __call__(self) -> None:
-        give_back(self.take())
+        held = self.take()
+        if held:
+            engine.release(held)
 
 
 def _when_streamed(response, places: _Places) -> None:
@@ -334,22 +232,14 @@ def _ended(content, places: _Places):
         places()
 
 
-async def _aended(content, places: _Places):
+async def _aended(content, places: _Places):  # _ended's twin: an async body is iterated with `async for`
     try:
         async for chunk in content:
             yield chunk
     finally:
-        await agive_back(places.take())
-
-
-def let_go(request) -> None:
-    """The request failed (an exception) before its answer left the door: its places go back now."""
-    give_back(_taken(request))
-
-
-async def alet_go(request) -> None:
-    """The request failed, or was cancelled because its client left: its places go back now."""
-    await agive_back(_taken(request))
+        held = places.take()
+        if held:
+            await engine.arelease(held)
 
 
 def request_began(**kwargs) -> None:
@@ -364,19 +254,5 @@ def request_ended(**kwargs) -> None:
     if holders:
         held = [place for state in holders for place in _taken(None, state)]
         holders.clear()
-        give_back(held)
-
-
-def give_back(held: Sequence[Held]) -> None:
-    if held:
-        giveback.release(held)
-
-
-async def agive_back(held: Sequence[Held]) -> None:
-    if held:
-        await giveback.arelease(held)
-
-
-def passed_drf_throttles(request) -> bool:
-    """Whether `request` is a DRF Request: the view's throttles already ran, none will see it again."""
-    return http_request(request) is not request
+        if held:
+            engine.release(held)

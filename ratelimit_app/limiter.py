@@ -1,7 +1,5 @@
 """The one core behind every door: find the policies of a request, ask the engine once, keep the answer.
-
-Which door calls it, and when, is decided in doors.py; this module only plans and decides.
-"""
+Which door calls it, and when, is doors.py's; the I/O is yielded to a driver (drivers.py)."""
 
 from __future__ import annotations
 
@@ -15,13 +13,13 @@ from .conf import get_setting
 from .breaker import outage
 from .deny_cache import deny_cache
 from .deny_cache import enabled as deny_cache_enabled
-from .overrides import CompiledOverride, matching_override
-from .plans import CompiledPlan, limit_in_effect, plan_of
-from .subjects import http_request, subject_for
-from .values import Check, CompiledPolicy, Decision, Held, Subject, Verdict
+from .drivers import Io, Steps, nothing
+from .overrides import matching_override
+from .plans import limit_in_effect, plan_of
+from .subjects import subject_for
+from .values import Check, Decision, Held, Verdict
 
 logger = logging.getLogger("ratelimit_app")
-STATE_ATTRIBUTE = "_ratelimit"
 
 
 Cost = Union[int, Callable[[object], int]]  # units, or a function of the request that says how many
@@ -47,17 +45,6 @@ def request_cost(request, state: RequestState, index: policies.PolicyIndex, code
     return valid_cost(code(request) if callable(code) else code, "the cost the view's code gives")
 
 
-class Planned(NamedTuple):
-    """One policy that applies to a request: who it counts, which override (if any), the limit in effect."""
-
-    policy: CompiledPolicy
-    subject: Subject
-    override: CompiledOverride | None
-    limit: int | None  # None: the subject is exempt
-    plan: CompiledPlan | None = None  # the request's plan, whether or not it names this policy
-    by_plan: bool = False  # the plan set the limit in effect
-
-
 class RequestState:
     """What the doors know and decided about one request so far."""
 
@@ -66,7 +53,7 @@ class RequestState:
         "lease", "held",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, names: Iterable[str | None] = ()) -> None:
         self.names: list[str] = []  # the names policies may match, gathered by every door
         self.decided: set[int] = set()  # ids of the policies already decided
         self.decisions: list[Decision] = []
@@ -81,48 +68,12 @@ class RequestState:
         # the places it may hold until it ends (doors.finish): recorded before the call is sent, so
         # that a call left unanswered (timed out, cancelled) is given back too
         self.held: list[Held] = []
+        self.add_names(names)
 
     def add_names(self, names: Iterable[str | None]) -> None:
         for name in names:
             if name and name not in self.names:
                 self.names.append(name)
-
-
-def state_of(request) -> RequestState:
-    base = http_request(request)
-    state = base.__dict__.get(STATE_ATTRIBUTE)
-    if state is None:
-        state = base.__dict__[STATE_ATTRIBUTE] = RequestState()
-    return state
-
-
-def plan(
-    request,
-    names: Iterable[str | None] = (),
-    *,
-    skip: set[int] | frozenset[int] = frozenset(),
-    index: policies.PolicyIndex | None = None,
-) -> list[Planned]:
-    """The policies that apply to the request (found by path, method and `names`), with subjects and limits."""
-    index = policies.get_index() if index is None else index
-    if not index:
-        return []
-    planned = []
-    on_plan = plan_of(index.plans, request) if index.plans else None
-    for policy in index.matching(path=request.path_info, names=names, method=request.method):
-        if policy.id in skip:
-            continue
-        subject = subject_for(policy.key_spec, request)
-        if subject is None:
-            continue  # e.g. a `user` policy on an anonymous request does not apply
-        override = matching_override(index.overrides.get(policy.id), request) if index.overrides else None
-        limit, plan_name = limit_in_effect(policy.limit, policy.id, override, on_plan)
-        planned.append(Planned(policy, subject, override, limit, on_plan, bool(plan_name)))
-    return planned
-
-
-def checks_for(planned: Iterable[Planned]) -> list[Check]:
-    return [Check(p.policy, p.subject, p.limit, p.plan.name if p.by_plan else "") for p in planned if p.limit is not None]
 
 
 def pending_checks(request, state: RequestState, index: policies.PolicyIndex | None = None) -> list[Check]:
@@ -246,11 +197,10 @@ holding_now: ContextVar[list[RequestState] | None] = ContextVar("ratelimit_holdi
 
 def asking(state: RequestState, call: Call) -> None:
     """Before the call is sent: the request may hold its places from now on, answered or not."""
-    if call.holding:
-        holders = holding_now.get()
-        if holders is not None and state not in holders:
-            holders.append(state)
-        state.held += call.holding
+    holders = holding_now.get()
+    if holders is not None and state not in holders:
+        holders.append(state)
+    state.held += call.holding
 
 
 def conclude(request, state: RequestState, call: Call, outcome: Verdict | engine.RedisUnavailable) -> None:
@@ -262,46 +212,42 @@ def conclude(request, state: RequestState, call: Call, outcome: Verdict | engine
     settle(request, state, call.checks, outcome, call.epoch)
     if call.holding:
         # a refused request took nothing anywhere; an admitted one holds where its policy had room
-        taken = {(d.policy.id, d.subject) for d in outcome.decisions if outcome.allowed and d.policy.holds and not d.exceeded}
+        taken = {(d.policy.id, d.subject) for d in outcome.decisions
+                 if outcome.allowed and d.policy.holds and not d.exceeded}
         asked = set(map(id, call.holding))
-        state.held = [place for place in state.held if id(place) not in asked or (place.policy.id, place.subject) in taken]
+        state.held = [place for place in state.held
+                      if id(place) not in asked or (place.policy.id, place.subject) in taken]
 
 
-def decide(request, state: RequestState, index: policies.PolicyIndex | None = None, *, extra: Sequence[Check] = (),
-           pending: bool = True, now: float | None = None, cost: Cost | None = None) -> RequestState:
+def loading(request, index: policies.PolicyIndex | None = None) -> Steps[policies.PolicyIndex]:
+    """The policy index (no I/O while it is fresh), and the user when a policy reads it: async code loads
+    it ahead, so that computing subjects never queries from the event loop."""
+    if index is None:
+        index = policies.fresh_index()
+        if index is None:
+            index = yield Io(policies.get_index, policies.aget_index)
+    if index.needs_user:
+        yield Io(nothing, resolve_user, (request,))
+    return index
+
+
+def deciding(request, state: RequestState, index: policies.PolicyIndex | None = None, *, extra: Sequence[Check] = (),
+             pending: bool = True, now: float | None = None, cost: Cost | None = None) -> Steps[RequestState]:
     """Decide every pending policy of the request (and `extra`) in one Redis call, none when nothing applies."""
+    index = yield from loading(request, index)
     denied_before = len(state.denied)
     call = prepare(request, state, index, extra, pending, now, cost)
     if call is not None:
-        asking(state, call)
+        if call.holding:
+            asking(state, call)
         try:
-            outcome = engine.decide(call.checks, now=now, version=policies.version_due(), cost=call.cost, lease=call.lease)
+            outcome = yield Io(engine.decide, engine.adecide, (call.checks,), {
+                "now": now, "version": policies.version_due(), "cost": call.cost, "lease": call.lease})
         except engine.RedisUnavailable as error:
             outcome = error
         conclude(request, state, call, outcome)
     if len(state.denied) > denied_before:
-        events.denied(request, state.denied[denied_before:])
-    return state
-
-
-async def adecide(request, state: RequestState, index: policies.PolicyIndex | None = None, *,
-                  extra: Sequence[Check] = (), pending: bool = True, cost: Cost | None = None) -> RequestState:
-    """decide() on an event loop: the same steps; the index, the user and Redis are awaited."""
-    if index is None:
-        index = await policies.aget_index()
-    if index.needs_user:
-        await resolve_user(request)
-    denied_before = len(state.denied)
-    call = prepare(request, state, index, extra, pending, cost=cost)
-    if call is not None:
-        asking(state, call)
-        try:
-            outcome = await engine.adecide(call.checks, version=policies.version_due(), cost=call.cost, lease=call.lease)
-        except engine.RedisUnavailable as error:
-            outcome = error
-        conclude(request, state, call, outcome)
-    if len(state.denied) > denied_before:
-        await events.adenied(request, state.denied[denied_before:])
+        yield Io(events.denied, events.adenied, (request, state.denied[denied_before:]))
     return state
 
 
@@ -318,67 +264,3 @@ def _report_shadow(decision: Decision, request) -> None:
         decision.policy.name, request.method, request.path_info, decision.subject.display,
         decision.count, decision.limit,
     )
-
-
-def look(checks: Sequence[Check], *, now: float | None = None, cost: int = 1) -> Verdict:
-    """What Redis would answer to `checks`, counting nothing (raises RedisUnavailable)."""
-    verdict = engine.decide(checks, now=now, dry_run=True, cost=cost)
-    policies.observe_version(verdict.version)
-    return verdict
-
-
-def check(request, action: str, cost: Cost | None = None) -> Verdict:
-    """What would happen to `request` (of `cost` units) under the policies of `action`, counting nothing."""
-    if not get_setting("RATELIMIT_ENABLED"):
-        return engine.NO_POLICIES
-    index = policies.get_index()
-    return look(checks_for(plan(request, [action], index=index)), cost=_looked_cost(request, action, index, cost))
-
-
-async def acheck(request, action: str, cost: Cost | None = None) -> Verdict:
-    """check() for async code."""
-    if not get_setting("RATELIMIT_ENABLED"):
-        return engine.NO_POLICIES
-    index = await policies.aget_index()
-    if index.needs_user:
-        await resolve_user(request)
-    checks = checks_for(plan(request, [action], index=index))
-    verdict = await engine.adecide(checks, dry_run=True, cost=_looked_cost(request, action, index, cost))
-    policies.observe_version(verdict.version)
-    return verdict
-
-
-def _looked_cost(request, action: str, index: policies.PolicyIndex, cost: Cost | None) -> int:
-    state = RequestState()  # a look counts nothing: the request's own state stays as it was
-    state.add_names([action])
-    return request_cost(request, state, index, cost)
-
-
-def hit(request, action: str, cost: Cost | None = None) -> Verdict:
-    """Count `request` under the policies of `action` not decided yet for it, taking `cost` units
-    (a number, or a function of the request; the admin's cost for the action wins); returns the verdict."""
-    if not get_setting("RATELIMIT_ENABLED"):
-        return engine.NO_POLICIES
-    state, before = _hit_state(request, action)
-    return _hit_verdict(decide(request, state, cost=cost), before)
-
-
-async def ahit(request, action: str, cost: Cost | None = None) -> Verdict:
-    """hit() for async code."""
-    if not get_setting("RATELIMIT_ENABLED"):
-        return engine.NO_POLICIES
-    state, before = _hit_state(request, action)
-    return _hit_verdict(await adecide(request, state, cost=cost), before)
-
-
-def _hit_state(request, action: str) -> tuple[RequestState, int]:
-    state = state_of(request)
-    state.add_names([action])
-    return state, len(state.decisions)
-
-
-def _hit_verdict(state: RequestState, before: int) -> Verdict:
-    if state.unavailable:
-        raise engine.RedisUnavailable("Redis unavailable and RATELIMIT_FAIL_OPEN is False")
-    decisions = tuple(state.decisions[before:])
-    return Verdict(all(d.allowed for d in decisions), decisions, None)

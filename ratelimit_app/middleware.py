@@ -1,21 +1,12 @@
-"""RateLimitMiddleware: every request, by URL name, path prefix, '*' and method. Place it after
-AuthenticationMiddleware so `user` policies see the user. What it decides itself: see doors.py.
+"""RateLimitMiddleware: every request, by URL name, path prefix, '*' and method (the sequence: doors.py).
 Sync and async: on an ASGI stack it runs without a thread hop, through the asyncio Redis client."""
 
 from __future__ import annotations
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
-from .doors import (
-    afinish,
-    alet_go,
-    amiddleware_request,
-    amiddleware_response,
-    finish,
-    let_go,
-    middleware_request,
-    middleware_response,
-)
+from .doors import through_middleware
+from .drivers import arun, run
 
 
 class RateLimitMiddleware:
@@ -45,22 +36,5 @@ class RateLimitMiddleware:
 
     def __call__(self, request):
         if self.is_async:
-            return self.__acall__(request)
-        try:
-            refused = middleware_request(request)
-            if refused is not None:
-                return finish(request, refused)
-            return middleware_response(request, self.get_response(request))
-        except BaseException:
-            let_go(request)
-            raise
-
-    async def __acall__(self, request):
-        try:
-            refused = await amiddleware_request(request)
-            if refused is not None:
-                return await afinish(request, refused)
-            return await amiddleware_response(request, await self.get_response(request))
-        except BaseException:  # a CancelledError too: the client left while the request was decided or ran
-            await alet_go(request)
-            raise
+            return arun(through_middleware(request, self.get_response))
+        return run(through_middleware(request, self.get_response))

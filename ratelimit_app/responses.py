@@ -36,6 +36,35 @@ def refusal(request, state: RequestState | None) -> HttpResponse | None:
     return None
 
 
+def answer(request, response, state: RequestState | None):
+    """The response as it leaves a door: the refusal when a door refused, else the view's with the headers."""
+    if state is None:
+        return response
+    if state.refused:
+        if is_refusal(response):
+            return response  # a door inside answered: its refusal came out through the middleware inside, keep it
+        refused = refusal(request, state)
+        return response if refused is None else _replacing(refused, response)
+    headers.apply(response, state.decisions)
+    return response
+
+
+# What the replaced response says about its own body or its own status, not about the site.
+NOT_CARRIED = frozenset({"content-type", "content-length", "content-encoding", "content-language", "www-authenticate"})
+
+
+def _replacing(refused, response):
+    """`refused` in place of `response`, with what the middleware inside added to that (X-Frame-Options,
+    Vary, cookies): DRF's refusal, or the view's answer to a request refused on the way out."""
+    for name, value in response.headers.items():
+        if name.lower() not in NOT_CARRIED and name not in refused.headers:
+            refused.headers[name] = value
+    for name, morsel in response.cookies.items():
+        refused.cookies.setdefault(name, morsel)
+    refused._resource_closers.extend(response._resource_closers)  # what was to run when it closed
+    return refused
+
+
 def is_refusal(response) -> bool:
     """Whether `response` is one refusal() made (so the middleware passes it on as it is)."""
     return getattr(response, REFUSAL_MARK, False)

@@ -14,7 +14,7 @@ from django.urls import Resolver404, resolve
 
 from . import engine
 from .doors import route_of
-from .limiter import Planned, checks_for, plan
+from .actions import Planned, checks_for, plan
 from .plans import CompiledAssignment, assignment_of
 from .policies import PolicyIndex, get_index
 from .subjects import meta_key

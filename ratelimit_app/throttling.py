@@ -1,8 +1,5 @@
-"""PolicyThrottle: policies enforced inside DRF, where token-authenticated users are known.
-
-Matches the view's `throttle_scope`, the URL name, path prefixes and '*'; with the middleware in
-front, it makes the request's one call (see doors.py).
-"""
+"""PolicyThrottle: policies enforced inside DRF, where token-authenticated users are known; with the
+middleware in front, it makes the request's one call (doors.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +11,8 @@ from rest_framework.exceptions import APIException
 from rest_framework.throttling import BaseThrottle
 
 from . import headers
-from .doors import finish, inner_door, let_go, policy_throttle_is_last
+from .doors import entering, finish, letting_go, policy_throttle_is_last
+from .drivers import run
 from .registry import fixed_cost_problem
 from .responses import UNAVAILABLE_MESSAGE, UNAVAILABLE_RETRY_AFTER
 
@@ -40,7 +38,7 @@ def _give_back_when_finalized(view, request) -> None:
         try:
             return handle_exception(exc)
         except BaseException:
-            let_go(request)
+            run(letting_go(request))
             raise
 
     view.finalize_response, view.handle_exception = finalize_response, handle
@@ -94,7 +92,8 @@ class PolicyThrottle(BaseThrottle):
     def allow_request(self, request, view) -> bool:
         match = getattr(request, "resolver_match", None)
         names = (getattr(view, "throttle_scope", None), match.view_name if match else None)
-        self.state = inner_door(request, names, last=policy_throttle_is_last(self, view), cost=view_cost(view, request))
+        last = policy_throttle_is_last(self, view)
+        self.state = run(entering(request, names, last=last, cost=view_cost(view, request)))
         if self.state is None:
             return True
         if self.state.held:

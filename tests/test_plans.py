@@ -16,7 +16,7 @@ from django.utils import timezone
 
 import ratelimit_app
 from ratelimit_app import version
-from ratelimit_app.limiter import plan as plan_request
+from ratelimit_app.actions import plan as plan_request
 from ratelimit_app.models import ActionCost, Override, Plan, PlanAssignment, PlanLimit
 from ratelimit_app.policies import get_index
 from tests.helpers import count_round_trips, in_processes, make_policy

@@ -13,7 +13,6 @@ counts); a refused request is not counted, so a client that keeps retrying is no
 from __future__ import annotations
 
 import functools
-import ipaddress
 import math
 from functools import lru_cache, wraps
 from typing import Any, Callable
@@ -29,8 +28,9 @@ from ..conf import get_setting
 from ..engine import Decision, RedisUnavailable
 from ..rates import format_rate, parse_rate
 from ..registry import CodePolicy
-from ..subjects import mask, meta_key
 from . import door
+from .django_ratelimit_keys import get_ip as _get_ip  # noqa: F401 (django_ratelimit.core's name, imported by its users)
+from .django_ratelimit_keys import key_label, key_value, subject
 
 __all__ = ["ALL", "UNSAFE", "Ratelimited", "ratelimit", "is_ratelimited", "get_usage", "RatelimitMiddleware"]
 
@@ -55,7 +55,8 @@ def ratelimit(group: str | None = None, key=None, rate=None, method=ALL, block: 
         @wraps(fn)
         def _wrapped(request, *args, **kw):
             old_limited = getattr(request, "limited", False)
-            ratelimited = is_ratelimited(request=request, group=group, fn=fn, key=key, rate=rate, method=method, increment=True)
+            ratelimited = is_ratelimited(
+                request=request, group=group, fn=fn, key=key, rate=rate, method=method, increment=True)
             request.limited = ratelimited or old_limited
             if ratelimited and block:
                 cls = getattr(settings, "RATELIMIT_EXCEPTION_CLASS", Ratelimited)
@@ -95,7 +96,7 @@ def _declare_static(group, fn, key, rate, method) -> None:
     except ValueError:
         return  # refused when the view is called, as django-ratelimit does
     if limit > 0:
-        policy = _policy(group if group is not None else _group_of(fn), limit, window, _methods(method), _key_label(key))
+        policy = _policy(group if group is not None else _group_of(fn), limit, window, _methods(method), key_label(key))
         registry.declared_on(registry.view_path(fn), policy)  # the view's: declared again for a URLconf routing to it
 
 
@@ -107,7 +108,8 @@ def is_ratelimited(request, group=None, fn=None, key=None, rate=None, method=ALL
     return False if usage is None else usage["should_limit"]
 
 
-def get_usage(request, group=None, fn=None, key=None, rate=None, method=ALL, increment: bool = False) -> dict[str, Any] | None:
+def get_usage(request, group=None, fn=None, key=None, rate=None, method=ALL,
+              increment: bool = False) -> dict[str, Any] | None:
     """{'count', 'limit', 'should_limit', 'time_left'}, or None when nothing limits this request.
 
     `increment=False` counts nothing and tells whether this request would be limited.
@@ -127,13 +129,13 @@ def get_usage(request, group=None, fn=None, key=None, rate=None, method=ALL, inc
     limit, window = _split_rate(rate)
     if not key:
         raise ImproperlyConfigured("Ratelimit key must be specified")
-    value = _key_value(key, group, request)
+    value = key_value(key, group, request)
     if limit == 0:
         return {"count": int(increment), "limit": 0, "should_limit": True, "time_left": window}  # never admitted
     if not _counting_cache():
         return None  # a cache that keeps nothing limits nothing, as with django-ratelimit
-    policy = _policy(group, None if computed else limit, window, _methods(method), _key_label(key))
-    want = door.Want(policy, _subject(key, value), limit if computed else None)  # else the admin's limit
+    policy = _policy(group, None if computed else limit, window, _methods(method), key_label(key))
+    want = door.Want(policy, subject(key, value), limit if computed else None)  # else the admin's limit
     try:
         decision = door.decide(request, [want], dry_run=not increment)[0]
     except RedisUnavailable:
@@ -191,77 +193,6 @@ def _group_of(fn) -> str:
         parts.append(fn.__self__.__class__.__name__)
     parts.append(fn.__qualname__)
     return ".".join(parts)
-
-
-# --- keys ----------------------------------------------------------------------------------------
-
-
-def _get_ip(request) -> str:
-    """The client's address as django-ratelimit reads it (RATELIMIT_IP_META_KEY), masked to its network."""
-    ip_meta = getattr(settings, "RATELIMIT_IP_META_KEY", None)
-    if not ip_meta:
-        ip = request.META["REMOTE_ADDR"]
-        if not ip:
-            raise ImproperlyConfigured(
-                "IP address in REMOTE_ADDR is empty. This can happen when using a reverse proxy and connecting "
-                "to the app server with Unix sockets. Set RATELIMIT_IP_META_KEY."
-            )
-    elif callable(ip_meta):
-        ip = ip_meta(request)
-    elif isinstance(ip_meta, str) and "." in ip_meta:
-        ip = import_string(ip_meta)(request)
-    elif ip_meta in request.META:
-        ip = request.META[ip_meta]
-    else:
-        raise ImproperlyConfigured(f'Could not get IP address from "{ip_meta}"')
-    mask_bits = getattr(settings, "RATELIMIT_IPV6_MASK", 64) if ":" in ip else getattr(settings, "RATELIMIT_IPV4_MASK", 32)
-    return str(ipaddress.ip_network(f"{ip}/{mask_bits}", strict=False).network_address)
-
-
-def _user_or_ip(request) -> str:
-    return str(request.user.pk) if request.user.is_authenticated else _get_ip(request)
-
-
-SIMPLE_KEYS: dict[str, Callable[[Any], str]] = {
-    "ip": _get_ip,
-    "user": lambda request: str(request.user.pk),
-    "user_or_ip": _user_or_ip,
-}
-ACCESSOR_KEYS: dict[str, Callable[[Any, str], str]] = {
-    "get": lambda request, name: request.GET.get(name, ""),
-    "post": lambda request, name: request.POST.get(name, ""),
-    "header": lambda request, name: request.META.get(meta_key(name), ""),
-}
-
-
-def _key_value(key, group: str, request) -> str:
-    if callable(key):
-        return key(group, request)
-    if key in SIMPLE_KEYS:
-        return SIMPLE_KEYS[key](request)
-    if ":" in key:
-        accessor, name = key.split(":", 1)
-        if accessor not in ACCESSOR_KEYS:
-            raise ImproperlyConfigured(f"Unknown ratelimit key: {key}")
-        return ACCESSOR_KEYS[accessor](request, name)
-    if "." in key:
-        return import_string(key)(group, request)
-    raise ImproperlyConfigured(f"Could not understand ratelimit key: {key}")
-
-
-def _key_label(key) -> str:
-    if callable(key):
-        return f"{getattr(key, '__module__', '')}.{getattr(key, '__qualname__', repr(key))}"
-    return key
-
-
-def _subject(key, value: Any) -> door.Subject:
-    label = _key_label(key)
-    shown = str(value)
-    plain = {f"header:{name.lower()}" for name in get_setting("RATELIMIT_PLAIN_HEADERS")}
-    if label.startswith(("header:", "get:", "post:")) and label.lower() not in plain:
-        shown = mask(shown)  # API keys and the like are shown masked in the admin
-    return door.subject(f"{label}={value}", f"{label}={shown}" if label not in SIMPLE_KEYS else f"{label}:{shown}")
 
 
 # --- policies ------------------------------------------------------------------------------------

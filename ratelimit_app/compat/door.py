@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-from .. import limiter, policies
-from ..doors import inner_door
-from ..limiter import state_of
+from .. import policies
+from ..actions import look
+from ..doors import entering, state_of
+from ..drivers import run
+from ..limiter import deciding
 from ..overrides import matching_override
 from ..plans import limit_in_effect, plan_of
 from ..registry import CodePolicy
@@ -31,14 +33,14 @@ def subject(canonical: str, display: str | None = None) -> Subject:
 def decide(request, wants: Sequence[Want], *, now: float | None = None, dry_run: bool = False) -> list[Decision | None]:
     """The decision of each want, in order; None for a policy the operator disabled or an exempt subject.
 
-    Through the request's one pipeline (limiter.decide): with the policies the middleware left to this
+    Through the request's one pipeline (limiter.deciding): with the policies the middleware left to this
     door, the overrides, the deny cache, all-or-nothing. Raises engine.RedisUnavailable (recorded).
     """
     index = policies.get_index()  # a class or scope first seen now was declared: the index holds it
     checks = [_check(index, request, want) for want in wants]
     asked = [check for check in checks if check is not None]
     if dry_run:
-        found = limiter.look(asked, now=now).decisions
+        found = look(asked, now=now).decisions
     else:
         found = _counted(request, index, asked, now)
     by_subject = {(d.policy.id, d.subject): d for d in found}
@@ -50,7 +52,7 @@ def _counted(request, index: policies.PolicyIndex, checks: list[Check], now: flo
     # the middleware left this request's one call to this door: its policies join the call
     pending, state.awaiting = state.awaiting, False
     decided, denied, state.outage = len(state.decisions), len(state.denied), None
-    limiter.decide(request, state, index, extra=checks, pending=pending, now=now)
+    run(deciding(request, state, index, extra=checks, pending=pending, now=now))
     if state.outage is not None:
         raise state.outage
     ours = {(check.policy.id, check.subject) for check in checks}
@@ -66,12 +68,13 @@ def refused_by_other_policies(request) -> bool:
         return False
     state = state_of(request)
     if state.awaiting:
-        inner_door(request, (), last=True)
+        run(entering(request, (), last=True))
     return state.refused
 
 
 def _check(index: policies.PolicyIndex, request, want: Want) -> Check | None:
-    compiled = next((p for p in index.by_name.get(want.policy.values["action"], ()) if p.name == want.policy.name), None)
+    declared = index.by_name.get(want.policy.values["action"], ())
+    compiled = next((p for p in declared if p.name == want.policy.name), None)
     if compiled is None:
         return None  # disabled in the admin (or invalid, which is logged when loading)
     limit = compiled.limit if want.limit is None else want.limit  # a callable rate computes it per request

@@ -1,0 +1,112 @@
+"""check() and hit() for code that is not a view: a request under the policies of an action, looked at
+or counted, sync or async (the steps written once, run by either driver)."""
+
+from __future__ import annotations
+
+from typing import Iterable, NamedTuple, Sequence
+
+from . import engine, policies
+from .conf import get_setting
+from .drivers import Io, Steps, arun, run
+from .doors import state_of
+from .limiter import Cost, RequestState, deciding, loading, request_cost
+from .overrides import CompiledOverride, matching_override
+from .plans import CompiledPlan, limit_in_effect, plan_of
+from .subjects import subject_for
+from .values import Check, CompiledPolicy, Subject, Verdict
+
+
+class Planned(NamedTuple):
+    """One policy that applies to a request: who it counts, which override (if any), the limit in effect."""
+
+    policy: CompiledPolicy
+    subject: Subject
+    override: CompiledOverride | None
+    limit: int | None  # None: the subject is exempt
+    plan: CompiledPlan | None = None  # the request's plan, whether or not it names this policy
+    by_plan: bool = False  # the plan set the limit in effect
+
+
+def plan(
+    request,
+    names: Iterable[str | None] = (),
+    *,
+    skip: set[int] | frozenset[int] = frozenset(),
+    index: policies.PolicyIndex | None = None,
+) -> list[Planned]:
+    """The policies that apply to the request (found by path, method and `names`), with subjects and limits."""
+    index = policies.get_index() if index is None else index
+    if not index:
+        return []
+    planned = []
+    on_plan = plan_of(index.plans, request) if index.plans else None
+    for policy in index.matching(path=request.path_info, names=names, method=request.method):
+        if policy.id in skip:
+            continue
+        subject = subject_for(policy.key_spec, request)
+        if subject is None:
+            continue  # e.g. a `user` policy on an anonymous request does not apply
+        override = matching_override(index.overrides.get(policy.id), request) if index.overrides else None
+        limit, plan_name = limit_in_effect(policy.limit, policy.id, override, on_plan)
+        planned.append(Planned(policy, subject, override, limit, on_plan, bool(plan_name)))
+    return planned
+
+
+def checks_for(planned: Iterable[Planned]) -> list[Check]:
+    return [Check(p.policy, p.subject, p.limit, p.plan.name if p.by_plan else "")
+            for p in planned if p.limit is not None]
+
+
+def looking(checks: Sequence[Check], *, now: float | None = None, cost: int = 1) -> Steps[Verdict]:
+    """What Redis would answer to `checks`, counting nothing (raises RedisUnavailable)."""
+    verdict = yield Io(engine.decide, engine.adecide, (checks,), {"now": now, "dry_run": True, "cost": cost})
+    policies.observe_version(verdict.version)
+    return verdict
+
+
+def look(checks: Sequence[Check], *, now: float | None = None, cost: int = 1) -> Verdict:
+    return run(looking(checks, now=now, cost=cost))
+
+
+def checking(request, action: str, cost: Cost | None = None) -> Steps[Verdict]:
+    """What would happen to `request` (of `cost` units) under the policies of `action`, counting nothing."""
+    if not get_setting("RATELIMIT_ENABLED"):
+        return engine.NO_POLICIES
+    index = yield from loading(request)
+    checks = checks_for(plan(request, [action], index=index))
+    return (yield from looking(checks, cost=_looked_cost(request, action, index, cost)))
+
+
+def _looked_cost(request, action: str, index: policies.PolicyIndex, cost: Cost | None) -> int:
+    # a look counts nothing: the request's own state stays as it was
+    return request_cost(request, RequestState([action]), index, cost)
+
+
+def hitting(request, action: str, cost: Cost | None = None) -> Steps[Verdict]:
+    """Count `request` under the policies of `action` not decided yet for it, taking `cost` units
+    (a number, or a function of the request; the admin's cost for the action wins); returns the verdict."""
+    if not get_setting("RATELIMIT_ENABLED"):
+        return engine.NO_POLICIES
+    state = state_of(request, [action])
+    before = len(state.decisions)
+    yield from deciding(request, state, cost=cost)
+    if state.unavailable:
+        raise engine.RedisUnavailable("Redis unavailable and RATELIMIT_FAIL_OPEN is False")
+    decisions = tuple(state.decisions[before:])
+    return Verdict(all(d.allowed for d in decisions), decisions, None)
+
+
+def check(request, action: str, cost: Cost | None = None) -> Verdict:
+    return run(checking(request, action, cost))
+
+
+async def acheck(request, action: str, cost: Cost | None = None) -> Verdict:
+    return await arun(checking(request, action, cost))
+
+
+def hit(request, action: str, cost: Cost | None = None) -> Verdict:
+    return run(hitting(request, action, cost))
+
+
+async def ahit(request, action: str, cost: Cost | None = None) -> Verdict:
+    return await arun(hitting(request, action, cost))

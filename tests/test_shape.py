@@ -1,0 +1,97 @@
+"""A request's route through the package stays short: few modules, few climbs back to a module it left."""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, Iterable
+
+import pytest
+
+from ratelimit_app.middleware import RateLimitMiddleware
+from tests.helpers import make_policy
+
+pytestmark = pytest.mark.django_db
+
+MODULES, CLIMBS = 10, 8  # the budget: a change that lengthens the route says why, here
+# The bottom layer (.importlinter) imports nothing of the package: a call into it leads nowhere else
+VOCABULARY = frozenset({"values", "conf", "rates", "lru", "headers", "periods", "drivers"})
+ENGINE = "engine"  # the Redis side, entered through decide(): what it calls is its own business
+
+
+def unit(module: str) -> str:
+    """The unit a module of the package counts as: itself, or its subpackage (subjects.specs: subjects)."""
+    return module.split(".")[1] if "." in module else "__init__"
+
+
+def walk(run: Callable[[], object], entry=RateLimitMiddleware.__call__) -> tuple[list[str], list[str]]:
+    """The package's modules `run` runs in from a call of `entry` to its return: (route, every_call).
+
+    `every_call`: the module of each new Python frame in order (a generator resumed is no new frame),
+    repeats in a row merged. `route`: the same by unit, without the vocabulary and the engine's insides."""
+    calls: list[tuple[str, bool]] = []  # (module, called from inside the engine)
+    frames: list = []  # every frame seen, kept so that no new one reuses an id
+    seen: set[int] = set()
+    depth = 0  # frames of `entry` on the stack: recording while > 0
+
+    def profile(frame, event, arg):
+        nonlocal depth
+        if frame.f_code is entry.__code__ and event in ("call", "return"):
+            depth += 1 if event == "call" else -1
+        if depth <= 0 or event != "call" or id(frame) in seen:
+            return
+        seen.add(id(frame))
+        frames.append(frame)
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith("ratelimit_app."):
+            calls.append((module, _inside(frame.f_back, entry.__code__)))
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+        frames.clear()
+    every_call = _merged(module.removeprefix("ratelimit_app.") for module, _ in calls)
+    route = _merged(unit(m) for m, inside_engine in calls if not inside_engine and unit(m) not in VOCABULARY)
+    return route, every_call
+
+
+def _inside(frame, entry_code) -> bool:
+    """Whether `frame` is the engine's or runs below one of its frames."""
+    while frame is not None and frame.f_code is not entry_code:
+        name = frame.f_globals.get("__name__", "")
+        if name.startswith("ratelimit_app.") and unit(name) == ENGINE:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _merged(modules: Iterable[str]) -> list[str]:
+    merged: list[str] = []
+    for module in modules:
+        if not merged or merged[-1] != module:
+            merged.append(module)
+    return merged
+
+
+def climbs(route: list[str]) -> int:
+    """How many times the route comes back to a module it had left for another."""
+    seen: set[str] = set()
+    back = 0
+    for module in route:
+        back += module in seen
+        seen.add(module)
+    return back
+
+
+def figures(route: list[str]) -> str:
+    return f"{len(set(route))} modules, {climbs(route)} climbs: {' > '.join(route)}"
+
+
+def test_a_request_through_the_middleware_visits_few_modules(client):
+    make_policy(name="search-per-ip", action="demo:search", limit=100)
+    client.get("/demo/search/?q=a", REMOTE_ADDR="203.0.113.7")  # the index is loaded; the clients connect
+    route, every_call = walk(lambda: client.get("/demo/search/?q=a", REMOTE_ADDR="203.0.113.7"))
+    print(f"\nroute: {figures(route)}\nevery call: {figures(every_call)}")
+    assert {"middleware", "engine"} <= set(route)  # the policy applied: Redis was asked
+    assert len(set(route)) <= MODULES and climbs(route) <= CLIMBS, figures(route)
