@@ -6,6 +6,7 @@ do
   -- look's figures, then what series.read found (series.add takes it on)
   local function look(key, limit, window, bucket, cost)
     local now = clock.ms()
+    bucket = tonumber(bucket)
     local count, here, newest, cleaned, fields = series.read(key, now, window, bucket)
     local reset = series.empty_in(count, newest, now, window, bucket)
     local retry = 0
@@ -19,6 +20,7 @@ do
   strategies.sliding_window = {
     look = look,
     charge = function(key, limit, window, bucket, cost)
+      bucket = tonumber(bucket)
       local count, retry, reset, _, here, newest, cleaned = look(key, limit, window, bucket, cost)
       if retry ~= 0 then return false, count, retry, reset, -2 end
       local now = clock.ms()
