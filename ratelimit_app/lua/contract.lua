@@ -33,8 +33,9 @@ do
   function contract.charge(strategy, key, limit, window, bucket, cost, lease, totals_bucket)
     if strategy.charge then return strategy.charge(key, limit, window, bucket, cost, lease, totals_bucket) end
     local now = clock.ms()
+    bucket = tonumber(bucket) or bucket
     local count, retry, state, _, taken, reset, before =
-      strategy.take(key, now, window, tonumber(bucket) or bucket, limit, clock.us(), tonumber(totals_bucket), cost, lease)
+      strategy.take(key, now, window, bucket, limit, clock.us(), tonumber(totals_bucket), cost, lease)
     if not taken then
       return false, count, math.max(1, retry), strategy.reset(key, now, window, bucket, count, state), -2
     end

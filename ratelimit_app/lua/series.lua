@@ -18,7 +18,9 @@ do
 
   local function sum(key, first, last)
     local total = 0
-    for _, value in ipairs(redis.call('HMGET', key, unpack(names(first, last)))) do total = total + (tonumber(value) or 0) end
+    for _, value in ipairs(redis.call('HMGET', key, unpack(names(first, last)))) do
+      total = total + (tonumber(value) or 0)
+    end
     return total
   end
 
@@ -44,7 +46,9 @@ do
   function series.add(key, now, window, bucket, count, here, newest, cleaned, delta)
     local current = math.floor(now / bucket)
     local oldest = current - window / bucket + 1
-    if cleaned and cleaned < oldest then redis.call('HDEL', key, unpack(names(cleaned, math.min(newest, oldest - 1)))) end
+    if cleaned and cleaned < oldest then -- buckets left the window: their fields go
+      redis.call('HDEL', key, unpack(names(cleaned, math.min(newest, oldest - 1))))
+    end
     local first = (newest and newest >= oldest) and math.max(cleaned, oldest) or current
     redis.call('HSET', key, current, here + delta, 't', count + delta, 'c', first, 'n', current)
   end

@@ -12,7 +12,8 @@ do
     local retry = 0
     if count + cost > limit then
       -- a cost above the limit never fits: when the window is empty is as good an answer as any
-      retry = math.max(1, cost > limit and reset or series.freed_in(key, cleaned, now, window, bucket, count + cost - limit))
+      local needed = count + cost - limit
+      retry = math.max(1, cost > limit and reset or series.freed_in(key, cleaned, now, window, bucket, needed))
     end
     return count, retry, reset, fields, here, newest, cleaned
   end
