@@ -12,7 +12,9 @@
 --       refund needs. A cost above the capacity, or above `strategy.most` (the largest cost one
 --       request may take, set from the Python half), never fits: charge refuses it like any other.
 --   refund(key, state, cost)  gives back what charge took (another policy refused the request)
--- `bucket` is the strategy's own figure from the policy's terms (a bucket, a burst, a quota's periods).
+-- `bucket` is the strategy's own figure from the policy's terms (a bucket, a burst, a quota's periods), and
+-- it and totals_bucket come as the text sent (or a number): a strategy converts what it reads, so a
+-- decision converts (with strtod) only the figures it uses.
 -- A retry of -3 from charge means the quota's counter is absent: nothing counts, the worker asks again.
 --
 -- A strategy written for the earlier contract (peek / take / undo / reset, with the time passed in)
@@ -22,6 +24,7 @@ do
   function contract.look(strategy, key, limit, window, bucket, cost)
     if strategy.look then return strategy.look(key, limit, window, bucket, cost) end
     local now = clock.ms()
+    bucket = tonumber(bucket) or bucket
     local count, retry, state = strategy.peek(key, now, window, bucket, limit, clock.us(), cost)
     local reset = count > 0 and strategy.reset(key, now, window, bucket, count, state) or 0
     if count + cost > limit and retry == 0 then retry = 1 end
@@ -35,8 +38,9 @@ do
     end
     if strategy.charge then return strategy.charge(key, limit, window, bucket, cost, lease, totals_bucket) end
     local now = clock.ms()
+    bucket = tonumber(bucket) or bucket
     local count, retry, state, _, taken, reset, before =
-      strategy.take(key, now, window, bucket, limit, clock.us(), totals_bucket, cost, lease)
+      strategy.take(key, now, window, bucket, limit, clock.us(), tonumber(totals_bucket), cost, lease)
     if not taken then
       return false, count, math.max(1, retry), strategy.reset(key, now, window, bucket, count, state), -2
     end

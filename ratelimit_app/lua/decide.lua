@@ -25,7 +25,7 @@
 local when = ARGV[1]
 local dry_run = string.byte(when) == 100 -- 'd'
 clock.start(dry_run and string.sub(when, 2) or when)
-local cost, lease = tonumber(ARGV[2]), ARGV[3]
+local cost, lease = ARGV[2] == '1' and 1 or tonumber(ARGV[2]), ARGV[3] -- tonumber() on text runs strtod
 local n = #ARGV - 3
 local TERMS = '^(%S+) (%d+) (%d+) (%S+) ([01]) (%d+) ([01])$'
 
@@ -36,7 +36,7 @@ for i = 1, n do
   local name, limit, window, bucket, enforce, totals_bucket, look_first = string.match(ARGV[3 + i], TERMS)
   local strategy = strategies[name]
   if not strategy then error('decide: unknown terms ' .. ARGV[3 + i]) end
-  limit, window, bucket = tonumber(limit), tonumber(window), tonumber(bucket) or bucket
+  limit, window = tonumber(limit), tonumber(window) -- bucket and totals bucket: for the strategy to read
   local taken, count, retry, reset, before, state = false, 0, 0, 0, -2
   -- once the request is refused (or in a dry run), the remaining policies only look; a subject
   -- refused lately is looked at first, and charged only when it has room
@@ -45,7 +45,7 @@ for i = 1, n do
   end
   if not (dry_run or denied) and retry == 0 then
     taken, count, retry, reset, before, state =
-      contract.charge(strategy, KEYS[i], limit, window, bucket, cost, lease, tonumber(totals_bucket))
+      contract.charge(strategy, KEYS[i], limit, window, bucket, cost, lease, totals_bucket)
   end
   local exceeded = not taken and retry ~= 0
   if exceeded and (enforce == '1' or retry == -3) then denied = true end -- -3: a quota asks for its saved usage
@@ -69,7 +69,7 @@ if denied and states then
   for i, state in pairs(states) do
     local name, limit, window, bucket = string.match(ARGV[3 + i], TERMS)
     local strategy = strategies[name]
-    limit, window, bucket = tonumber(limit), tonumber(window), tonumber(bucket) or bucket
+    limit, window = tonumber(limit), tonumber(window) -- bucket and totals bucket: for the strategy to read
     contract.refund(strategy, KEYS[i], state, cost)
     local at = 3 * i - 1
     local count, _, reset = contract.look(strategy, KEYS[i], limit, window, bucket, cost)

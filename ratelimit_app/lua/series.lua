@@ -1,70 +1,74 @@
 -- series: requests counted in buckets of `bucket` ms inside one hash, with their running total, so
 -- that the count of the last `window` ms costs one HMGET whatever the number of buckets (each bucket
--- is subtracted once, when it leaves the window). Fields, after a prefix p:
---   p..'t' running total   p..'c' oldest bucket number that may still be present
---   p..'n' newest bucket written   p..<bucket number> requests counted in that bucket
+-- is subtracted once, when it leaves the window). Fields:
+--   't' running total   'c' oldest bucket number that may still be present
+--   'n' newest bucket written   <bucket number> requests counted in that bucket
 -- Invariant: n - c < window / bucket, so a read never touches more than half that many bucket fields
 -- (the buckets that left the window, or those still in it, whichever are fewer).
+-- Straight-line: what a read found is passed on as values, never kept in a table; lists of bucket
+-- names are only made when buckets left the window (once per bucket) or for a subject at its limit.
 -- Times are integer milliseconds.
 local series = {}
+do
+  local function names(first, last)
+    local list = {}
+    for i = first, last do list[#list + 1] = i end
+    return list
+  end
 
-local function names(p, first, last)
-  local list = {}
-  for i = first, last do list[#list + 1] = p .. i end
-  return list
-end
-
--- -> requests in the window ending at now, state for series.add / series.freed_in
-function series.read(key, p, now, window, bucket)
-  local current = math.floor(now / bucket)
-  local oldest = current - window / bucket + 1
-  local v = redis.call('HMGET', key, p .. 't', p .. 'c', p .. 'n', p .. current)
-  local total, cleaned, newest = tonumber(v[1]) or 0, tonumber(v[2]), tonumber(v[3])
-  local state = {p = p, current = current, oldest = oldest, here = tonumber(v[4]) or 0, stale = {}, newest = newest,
-    cleaned = cleaned, fields_read = 4}
-  if newest == nil then
-    total = 0
-  elseif newest < oldest then
-    -- everything left the window: what remains is deleted by the next add
-    state.stale, state.newest, state.cleaned, total = names(p, cleaned, newest), nil, nil, 0
-  elseif cleaned < oldest then
-    state.stale = names(p, cleaned, oldest - 1)
-    if #state.stale <= newest - oldest + 1 then
-      for _, value in ipairs(redis.call('HMGET', key, unpack(state.stale))) do total = total - (tonumber(value) or 0) end
-    else  -- fewer buckets are left in the window than have left it: add those up instead
-      total = 0
-      for _, value in ipairs(redis.call('HMGET', key, unpack(names(p, oldest, newest)))) do total = total + (tonumber(value) or 0) end
+  local function sum(key, first, last)
+    local total = 0
+    for _, value in ipairs(redis.call('HMGET', key, unpack(names(first, last)))) do
+      total = total + (tonumber(value) or 0)
     end
-    state.fields_read = math.min(#state.stale, newest - oldest + 1)
+    return total
   end
-  state.count = total
-  return total, state
-end
 
--- count `delta` more requests in the current bucket (one HSET, plus an HDEL when buckets left)
-function series.add(key, state, delta)
-  local p = state.p
-  if #state.stale > 0 then redis.call('HDEL', key, unpack(state.stale)) end
-  local cleaned = math.max(state.cleaned or state.current, state.oldest)
-  redis.call('HSET', key, p .. state.current, state.here + delta, p .. 't', state.count + delta,
-    p .. 'c', cleaned, p .. 'n', state.current)
-end
-
--- ms until `needed` of the counted requests have left the window (reads the live buckets: only
--- asked when a subject is at its limit)
-function series.freed_in(key, state, now, window, bucket, needed)
-  local first = math.max(state.cleaned or state.current, state.oldest)
-  local values = redis.call('HMGET', key, unpack(names(state.p, first, state.current)))
-  local freed = 0
-  for i, value in ipairs(values) do
-    freed = freed + (tonumber(value) or 0)
-    if freed >= needed then return (first + i - 1) * bucket + window - now end
+  -- -> requests in the window ending at now, the current bucket's requests, then the 'n' and 'c' fields
+  -- as stored (nil: no series) for series.add / series.freed_in, and how many fields the read cost
+  function series.read(key, now, window, bucket)
+    local current = math.floor(now / bucket)
+    local oldest = current - window / bucket + 1
+    local v = redis.call('HMGET', key, 't', 'c', 'n', current)
+    local total, cleaned, newest, here = tonumber(v[1]) or 0, tonumber(v[2]), tonumber(v[3]), tonumber(v[4]) or 0
+    if newest == nil or newest < oldest then return 0, here, newest, cleaned, 4 end -- (everything left the window)
+    if cleaned >= oldest then return total, here, newest, cleaned, 4 end
+    local left, live = oldest - cleaned, newest - oldest + 1
+    if left <= live then
+      total = total - sum(key, cleaned, oldest - 1)
+    else -- fewer buckets are left in the window than have left it: add those up instead
+      total = sum(key, oldest, newest)
+    end
+    return total, here, newest, cleaned, math.min(left, live)
   end
-  return window
-end
 
--- ms until every counted request has left the window (0 when none is counted)
-function series.empty_in(state, now, window, bucket)
-  if state.count == 0 or state.newest == nil then return 0 end
-  return state.newest * bucket + window - now
+  -- count `delta` more requests in the current bucket (one HSET, plus an HDEL when buckets left)
+  function series.add(key, now, window, bucket, count, here, newest, cleaned, delta)
+    local current = math.floor(now / bucket)
+    local oldest = current - window / bucket + 1
+    if cleaned and cleaned < oldest then -- buckets left the window: their fields go
+      redis.call('HDEL', key, unpack(names(cleaned, math.min(newest, oldest - 1))))
+    end
+    local first = (newest and newest >= oldest) and math.max(cleaned, oldest) or current
+    redis.call('HSET', key, current, here + delta, 't', count + delta, 'c', first, 'n', current)
+  end
+
+  -- ms until `needed` of the counted requests have left the window (reads the live buckets: only
+  -- asked when a subject is at its limit, so some are counted: `cleaned` is stored)
+  function series.freed_in(key, cleaned, now, window, bucket, needed)
+    local current = math.floor(now / bucket)
+    local first = math.max(cleaned, current - window / bucket + 1)
+    local freed = 0
+    for i, value in ipairs(redis.call('HMGET', key, unpack(names(first, current)))) do
+      freed = freed + (tonumber(value) or 0)
+      if freed >= needed then return (first + i - 1) * bucket + window - now end
+    end
+    return window
+  end
+
+  -- ms until every counted request has left the window (0 when none is counted)
+  function series.empty_in(count, newest, now, window, bucket)
+    if count == 0 then return 0 end
+    return newest * bucket + window - now
+  end
 end

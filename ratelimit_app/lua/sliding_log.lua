@@ -53,6 +53,7 @@ do
     -- bucket may add; the others are two ZCOUNTs and one ZADD. The log so holds at most its window
     -- plus a bucket.
     charge = function(key, limit, window, bucket, cost, lease, totals_bucket)
+      totals_bucket = tonumber(totals_bucket)
       local now = clock.ms()
       local count = counted(key, now, window)
       local retry = retry_in(key, now, window, limit, count, cost)

@@ -3,32 +3,38 @@
 -- The key's expiry is moved only when a new bucket starts; memory is bounded by window / bucket
 -- fields + 3. Times are integer milliseconds.
 do
+  -- look's figures, then what series.read found (series.add takes it on)
   local function look(key, limit, window, bucket, cost)
     local now = clock.ms()
-    local count, state = series.read(key, '', now, window, bucket)
-    local reset = series.empty_in(state, now, window, bucket)
+    bucket = tonumber(bucket)
+    local count, here, newest, cleaned, fields = series.read(key, now, window, bucket)
+    local reset = series.empty_in(count, newest, now, window, bucket)
     local retry = 0
     if count + cost > limit then
       -- a cost above the limit never fits: when the window is empty is as good an answer as any
-      retry = math.max(1, cost > limit and reset or series.freed_in(key, state, now, window, bucket, count + cost - limit))
+      local needed = count + cost - limit
+      retry = math.max(1, cost > limit and reset or series.freed_in(key, cleaned, now, window, bucket, needed))
     end
-    return count, retry, reset, state.fields_read, state
+    return count, retry, reset, fields, here, newest, cleaned
   end
 
   strategies.sliding_window = {
     look = look,
     charge = function(key, limit, window, bucket, cost)
-      local count, retry, reset, _, state = look(key, limit, window, bucket, cost)
+      bucket = tonumber(bucket)
+      local count, retry, reset, _, here, newest, cleaned = look(key, limit, window, bucket, cost)
       if retry ~= 0 then return false, count, retry, reset, -2 end
-      series.add(key, state, cost)
       local now = clock.ms()
-      local after = state.current * bucket + window - now
-      if state.newest ~= state.current then redis.call('PEXPIRE', key, after) end
-      return true, count, 0, after, count > 0 and reset or -1, state
+      series.add(key, now, window, bucket, count, here, newest, cleaned, cost)
+      local current = math.floor(now / bucket)
+      local after = current * bucket + window - now
+      if newest ~= current then redis.call('PEXPIRE', key, after) end
+      return true, count, 0, after, count > 0 and reset or -1, current
     end,
-    refund = function(key, state, cost)
-      redis.call('HINCRBY', key, state.p .. state.current, -cost)
-      redis.call('HINCRBY', key, state.p .. 't', -cost)
+    -- the bucket charge counted in
+    refund = function(key, current, cost)
+      redis.call('HINCRBY', key, current, -cost)
+      redis.call('HINCRBY', key, 't', -cost)
     end,
   }
 end

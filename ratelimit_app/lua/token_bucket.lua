@@ -10,6 +10,7 @@
 -- limit" reads count >= B. Times in and out are integer milliseconds; microseconds only inside.
 do
   local function sizes(window, bucket, limit)
+    bucket = tonumber(bucket)
     local capacity = bucket > 0 and math.min(bucket, limit) or limit
     return math.ceil(window * 1000 / limit), capacity
   end
