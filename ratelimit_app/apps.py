@@ -11,7 +11,8 @@ class RateLimitConfig(AppConfig):
     def ready(self) -> None:
         from django.core.signals import request_finished, request_started
 
-        from . import checks, doors, registry, runtime, signals  # noqa: F401  (system checks, settings, invalidation, code policies)
+        # system checks, settings, invalidation, code policies
+        from . import checks, doors, registry, runtime, signals  # noqa: F401
 
         # declarations of settings and code are written at a process's first request, never while its index loads
         request_started.connect(registry.sync_pending, dispatch_uid="ratelimit_registry_pending")

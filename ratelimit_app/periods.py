@@ -77,4 +77,5 @@ def periods_at(period: str, tz: ZoneInfo, now_ms: int) -> Periods:
         start = _midnight_ms(first, tz)
     following = _next_first_day(period, first)
     end = _midnight_ms(following, tz)
-    return Periods(_midnight_ms(_previous_first_day(period, first), tz), start, end, _midnight_ms(_next_first_day(period, following), tz))
+    previous = _midnight_ms(_previous_first_day(period, first), tz)
+    return Periods(previous, start, end, _midnight_ms(_next_first_day(period, following), tz))

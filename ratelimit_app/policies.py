@@ -44,7 +44,9 @@ class PolicyIndex:
         self.costs = dict(costs or {})
         self.cost_everywhere = self.costs.get("*")
         self.cost_by_prefix = tuple((action, cost) for action, cost in self.costs.items() if action.startswith("/"))
-        self.cost_by_name = {action: cost for action, cost in self.costs.items() if action != "*" and not action.startswith("/")}
+        self.cost_by_name = {
+            action: cost for action, cost in self.costs.items() if action != "*" and not action.startswith("/")
+        }
         self.overrides = overrides or {}
         self.plans = plans  # who is on which plan; None when no one is
         self.holds = any(p.holds for p in self.policies)  # a policy counts requests in flight
@@ -116,7 +118,8 @@ class _IndexState:
     def deadlines(self) -> None:
         recheck = get_setting("RATELIMIT_POLICY_RECHECK_SECONDS")
         self.version_due_at = self.checked_at + recheck / 2
-        self.fresh_until = min(self.checked_at + recheck, self.loaded_at + get_setting("RATELIMIT_POLICY_RELOAD_SECONDS"))
+        reload_at = self.loaded_at + get_setting("RATELIMIT_POLICY_RELOAD_SECONDS")
+        self.fresh_until = min(self.checked_at + recheck, reload_at)
 
 
 _state = _IndexState()

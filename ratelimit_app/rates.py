@@ -32,7 +32,9 @@ def parse_rate(rate: str | tuple[int, int]) -> tuple[int, int]:
         raise ValueError(f"{_shown(rate)} is not a rate: write <requests>/<period>, {EXAMPLES}.")
     unit = match["unit"].lower()
     if unit and unit not in UNITS:
-        raise ValueError(f"{_shown(rate)}: unknown period {match['unit']!r}; use s, m, h or d (or sec, min, hour, day), {EXAMPLES}.")
+        raise ValueError(
+            f"{_shown(rate)}: unknown period {match['unit']!r}; use s, m, h or d (or sec, min, hour, day), {EXAMPLES}."
+        )
     if not unit and not match["count"]:
         raise ValueError(f"{_shown(rate)} has no period after the slash: {EXAMPLES}.")
     if len(match["limit"]) > DIGITS:
@@ -43,7 +45,10 @@ def parse_rate(rate: str | tuple[int, int]) -> tuple[int, int]:
     return _checked(int(match["limit"]), window, shown=_shown(rate))
 
 
-QUOTA = re.compile(r"^\s*(?P<limit>\d{1,18})\s*/\s*(?P<period>calendar[-_ ]?day|(?:calendar[-_ ]?)?week|(?:calendar[-_ ]?)?month)\s*$", re.IGNORECASE)
+QUOTA = re.compile(
+    r"^\s*(?P<limit>\d{1,18})\s*/\s*(?P<period>calendar[-_ ]?day|(?:calendar[-_ ]?)?week|(?:calendar[-_ ]?)?month)\s*$",
+    re.IGNORECASE,
+)
 
 
 def parse_quota(rate: object) -> tuple[int, str] | None:

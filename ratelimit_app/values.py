@@ -95,7 +95,8 @@ class Decision(NamedTuple):
     reset_in: float  # seconds until every counted request has left the window
     retry_after: float | None  # seconds until the cost would fit again, when exceeded; None: it never will
     cost: int = 1  # the units the request took (or would have taken) from the policy
-    window: int = 0  # a calendar quota's current period in seconds (23 to 25 h a day, 28 to 31 days a month); 0: the policy's window
+    # a calendar quota's current period in seconds (23 to 25 h a day, 28 to 31 days a month); 0: the policy's window
+    window: int = 0
 
     @property
     def never_fits(self) -> bool:

@@ -9,6 +9,7 @@ from .policies import check_middleware_order, check_policies
 from .environment import check_metrics, check_trusted_proxies
 
 __all__ = [
-    "check_cache", "check_code_costs", "check_code_costs_against_rows", "check_metrics", "check_middleware_order", "check_policies", "check_retries",
+    "check_cache", "check_code_costs", "check_code_costs_against_rows", "check_metrics", "check_middleware_order",
+    "check_policies", "check_retries",
     "check_shards", "check_timeouts", "check_trusted_proxies",
 ]

@@ -203,7 +203,8 @@ class Policy(models.Model):
             "Choose another strategy" if field == "strategy"
             else f"Raise the {OPTION_NAMES.get(field, field)} to at least {costliest.cost}"
         )
-        message = never_admitted(costliest.action, costliest.cost, self.name, capacity) + f" {remedy}, or lower the action's cost."
+        refused = never_admitted(costliest.action, costliest.cost, self.name, capacity)
+        message = f"{refused} {remedy}, or lower the action's cost."
         raise ValidationError({NON_FIELD_ERRORS if field in (exclude or ()) else field: message})
 
     def capacity(self) -> tuple[int, str]:

@@ -54,7 +54,9 @@ def counting_like(library: str) -> str:
 
 def field_help(field: str, text: str) -> str:
     """A shared field's help, with what it means for the strategies that read it their own way."""
-    notes = [f"For {name}: {strategy.notes[field]}." for name, strategy in STRATEGIES.items() if field in strategy.notes]
+    notes = [
+        f"For {name}: {strategy.notes[field]}." for name, strategy in STRATEGIES.items() if field in strategy.notes
+    ]
     return " ".join([text, *notes])
 
 

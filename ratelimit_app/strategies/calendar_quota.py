@@ -14,7 +14,10 @@ from .base import Strategy
 class Quota(Strategy):
     name = "calendar_quota"
     label = "Calendar quota (day, week, month)"
-    help = "a count per calendar day, week or month in a time zone, that starts again when the next one begins; saved to the database too."
+    help = (
+        "a count per calendar day, week or month in a time zone, that starts again when the next one begins; "
+        "saved to the database too."
+    )
     letter = "q"
     order = 6
     options = {

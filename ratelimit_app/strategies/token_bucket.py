@@ -37,7 +37,10 @@ class TokenBucket(Strategy):
             message = f"The burst can be at most the limit ({limit}): a token bucket refills within its window."
             times = -(-burst // limit)
             if window * times <= MAX_WINDOW:
-                message += f" For the same rate with a burst of {burst}, write a limit of {limit * times} per {window * times} s."
+                message += (
+                    f" For the same rate with a burst of {burst}, write a limit of {limit * times} "
+                    f"per {window * times} s."
+                )
             raise ValidationError({"burst": message})
 
     def burst(self, row) -> int | None:
