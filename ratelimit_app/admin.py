@@ -17,7 +17,7 @@ from django.utils.html import format_html
 
 from . import admin_usage  # noqa: F401 - registers the quota usage pages
 from . import operations, registry, strategies, tester
-from .breaker import RedisUnavailable
+from .engine import RedisUnavailable
 from .models import ActionCost, Mode, Override, Plan, PlanAssignment, PlanLimit, Policy
 from .periods import LABELS as PERIOD_LABELS
 from .periods import PERIODS

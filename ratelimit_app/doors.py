@@ -37,8 +37,9 @@ from typing import NamedTuple, Sequence
 
 from django.urls import Resolver404, resolve
 
-from . import giveback, headers, policies
+from . import headers, policies
 from .conf import get_setting
+from .engine import giveback
 from .lru import byte_bounded_cache
 from .limiter import STATE_ATTRIBUTE, Cost, RequestState, adecide, decide, holding_now, state_of
 from .responses import is_refusal, refusal

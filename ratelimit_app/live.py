@@ -1,7 +1,7 @@
 """The operator's side of Redis: what the live page and the policy list read, and resets.
 
-Kept apart from the request path (engine.py): these reads go through the admin's own client
-(admin_connection.py), in bounded batches, so watching never holds Redis for long.
+Kept apart from the request path (the engine's decide): these reads go through the admin's own client
+(engine/admin_connection.py), in bounded batches, so watching never holds Redis for long.
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ import redis
 from django.core.exceptions import ValidationError
 from redis.commands.core import Script
 
-from . import keys, strategies
-from .admin_connection import admin_call, admin_client
+from . import strategies
 from .conf import get_setting
 from .deny_cache import deny_cache
-from .version import bump_version
+from .engine import admin_call, admin_client, keys
+from .engine.batches import run_each
+from .engine.scripts import now_arg, scripts
+from .engine.tally import tally
+from .engine.version import bump_version
 from .policies import compile_policy
-from .scripts import now_arg, run_each, scripts
-from .tally import tally
 
 if TYPE_CHECKING:
     from .values import CompiledPolicy

@@ -24,8 +24,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from . import registry, strategies
-from . import version as policy_version
-from .breaker import RedisUnavailable
+from .engine import RedisUnavailable
+from .engine import version as policy_version
 from .conf import get_setting
 from .deny_cache import deny_cache
 from .models import ActionCost, Mode, Override, PlanAssignment, PlanLimit, Policy
