@@ -7,7 +7,7 @@ from typing import Iterator, Sequence
 
 import redis
 from django.conf import settings
-from django.core.checks import Error, Warning, register
+from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ValidationError
 from django.db import DatabaseError, connections, transaction
 from django.urls import URLPattern, URLResolver, get_resolver
@@ -230,10 +230,22 @@ def check_shards(app_configs: object = None, **kwargs: object) -> list:
 
 
 @register()
-def check_code_costs(app_configs: object = None, databases: Sequence[str] | None = None, **kwargs: object) -> list:
+def check_code_costs(app_configs: object = None, **kwargs: object) -> list:
     """A fixed cost in code that cannot be used: not a whole number of at least 1 (a DRF view's
-    `throttle_cost`), or above what an enforcing policy of its action allows at once. The policies are
-    those declared in code, and with `--database` (and during migrate) the rows, once their table exists."""
+    `throttle_cost`), or above what an enforcing policy declared in code allows at once."""
+    return _code_cost_errors(None)
+
+
+@register(Tags.database)
+def check_code_costs_against_rows(app_configs: object = None, databases: Sequence[str] | None = None,
+                                  **kwargs: object) -> list:
+    """The same against the policies' rows, with `--database` (and during migrate), once their table exists.
+    Tagged: Django 6 hands every check the databases, and only a database check may read them."""
+    by_code = _code_cost_errors(None)
+    return [error for database in databases or () for error in _code_cost_errors(database) if error not in by_code]
+
+
+def _code_cost_errors(database: str | None) -> list:
     from . import registry
 
     errors = [
@@ -242,7 +254,7 @@ def check_code_costs(app_configs: object = None, databases: Sequence[str] | None
               id="ratelimit_app.E018")
         for where, cost, problem in _unusable_view_costs()
     ]
-    capacities = _enforcing_capacities(databases[0] if databases else None)
+    capacities = _enforcing_capacities(database)
     costs = _view_costs()
     for action, (cost, origin) in registry.code_costs().items():
         if action not in costs or costs[action][0] < cost:

@@ -48,7 +48,7 @@ DEFAULTS: dict[str, Any] = {
     # Prometheus metrics (ratelimit_app.metrics): None = on when prometheus_client is installed; False = off.
     "RATELIMIT_METRICS": None,
     # Policies declared in settings, e.g. [{"name": "api", "action": "/api/", "rate": "100/m", "key": "user_or_ip"}]:
-    # written to the database as policies from code (see registry.py).
+    # written to the database as policies from code (see registry/).
     "RATELIMIT_POLICIES": (),
     # "auto": the scripts run as a Redis Functions library (FUNCTION LOAD once, then FCALL) where the
     # server has Functions (Redis >= 7, Valkey), EVALSHA elsewhere; False: always EVALSHA.

@@ -222,7 +222,9 @@ def prepare(request, state: RequestState, index: policies.PolicyIndex | None, ex
     lease, holding = "", ()
     if index.holds and any(check.policy.holds for check in checks):
         lease = lease_of(state)  # named before the call: a call left unanswered is given back too
-        holding = tuple(Held(check.policy, check.subject, lease, units) for check in checks if check.policy.holds)
+        # a cost that never fits holds nothing, and its give-back would only write a mark
+        holding = tuple(Held(check.policy, check.subject, lease, units) for check in checks
+                        if check.policy.holds and units <= check.policy.largest_cost(check.limit))
     if now is not None:
         return Call(checks, None, units, lease, holding)
     if denied_from_memory(state, checks, units):

@@ -245,17 +245,21 @@ class Policy(models.Model):
         costliest = next((c for c in costs if actions_overlap(c.action, self.action)), None)
         if costliest is None:
             return
-        message = (
-            never_admitted(costliest.action, costliest.cost, self.name, capacity)
-            + f" Raise the {OPTION_NAMES.get(field, field)} to at least {costliest.cost}, or lower the action's cost."
+        remedy = (
+            "Choose another strategy" if field == "strategy"
+            else f"Raise the {OPTION_NAMES.get(field, field)} to at least {costliest.cost}"
         )
+        message = never_admitted(costliest.action, costliest.cost, self.name, capacity) + f" {remedy}, or lower the action's cost."
         raise ValidationError({NON_FIELD_ERRORS if field in (exclude or ()) else field: message})
 
     def capacity(self) -> tuple[int, str]:
-        """Units admitted at once, and the field they come from: the limit, or a smaller burst."""
+        """Units one request may take, and the field that says so: the limit, a smaller burst, or the
+        strategy (its bound on one request's cost)."""
         strategy = strategies.STRATEGIES.get(self.strategy)
         burst = strategy.burst(self) if strategy else None
-        return (burst, "burst") if burst and burst < self.limit else (self.limit, "limit")
+        found = (burst, "burst") if burst and burst < self.limit else (self.limit, "limit")
+        most = strategy.most if strategy else None
+        return (most, "strategy") if most and most < found[0] else found
 
     @property
     def methods_set(self) -> frozenset[str]:
@@ -304,7 +308,9 @@ class ActionCost(models.Model):
         # across rows, as Policy.validate_constraints: a cost no enforcing policy can admit is refused here
         if not (self.action and self.cost) or self.cost == 1:
             return
-        policies = Policy.objects.filter(models.Q(limit__lt=self.cost) | models.Q(burst__lt=self.cost), enabled=True, mode=Mode.ENFORCE)
+        bounded = [s.name for s in strategies.STRATEGIES.values() if s.most and s.most < self.cost]
+        smaller = models.Q(limit__lt=self.cost) | models.Q(burst__lt=self.cost) | models.Q(strategy__in=bounded)
+        policies = Policy.objects.filter(smaller, enabled=True, mode=Mode.ENFORCE)
         blocking = [
             (capacity, policy.name)
             for policy in policies.order_by("name")

@@ -115,7 +115,9 @@ PolicyOverrides = SubjectMatcher[CompiledOverride]  # the overrides of one polic
 
 
 def compile_override(row: Override) -> CompiledOverride:
-    return CompiledOverride(row.pk, row.policy_id, row.kind, row.exempt, row.limit, row.expires_at, row.matcher_display())
+    return CompiledOverride(
+        row.pk, row.policy_id, row.kind, row.exempt, row.limit, row.expires_at, row.matcher_display()
+    )
 
 
 def compile_overrides(rows: Iterable[Override], members: dict[int, frozenset[int]]) -> dict[int, PolicyOverrides]:

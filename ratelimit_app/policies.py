@@ -69,6 +69,7 @@ def compile_policy(row: Policy) -> CompiledPolicy:
         totals_bucket_ms=strategy.totals_bucket_ms(row.window * 1000, bucket_ms),
         counts_users=any(part.reads_user for part in key_spec),
         holds=strategy.holds,
+        most=strategy.most,
         period=row.period,
         time_zone=(row.time_zone or settings.TIME_ZONE or "UTC") if row.period else "",
     )

@@ -167,11 +167,14 @@ def _upsert(pending: dict[tuple[int, str, int], Usage]) -> None:
     ]
     columns = "policy_id, subject, display, period_start, used, updated"
     if connection.vendor == "mysql":
-        conflict = "ON DUPLICATE KEY UPDATE used = GREATEST(used, VALUES(used)), display = VALUES(display), updated = VALUES(updated)"
+        conflict = (
+            "ON DUPLICATE KEY UPDATE used = GREATEST(used, VALUES(used)), display = VALUES(display), "
+            "updated = VALUES(updated)"
+        )
     else:
         conflict = (
-            f"ON CONFLICT (policy_id, subject, period_start) DO UPDATE SET used = {larger}({table}.used, excluded.used), "
-            "display = excluded.display, updated = excluded.updated"
+            "ON CONFLICT (policy_id, subject, period_start) DO UPDATE SET "
+            f"used = {larger}({table}.used, excluded.used), display = excluded.display, updated = excluded.updated"
         )
     # a policy deleted meanwhile takes its usage with it
     known = set(Policy.objects.using(alias).filter(pk__in={row[0] for row in rows}).values_list("pk", flat=True))

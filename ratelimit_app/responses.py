@@ -71,7 +71,7 @@ def refusal_message(denied: Decision, wait: int | None) -> str:
     policy = denied.policy
     if wait is None:  # no wait admits it: say so rather than name a time
         return f"Too many requests: this request costs {denied.cost} units, more than policy '{policy.name}' " \
-            f"allows at once ({policy.capacity(denied.limit)}); it can never be admitted."
+            f"allows at once ({policy.largest_cost(denied.limit)}); it can never be admitted."
     units = "" if denied.cost == 1 else f" This request costs {denied.cost} units."
     return f"Too many requests: the limit of {denied.limit} per {policy.window} s of policy " \
         f"'{policy.name}' is reached.{units} Retry in {wait} s."

@@ -51,6 +51,7 @@ class CompiledPolicy:
     script_parts: dict = field(default_factory=dict, hash=False, compare=False, repr=False)
     period: str = ""  # a calendar quota's period (day, week, month), '' for a window of seconds
     time_zone: str = ""  # where a calendar quota's days begin (a zoneinfo name)
+    most: int | None = None  # the largest cost one request may take (the strategy's bound); None: any
 
     def __hash__(self) -> int:
         # equal policies share their id: this spares hashing every field, for every policy of every
@@ -63,6 +64,11 @@ class CompiledPolicy:
     def capacity(self, limit: int) -> int:
         """What a subject's count is compared with under `limit`: the limit, or a token bucket's burst."""
         return limit if self.burst is None or self.burst > limit else self.burst
+
+    def largest_cost(self, limit: int) -> int:
+        """The most units one request may take under `limit`: a larger cost never fits."""
+        capacity = self.capacity(limit)
+        return capacity if self.most is None or self.most > capacity else self.most
 
 
 class Check(NamedTuple):
@@ -94,7 +100,7 @@ class Decision(NamedTuple):
     @property
     def never_fits(self) -> bool:
         """A cost above what the policy allows at once: no wait admits it."""
-        return self.cost > self.policy.capacity(self.limit)
+        return self.cost > self.policy.largest_cost(self.limit)
 
 
 class Held(NamedTuple):

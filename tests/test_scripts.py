@@ -67,7 +67,7 @@ def test_the_library_is_named_after_its_source():
 
 
 def test_by_default_a_decision_is_one_fcall_on_a_server_with_functions(server):
-    limited = policy(limit=5)
+    limited = policy(limit=5, window=86_400)
     engine.decide([check(limited)])  # loads the library
     assert engine.client().function_list(library=scripts.library_name)
     reset_stats()
@@ -77,7 +77,7 @@ def test_by_default_a_decision_is_one_fcall_on_a_server_with_functions(server):
 
 def test_with_functions_off_a_decision_is_one_evalsha(server, settings):
     settings.RATELIMIT_REDIS_FUNCTIONS = False
-    limited = policy(limit=5)
+    limited = policy(limit=5, window=86_400)
     engine.decide([check(limited)])  # loads the script
     reset_stats()
     assert count_of(engine.decide([check(limited)])) == 2
@@ -85,7 +85,7 @@ def test_with_functions_off_a_decision_is_one_evalsha(server, settings):
 
 
 def test_a_decision_after_function_flush_loads_the_library_and_counts_once(server):
-    limited = policy(limit=5)
+    limited = policy(limit=5, window=86_400)
     assert count_of(engine.decide([check(limited)])) == 1
     engine.client().function_flush()
     reset_stats()
@@ -97,7 +97,7 @@ def test_a_decision_after_function_flush_loads_the_library_and_counts_once(serve
 
 @pytest.mark.django_db(transaction=True)
 async def test_an_async_decision_after_function_flush_loads_the_library_and_counts_once(server):
-    limited = policy(limit=5)
+    limited = policy(limit=5, window=86_400)
     assert count_of(await engine.adecide([check(limited)])) == 1
     engine.client().function_flush()
     reset_stats()
@@ -114,7 +114,7 @@ def pipelined(limited, who: list[str]) -> list[int]:
 
 
 def test_a_pipeline_after_function_flush_loads_the_library_once_and_counts_once(server):
-    limited = policy(limit=5)
+    limited = policy(limit=5, window=86_400)
     who = ["ip:192.0.2.1", "ip:192.0.2.2"]
     assert pipelined(limited, who) == [1, 1]
     engine.client().function_flush()
@@ -125,7 +125,7 @@ def test_a_pipeline_after_function_flush_loads_the_library_once_and_counts_once(
 
 def test_with_functions_off_a_decision_after_script_flush_reloads_the_script_and_counts_once(server, settings):
     settings.RATELIMIT_REDIS_FUNCTIONS = False
-    limited = policy(limit=5)
+    limited = policy(limit=5, window=86_400)
     assert count_of(engine.decide([check(limited)])) == 1
     engine.client().script_flush()
     assert count_of(engine.decide([check(limited)])) == 2
@@ -139,7 +139,7 @@ def test_with_functions_off_a_decision_after_script_flush_reloads_the_script_and
 @pytest.mark.django_db(transaction=True)
 async def test_with_functions_off_an_async_decision_after_script_flush_counts_once(server, settings):
     settings.RATELIMIT_REDIS_FUNCTIONS = False
-    limited = policy(limit=5)
+    limited = policy(limit=5, window=86_400)
     assert count_of(await engine.adecide([check(limited)])) == 1
     engine.client().script_flush()
     assert count_of(await engine.adecide([check(limited)])) == 2
@@ -147,7 +147,7 @@ async def test_with_functions_off_an_async_decision_after_script_flush_counts_on
 
 
 def test_a_server_without_functions_is_asked_once_then_gets_evalsha(old_server):
-    limited = policy(limit=5)
+    limited = policy(limit=5, window=86_400)
     assert count_of(engine.decide([check(limited)])) == 1  # FCALL: unknown command; EVALSHA, NOSCRIPT; loaded
     reset_stats()
     with count_round_trips() as trips:
@@ -158,14 +158,14 @@ def test_a_server_without_functions_is_asked_once_then_gets_evalsha(old_server):
 
 @pytest.mark.django_db(transaction=True)
 async def test_an_async_client_falls_back_to_evalsha_on_a_server_without_functions(old_server):
-    limited = policy(limit=5)
+    limited = policy(limit=5, window=86_400)
     assert count_of(await engine.adecide([check(limited)])) == 1
     assert count_of(await engine.adecide([check(limited)])) == 2
 
 
 def test_a_user_whose_acl_refuses_functions_gets_evalsha(server):
     engine.client().execute_command("ACL", "SETUSER", "default", "-fcall", "-function")
-    limited = policy(limit=5)
+    limited = policy(limit=5, window=86_400)
     assert [count_of(engine.decide([check(limited)])) for _ in range(2)] == [1, 2]
     assert calls("evalsha") >= 2
 
@@ -173,7 +173,7 @@ def test_a_user_whose_acl_refuses_functions_gets_evalsha(server):
 def test_more_terms_than_the_library_keeps_each_decide_at_their_own_limit(redis_client):
     # a policy's terms (one text per limit) are read once per library load and kept, up to a bound
     # after which the library starts over: each limit must still be the one that decides
-    limited = policy(limit=5)
+    limited = policy(limit=5, window=86_400)
     seen = []
     for limit in [*range(1, 1101), 1, 2]:  # past terms.lua's KEEP, then the first ones again
         who = f"ip:terms-{len(seen)}"

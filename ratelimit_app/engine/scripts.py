@@ -35,7 +35,9 @@ def _lua(name: str) -> str:
 
 
 def _shared() -> list[str]:
-    return ["local strategies = {}"] + [_lua(name) for name in LIBRARY_FILES + STRATEGY_FILES]
+    # each strategy's largest cost is the Python half's figure, so the two halves cannot disagree
+    most = [f"strategies.{s.name}.most = {s.most}" for s in STRATEGIES.values() if s.most]
+    return ["local strategies = {}"] + [_lua(name) for name in LIBRARY_FILES + STRATEGY_FILES] + most
 
 
 def _assemble(entry: str) -> str:

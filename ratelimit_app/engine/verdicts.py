@@ -42,7 +42,7 @@ def verdict_of(checks: Sequence[Check], reply: list, call: Ask) -> Verdict:
         allowed = not (exceeded and policy.enforce)
         denied = denied or not allowed
         capacity = policy.capacity(limit)  # a token bucket's count is compared with its burst
-        retry_after = retry_ms / 1000 if exceeded and cost <= capacity else None  # None: it never fits
+        retry_after = retry_ms / 1000 if exceeded and cost <= policy.largest_cost(limit) else None  # None: never fits
         # positional: this runs for every policy of every request
         decisions.append(
             Decision(

@@ -9,7 +9,8 @@
 --       takes `cost` units when there is room for all of them, in as few commands as the strategy can;
 --       count is the units counted before, reset as look's after the request, before the reset before
 --       it (-1: nothing was counted; -2: the same bucket of the live index as after), state what
---       refund needs. A cost above the capacity never fits: charge refuses it like any other.
+--       refund needs. A cost above the capacity, or above `strategy.most` (the largest cost one
+--       request may take, set from the Python half), never fits: charge refuses it like any other.
 --   refund(key, state, cost)  gives back what charge took (another policy refused the request)
 -- `bucket` is the strategy's own figure from the policy's terms (a bucket, a burst, a quota's periods).
 -- A retry of -3 from charge means the quota's counter is absent: nothing counts, the worker asks again.
@@ -28,6 +29,10 @@ do
   end
 
   function contract.charge(strategy, key, limit, window, bucket, cost, lease, totals_bucket)
+    if strategy.most and cost > strategy.most then -- refused before the strategy writes a unit of it
+      local count, retry, reset = contract.look(strategy, key, limit, window, bucket, cost)
+      return false, count, math.max(1, retry), reset, -2
+    end
     if strategy.charge then return strategy.charge(key, limit, window, bucket, cost, lease, totals_bucket) end
     local now = clock.ms()
     local count, retry, state, _, taken, reset, before =

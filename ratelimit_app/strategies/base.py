@@ -22,6 +22,9 @@ class Strategy:
     # a request keeps what it took until its response is done, when the doors give it back (the Lua
     # half then has `release`)
     holds: ClassVar[bool] = False
+    # the largest cost one request may take (None: any): a strategy writing a member per unit bounds a
+    # request's work in Redis, and a larger cost never fits (scripts.py hands the figure to the Lua half)
+    most: ClassVar[int | None] = None
 
     @property
     def lua(self) -> str:

@@ -15,6 +15,7 @@ class Concurrency(Strategy):
     letter = "c"
     order = 5
     holds = True
+    most = 10_000  # a member a place: one request's places are written (and given back) in bounded time
     notes = {
         "limit": "requests in progress at once",
         "window": "the lease: a request still running after it stops counting (a killed worker frees its place then)",

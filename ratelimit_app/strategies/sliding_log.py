@@ -11,6 +11,7 @@ class SlidingLog(Strategy):
     help = "one entry per request, exact, memory grows with the limit."
     letter = "l"
     order = 3
+    most = 10_000  # a member a unit: one request's units are written in bounded time
 
     def live_batch(self, policy, batch: int, field_budget: int) -> int:
         return batch // 2  # two sorted-set reads a counter: its count and its newest request

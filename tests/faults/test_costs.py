@@ -73,3 +73,62 @@ def test_the_decorators_unbounded_cost_is_refused_and_hit_counts_what_fits():
     assert ratelimit_app.hit(request(), "export", cost=8_000).allowed
     assert ratelimit_app.check(request(), "export").decisions[0].count == 8_000
     assert not ratelimit_app.hit(request(), "export", cost=1).allowed
+
+
+# --- strategies that write a member per unit: one request's work in Redis is bounded ------------------
+
+MEMBER_A_UNIT = {"sliding_log": "ratelimit_app.lua.sliding_log", "concurrency": "ratelimit_app.lua.concurrency"}
+
+
+@pytest.mark.parametrize("strategy", list(MEMBER_A_UNIT))
+@pytest.mark.parametrize("cost", [10_001, 10**6, MAX_COST])
+def test_a_cost_above_ten_thousand_is_refused_without_a_write_under_the_largest_limit(redis_client, strategy, cost):
+    """A limit of 2**31 - 1 admitted a cost of 10**6 as a million ZADD members in one script, which
+    blocked Redis for seconds (10**6: BUSY for every other client). Refused now, before a write."""
+    from tests.helpers import server_commands_per_call
+
+    limited = policy(strategy=strategy, limit=MAX_COST, window=3600)
+    refuse = lambda: engine.decide([check(limited)], cost=cost, lease="bulk")  # noqa: E731
+    [decision] = refuse().decisions
+    assert (decision.allowed, decision.count, decision.never_fits, decision.retry_after) == (False, 0, True, None)
+    assert server_commands_per_call(redis_client, refuse, count=3) <= 4  # the call and a few reads, no member writes
+    counters = [key for key in redis_client.scan_iter() if redis_client.type(key) == b"zset" and b":live:" not in key]
+    assert counters == []  # the live index (the worker's tally) says the subject was seen, nothing more
+
+
+@pytest.mark.parametrize("strategy", list(MEMBER_A_UNIT))
+def test_ten_thousand_units_are_counted_in_full_and_given_back(strategy):
+    from ratelimit_app.values import Held
+    from tests.helpers import subject
+
+    limited = policy(strategy=strategy, limit=MAX_COST, window=3600)
+    assert engine.decide([check(limited)], cost=10_000, lease="bulk").allowed
+    assert engine.decide([check(limited)], dry_run=True).decisions[0].count == 10_000
+    if strategy == "concurrency":
+        engine.release([Held(limited, subject(), "bulk", 10_000)])
+        assert engine.decide([check(limited)], dry_run=True).decisions[0].count == 0
+
+
+def test_the_admin_refuses_an_action_cost_a_member_a_unit_strategy_cannot_take(admin_client):
+    make_policy(name="log", action="/api/", limit=100_000, window=3600, strategy="sliding_log")
+    response = admin_client.post("/admin/ratelimit_app/actioncost/add/", {"action": "/api/export/", "cost": 20_000})
+    assert response.status_code == 200
+    assert "more than policy &#x27;log&#x27; allows at once (10000)" in response.content.decode()
+    assert not ActionCost.objects.exists()
+
+
+def test_a_policy_cannot_move_to_a_strategy_that_cannot_take_an_existing_cost():
+    from django.core.exceptions import ValidationError
+
+    ActionCost.objects.create(action="/api/export/", cost=20_000)
+    row = make_policy(name="api", action="/api/", limit=100_000, window=3600, strategy="fixed_window")
+    row.strategy = "concurrency"
+    with pytest.raises(ValidationError, match="allows at once \\(10000\\).*Choose another strategy"):
+        row.full_clean()
+
+
+def test_a_code_cost_above_a_strategys_bound_stops_at_startup():
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured, match="10000"):
+        ratelimit(rate="100000/h", strategy="sliding_log", cost=20_000)(lambda request: HttpResponse())

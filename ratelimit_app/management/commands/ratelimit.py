@@ -31,7 +31,9 @@ class Command(BaseCommand):
         top = actions.add_parser("top", help="The busiest subjects of a policy in the current window.")
         top.add_argument("policy", help="The policy's name (or id).")
         top.add_argument("--limit", type=int, default=20, help="How many subjects to show (default 20, at most 1000).")
-        top.add_argument("--json", action="store_true", dest="as_json", help="Print the live page's JSON instead of a table.")
+        top.add_argument(
+            "--json", action="store_true", dest="as_json", help="Print the live page's JSON instead of a table."
+        )
         reset = actions.add_parser("reset", help="Forget the counts of one subject of a policy, or of all (--all).")
         reset.add_argument("policy", help="The policy's name (or id).")
         reset.add_argument(
@@ -45,7 +47,9 @@ class Command(BaseCommand):
         test.add_argument("path", help="The request's path, e.g. /api/items/.")
         test.add_argument("--user", default="", help="Username of the requesting user (anonymous without).")
         test.add_argument("--ip", default="203.0.113.7", help="The client's address (default 203.0.113.7).")
-        test.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'", help="A request header; repeat for more.")
+        test.add_argument(
+            "--header", action="append", default=[], metavar="'NAME: VALUE'", help="A request header; repeat for more."
+        )
         actions.add_parser(
             "prune", help="Delete the Redis Functions libraries of other versions of this app that no worker runs."
         )
@@ -68,11 +72,12 @@ class Command(BaseCommand):
             table = [("policy", "action", "limit", "strategy", "key", "mode", "enabled", "active", "denied")]
             for row in rows:
                 now = activity.get(row.pk)
+                would = " (would)" if now is not None and row.mode == Mode.SHADOW and now.denied else ""
                 table.append((
                     row.name, row.action, f"{row.limit} / {human_window(row.window)}", row.strategy, row.key, row.mode,
                     "yes" if row.enabled else "no",
                     "?" if now is None else str(now.active),
-                    "?" if now is None else f"{now.denied}{' (would)' if row.mode == Mode.SHADOW and now.denied else ''}",
+                    "?" if now is None else f"{now.denied}{would}",
                 ))
             self._print_table(table, numeric=(7, 8))
             if not rows:
@@ -93,10 +98,11 @@ class Command(BaseCommand):
             self._print_json(data)
             return
         verb = "would have denied" if row.mode == Mode.SHADOW else "denied"
+        totals = data["totals"]
         self.stdout.write(
             f"{row.name}: {row.limit} / {human_window(row.window)}, {row.strategy} per {row.key}, {row.mode}. "
-            f"{data['active']} active, {data['blocked']} at the limit; this window {data['totals']['allowed']} allowed, "
-            f"{data['totals']['denied']} {verb}."
+            f"{data['active']} active, {data['blocked']} at the limit; this window {totals['allowed']} allowed, "
+            f"{totals['denied']} {verb}."
         )
         if not data["subjects"]:
             self.stdout.write("No subject has used this policy in the current window.")
@@ -104,11 +110,13 @@ class Command(BaseCommand):
         table = [("subject", "count", "limit", "remaining", "reset in", "")]
         for s in data["subjects"]:
             blocked = ("would be denied" if row.mode == Mode.SHADOW else "blocked") if s["blocked"] else ""
-            limit_shown = f"{s['limit']} (plan {s['plan']})" if s["plan"] else f"{s['limit']}*" if s["overridden"] else str(s["limit"])
-            table.append((s["subject"], str(s["count"]), limit_shown, str(s["remaining"]), f"{s['reset_in']:.1f} s", blocked))
+            limit_shown = str(s["limit"]) + (f" (plan {s['plan']})" if s["plan"] else "*" if s["overridden"] else "")
+            reset_in = f"{s['reset_in']:.1f} s"
+            table.append((s["subject"], str(s["count"]), limit_shown, str(s["remaining"]), reset_in, blocked))
         self._print_table(table, numeric=(1, 2, 3, 4))
         if data["active"] > len(data["subjects"]):
-            self.stdout.write(f"(top {len(data['subjects'])} of {data['active']}; * = an override's limit, (plan x) = plan x's)")
+            shown = f"top {len(data['subjects'])} of {data['active']}"
+            self.stdout.write(f"({shown}; * = an override's limit, (plan x) = plan x's)")
 
     # --- reset ------------------------------------------------------------------------------
 
@@ -141,14 +149,16 @@ class Command(BaseCommand):
         for name in deleted:
             self.stdout.write(f"Deleted {name}: no worker runs it.")
         for name in kept:
-            self.stdout.write(f"Kept {name}: {'this version' if name == operations.own_library() else 'a worker runs it'}.")
+            why = "this version" if name == operations.own_library() else "a worker runs it"
+            self.stdout.write(f"Kept {name}: {why}.")
         if not deleted and not kept:
             self.stdout.write("No library of this app on the server (it runs the scripts without Functions).")
 
     # --- test -------------------------------------------------------------------------------
 
     def handle_test(self, *, method: str, path: str, user: str, ip: str, header: list[str], **options) -> None:
-        form = TesterForm({"method": method.upper(), "path": path, "username": user, "ip": ip, "headers": "\n".join(header)})
+        described = {"method": method.upper(), "path": path, "username": user, "ip": ip, "headers": "\n".join(header)}
+        form = TesterForm(described)
         if not form.is_valid():
             problems = " ".join(f"{name}: {' '.join(messages)}" for name, messages in form.errors.items())
             raise CommandError(f"Cannot test this request: {problems}")
@@ -184,7 +194,8 @@ class Command(BaseCommand):
     def _print_table(self, rows: list[tuple[str, ...]], numeric: tuple[int, ...] = ()) -> None:
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         for row in rows:
-            cells = [cell.rjust(width) if i in numeric else cell.ljust(width) for i, (cell, width) in enumerate(zip(row, widths))]
+            pairs = enumerate(zip(row, widths))
+            cells = [cell.rjust(width) if i in numeric else cell.ljust(width) for i, (cell, width) in pairs]
             self.stdout.write("  ".join(cells).rstrip())
 
     def _print_json(self, data: object) -> None:
@@ -215,11 +226,12 @@ def _status_entry(row: Policy, activity: operations.PolicyActivity | None) -> di
 def _explanation_row(item) -> tuple[str, ...]:
     """One line of the tester's answer, worded as the admin's tester page words it."""
     policy, planned, decision = item.policy, item.planned, item.decision
+    named = (policy.name, policy.mode, policy.action)
     if planned is None:
-        return (policy.name, policy.mode, policy.action, "-", "-", "-", "-", "-", f"does not apply: no subject ({policy.key} cannot be computed)")
+        return (*named, "-", "-", "-", "-", "-", f"does not apply: no subject ({policy.key} cannot be computed)")
     override = planned.override.description if planned.override else "none"
     if planned.limit is None:
-        return (policy.name, policy.mode, policy.action, planned.subject.display, override, item.limit_from, "exempt", "-", "allow (exempt)")
+        return (*named, planned.subject.display, override, item.limit_from, "exempt", "-", "allow (exempt)")
     limit = f"{planned.limit} / {human_window(policy.window)}"
     if decision is None:
         would = "unknown (Redis unreachable)"
@@ -230,4 +242,4 @@ def _explanation_row(item) -> tuple[str, ...]:
     else:
         would = f"deny, retry in {math.ceil(decision.retry_after)} s"
     count = "-" if decision is None else str(decision.count)
-    return (policy.name, policy.mode, policy.action, planned.subject.display, override, item.limit_from, limit, count, would)
+    return (*named, planned.subject.display, override, item.limit_from, limit, count, would)

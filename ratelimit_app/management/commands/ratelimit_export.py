@@ -10,7 +10,10 @@ from ratelimit_app.portable import export_data
 
 
 class Command(BaseCommand):
-    help = "Export every rate limit policy with its overrides, the action costs and the plans, as JSON, for review or for ratelimit_import."
+    help = (
+        "Export every rate limit policy with its overrides, the action costs and the plans, as JSON, "
+        "for review or for ratelimit_import."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("file", nargs="?", help="Write here instead of standard output.")

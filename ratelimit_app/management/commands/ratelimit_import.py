@@ -33,7 +33,8 @@ class Command(BaseCommand):
         parts = [counted(imported.policies, "policy", "policies"), counted(imported.overrides, "override", "overrides"),
                  counted(imported.costs, "action cost", "action costs")]
         if imported.plans:  # a file without plans reads as it always did
-            parts.append(f"{counted(imported.plans, 'plan', 'plans')} ({counted(imported.assignments, 'assignment', 'assignments')})")
+            assignments = counted(imported.assignments, "assignment", "assignments")
+            parts.append(f"{counted(imported.plans, 'plan', 'plans')} ({assignments})")
         self.stdout.write(self.style.SUCCESS(f"Imported {', '.join(parts[:-1])} and {parts[-1]}."))
 
 

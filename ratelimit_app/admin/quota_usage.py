@@ -1,6 +1,5 @@
-"""The admin's quota usage: what each subject used of a calendar quota in the current and previous
-periods (as saved by the workers, at most RATELIMIT_QUOTA_SAVE_SECONDS behind), and its CSV export
-for billing, streamed in chunks so that a million subjects take no more memory than a thousand."""
+"""The admin's quota usage: what each subject used of a calendar quota in the current and previous periods
+(as the workers saved it), and its CSV export for billing, streamed so a million rows take little memory."""
 
 from __future__ import annotations
 
@@ -14,9 +13,9 @@ from django.db.models import Q, QuerySet
 from django.http import StreamingHttpResponse
 from django.urls import path
 
-from .models import Policy, QuotaUsage
-from .periods import periods_at, zone
-from .policies import compile_policy
+from ..models import Policy, QuotaUsage
+from ..periods import periods_at, zone
+from ..policies import compile_policy
 
 CHUNK = 2000  # rows per database fetch of the export
 

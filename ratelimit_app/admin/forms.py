@@ -1,0 +1,65 @@
+"""The policy admin's forms: the list's editable row, and the change form with its `rate` shorthand."""
+
+from __future__ import annotations
+
+from django import forms
+
+from .. import strategies
+from ..models import Mode
+from ..periods import PERIODS
+from ..rates import EXAMPLES, parse_quota, parse_rate
+
+
+class PolicyListForm(forms.ModelForm):
+    """The list's editable row: the mode shown by its short name, so the columns fit beside it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if "mode" in self.fields:
+            self.fields["mode"].choices = [(mode, mode) for mode in Mode.values]
+
+
+class PolicyForm(forms.ModelForm):
+    """The change form, with a `rate` field: '100/m' fills the limit and the window in one go."""
+
+    rate = forms.CharField(
+        label="rate",
+        required=False,
+        help_text=(
+            f"Optional shorthand for the limit and the window, {EXAMPLES}; or a calendar quota, e.g. 10000/month, "
+            "500/week, 1000/calendar-day (1000/day is a window of 86,400 seconds). When given, it wins over both."
+        ),
+    )
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for field in ("limit", "window"):  # the rate may stand in for them
+            if field in self.fields and "rate" in self.fields:
+                self.fields[field].required = False
+
+    def clean(self) -> dict:
+        data = super().clean()
+        rate = (data.get("rate") or "").strip()
+        quota = parse_quota(rate)
+        if quota:  # the calendar quota strategy counts it
+            data["limit"], data["period"] = quota
+            data["window"], data["strategy"] = PERIODS[quota[1]], strategies.calendar()
+            for field in ("limit", "window", "period", "strategy"):
+                self.errors.pop(field, None)
+        elif rate:
+            try:
+                data["limit"], data["window"] = parse_rate(rate)
+            except ValueError as error:
+                self.add_error("rate", str(error))
+                return data
+            self.errors.pop("limit", None)
+            self.errors.pop("window", None)
+            if data["limit"] < 1:
+                self.add_error("rate", "The limit must be at least 1 request per window.")
+        else:
+            for field in ("limit", "window"):
+                if field == "window" and data.get("strategy") == strategies.calendar():
+                    continue  # the period sets it
+                if field in self.fields and data.get(field) is None and field not in self.errors:
+                    self.add_error(field, "Give a value here, or a rate such as 100/m.")
+        return data

@@ -1,0 +1,75 @@
+"""The policy admin's live page: who is being counted now, the trend of the last hour, and resets."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.http import HttpResponseRedirect, JsonResponse
+from django.urls import reverse
+
+from .. import operations, strategies
+from ..engine import RedisUnavailable
+from ..rates import human_window
+from .pages import PolicyPage
+
+
+class LivePage(PolicyPage):
+    """The page, or its data as JSON (`?format=json`, which the page's script reads every few seconds)."""
+
+    def get(self, request, pk: int):
+        policy = self.policy(pk)
+        data, status = operations.live_snapshot(policy, rows=shown_rows(request))
+        data["trend"] = [] if "error" in data else operations.trend_data(policy)
+        if request.GET.get("format") == "json":
+            return JsonResponse(data, status=status)
+        return self.render(
+            "live.html",
+            status,
+            original=policy,
+            title=f"Live usage: {policy.name}",
+            data=data,
+            rate=self.model_admin.rate(policy),
+            window=human_window(policy.window),
+            can_reset=self.model_admin.has_change_permission(request, policy),
+            exempt=list(policy.overrides.filter(exempt=True).select_related("user", "group")),
+            plans=list(policy.plan_limits.select_related("plan").order_by("plan__name")),
+            # an in-flight policy counts requests in progress, until their leases end
+            in_flight=policy.strategy in strategies.STRATEGIES and strategies.get(policy.strategy).holds,
+        )
+
+
+class ResetPage(PolicyPage):
+    """The live page's reset buttons: one subject (as listed, or as typed), or every subject."""
+
+    def get(self, request, pk: int):
+        return self.back_to(pk)
+
+    def post(self, request, pk: int):
+        policy = self.policy(pk, change=True)
+        subject = request.POST.get("subject", "").strip()
+        try:
+            if subject:
+                shown, _had_counts = operations.reset_subject(policy, subject)  # as the server knows it
+                message = f"Counts of subject {shown} reset for {policy.name}."
+            else:
+                operations.reset_all(policy)
+                message = f"Counts of every subject reset for {policy.name}."
+        except RedisUnavailable as error:
+            self.say(f"Nothing was reset: Redis is unreachable ({error}).", messages.ERROR)
+        except ValidationError as error:
+            self.say(f"Nothing was reset: {' '.join(error.messages)}", messages.ERROR)
+        else:
+            self.model_admin.log_change(request, policy, message)
+            self.say(message, messages.SUCCESS)
+        return self.back_to(pk)
+
+    def back_to(self, pk: int) -> HttpResponseRedirect:
+        return HttpResponseRedirect(reverse("admin:ratelimit_app_policy_live", args=[pk]))
+
+
+def shown_rows(request) -> int:
+    """How many subjects the page lists: `?limit=` (1 to 1000), 100 by default."""
+    try:
+        return max(1, min(int(request.GET.get("limit", operations.LIVE_ROWS)), 1000))
+    except ValueError:
+        return operations.LIVE_ROWS

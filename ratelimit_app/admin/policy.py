@@ -1,0 +1,248 @@
+"""The policy admin: the list with its activity columns, bulk actions through save(), and policies
+declared in code (marked, their code's fields read-only, revertible). Its extra pages are views of
+their own (pages.py, live_page.py); get_urls() routes them."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from .. import operations, registry
+from ..engine import RedisUnavailable
+from ..models import Mode, Policy
+from ..periods import LABELS as PERIOD_LABELS
+from ..rates import format_rate, human_window
+from .forms import PolicyForm, PolicyListForm
+from .live_page import LivePage, ResetPage
+from .overrides import OverrideInline
+from .pages import ChangesPage, RevertPage, TesterPage
+
+UNKNOWN = "?"  # shown in the list when Redis cannot tell
+INVALID = "invalid"  # shown in the list for a row that fails validation (it is not enforced)
+
+
+@admin.register(Policy)
+class PolicyAdmin(admin.ModelAdmin):
+    form = PolicyForm
+    list_display = (
+        "name", "origin", "action", "rate", "strategy", "key", "mode", "enabled",
+        "active_now", "denied_now", "denials_trend", "live_link",
+    )
+    list_editable = ("mode", "enabled")
+    list_filter = ("strategy", "mode", "enabled")
+    search_fields = ("name", "action", "key", "description")
+    actions = ("enable", "disable", "make_shadow", "make_enforce", "reset_counts", "revert_to_code")
+    inlines = (OverrideInline,)
+    readonly_fields = ("generation", "created", "updated")
+    fieldsets = (
+        (None, {"fields": ("name", "description", "enabled", "mode")}),
+        ("What it protects", {"fields": ("action", "methods")}),
+        ("How much", {"fields": (
+            "rate", "limit", "window", "strategy", "bucket_size", "burst", "period", "time_zone", "key",
+        )}),
+        ("Bookkeeping", {"classes": ("collapse",), "fields": ("generation", "created", "updated")}),
+    )
+
+    # --- list -----------------------------------------------------------------------------------
+
+    @admin.display(description="limit", ordering="limit")
+    def rate(self, policy: Policy) -> str:
+        if policy.period:
+            return f"{policy.limit} / {PERIOD_LABELS[policy.period]} ({policy.time_zone or settings.TIME_ZONE})"
+        burst = f", burst {policy.burst}" if policy.burst else ""
+        return f"{policy.limit} / {human_window(policy.window)}{burst}"
+
+    @admin.display(description="active now")
+    def active_now(self, policy: Policy):
+        activity = getattr(policy, "activity", UNKNOWN)
+        return activity if isinstance(activity, str) else activity.active
+
+    @admin.display(description="denied now")
+    def denied_now(self, policy: Policy):
+        """Denied in the current window; for a shadow policy, what it would have denied."""
+        activity = getattr(policy, "activity", UNKNOWN)
+        if isinstance(activity, str):
+            return activity
+        return f"{activity.denied} (would)" if policy.mode == Mode.SHADOW and activity.denied else activity.denied
+
+    @admin.display(description="live")
+    def live_link(self, policy: Policy) -> str:
+        return format_html('<a href="{}">live</a>', reverse("admin:ratelimit_app_policy_live", args=[policy.pk]))
+
+    def get_changelist_form(self, request, **kwargs):
+        return super().get_changelist_form(request, form=PolicyListForm, **kwargs)
+
+    def get_changelist_instance(self, request):
+        changelist = super().get_changelist_instance(request)
+        try:
+            activity = operations.policy_activity(list(changelist.result_list))
+        except RedisUnavailable:
+            activity = {}
+            messages.warning(request, "Redis is unreachable: current activity is not shown.")
+        for policy in changelist.result_list:
+            found = activity.get(policy.pk, UNKNOWN)
+            policy.activity = INVALID if found is None else found
+        self._attach_trends(changelist.result_list)
+        return changelist
+
+    # --- the list's sparkline of denials ------------------------------------------------------
+
+    def _attach_trends(self, policies) -> None:
+        try:
+            trends = operations.policy_trends(list(policies))
+        except RedisUnavailable:
+            trends = {}  # the activity columns already say that Redis is unreachable
+        for policy in policies:
+            policy.trend = trends.get(policy.pk)
+
+    @admin.display(description="denied, trend")
+    def denials_trend(self, policy: Policy):
+        """Denials per window over the trend's span (for a shadow policy: what it would have denied)."""
+        trend = getattr(policy, "trend", None)
+        if not trend:
+            return "?"
+        denied = [point.denied for point in trend]
+        return sparkline(denied, f"{sum(denied)} denied in the last {human_window(policy.window * len(trend))}")
+
+    # --- bulk actions, each through save() so every worker hears of it ----------------------
+
+    def _update(self, request, queryset, message: str, **changes) -> None:
+        # counted while saving: the queryset may be filtered by the very field being changed
+        changed = 0
+        for policy in queryset:
+            for field, value in changes.items():
+                setattr(policy, field, value)
+            try:
+                policy.validate_constraints()  # enabling or enforcing it must not meet a cost it can never admit
+            except ValidationError as error:
+                said = f"{policy.name} was not changed: {' '.join(error.messages)}"
+                self.message_user(request, said, messages.ERROR)
+                continue
+            policy.save()
+            fields = [Policy._meta.get_field(field).verbose_name for field in changes]
+            self.log_change(request, policy, [{"changed": {"fields": fields}}])
+            changed += 1
+        self.message_user(request, message % {"count": changed}, messages.SUCCESS)
+
+    @admin.action(description="Enable selected policies", permissions=("change",))
+    def enable(self, request, queryset):
+        self._update(request, queryset, "Enabled %(count)d policies.", enabled=True)
+
+    @admin.action(description="Disable selected policies", permissions=("change",))
+    def disable(self, request, queryset):
+        self._update(request, queryset, "Disabled %(count)d policies.", enabled=False)
+
+    @admin.action(description="Switch selected policies to shadow mode", permissions=("change",))
+    def make_shadow(self, request, queryset):
+        self._update(request, queryset, "%(count)d policies now only count and report.", mode=Mode.SHADOW)
+
+    @admin.action(description="Switch selected policies to enforce mode", permissions=("change",))
+    def make_enforce(self, request, queryset):
+        self._update(request, queryset, "%(count)d policies now deny over their limit.", mode=Mode.ENFORCE)
+
+    @admin.action(description="Reset the counts of selected policies", permissions=("change",))
+    def reset_counts(self, request, queryset):
+        reset = 0
+        for policy in queryset:
+            operations.reset_all(policy)
+            self.log_change(request, policy, "Reset the counts of every subject.")
+            reset += 1
+        self.message_user(request, f"Counts reset for {reset} policies.", messages.SUCCESS)
+
+    # --- policies declared in code: marked, code-owned fields read-only, revert ----------------------
+
+    @admin.display(description="from")
+    def origin(self, policy: Policy) -> str:
+        """'admin', 'code', 'code, changed here' or 'code, no longer in code'."""
+        if policy.source != "code":
+            return "admin"
+        if registry.no_longer_in_code(policy, self._declared_names()):
+            return "code, no longer in code"
+        return "code, changed here" if registry.changed_fields(policy) else "code"
+
+    def _declared_names(self) -> set[str]:
+        names = getattr(self, "_names_this_request", None)
+        return registry.declared_names() if names is None else names
+
+    @admin.display(description="declared in code")
+    def code_status(self, policy: Policy) -> str:
+        values = policy.code_values or {}
+        rate = format_rate(values.get("limit", 0), values.get("window", 1))
+        said = f"The code declares {rate}, {values.get('strategy')}, per {values.get('key')}, {values.get('mode')}" + (
+            "" if values.get("enabled", True) else ", disabled"
+        )
+        changed = registry.changed_fields(policy)
+        if registry.no_longer_in_code(policy):
+            return said + ". No code loaded here declares it any more: it is kept, and enforced, as it is."
+        if not changed:
+            return said + ". This policy has the code's values."
+        shown = ", ".join(f"{field} {getattr(policy, field)} (code: {values.get(field)})" for field in changed)
+        return said + f". Changed here: {shown}. A deploy does not override these until you revert."
+
+    def get_readonly_fields(self, request, obj=None):
+        fields = super().get_readonly_fields(request, obj)
+        if obj is not None and obj.source == "code":
+            return (*fields, "code_status", "name", "action", "key", "methods")  # the code decides these
+        return fields
+
+    def get_fieldsets(self, request, obj=None):
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is not None and obj.source == "code":
+            fieldsets = (("Declared in code", {"fields": ("code_status",)}), *fieldsets)
+        return fieldsets
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        if obj is not None and obj.source == "code" and not registry.no_longer_in_code(obj):
+            return False  # it would come back at the next load: disable it instead
+        return super().has_delete_permission(request, obj)
+
+    def changelist_view(self, request, extra_context=None):
+        self._names_this_request = registry.declared_names()  # once per page, not once per row
+        try:
+            return super().changelist_view(request, extra_context)
+        finally:
+            self._names_this_request = None
+
+    @admin.action(description="Revert selected policies to the code's values", permissions=("change",))
+    def revert_to_code(self, request, queryset):
+        reverted = 0
+        for policy in queryset.filter(source="code"):
+            changed = registry.revert(policy)
+            if changed:
+                self.log_change(request, policy, f"Reverted to the code's values: {', '.join(changed)}.")
+                reverted += 1
+        self.message_user(request, f"{reverted} policies reverted to the code's values.", messages.SUCCESS)
+
+    # --- the extra pages, each a view of its own ---------------------------------------------------
+
+    def get_urls(self):
+        def page(view):
+            return self.admin_site.admin_view(view.as_view(model_admin=self))
+
+        return [
+            path("<int:pk>/revert/", page(RevertPage), name="ratelimit_app_policy_revert"),
+            path("<int:pk>/live/", page(LivePage), name="ratelimit_app_policy_live"),
+            path("<int:pk>/live/reset/", page(ResetPage), name="ratelimit_app_policy_reset"),
+            path("tester/", page(TesterPage), name="ratelimit_app_policy_tester"),
+            path("changes/", page(ChangesPage), name="ratelimit_app_policy_changes"),
+        ] + super().get_urls()
+
+
+# --- the list's sparkline of denials -------------------------------------------------------------
+
+
+def sparkline(values: list[int], title: str) -> str:
+    """A small inline SVG line of `values` (no external asset), scaled to its own maximum."""
+    width, height = 60, 16
+    top = max(values) or 1
+    step = width / max(len(values) - 1, 1)
+    points = " ".join(f"{i * step:.1f},{height - 1 - (height - 2) * value / top:.1f}" for i, value in enumerate(values))
+    return format_html(
+        '<svg class="rl-spark" width="{}" height="{}" viewBox="0 0 {} {}" role="img" aria-label="{}">'
+        '<title>{}</title><polyline points="{}" fill="none" stroke="{}" stroke-width="1.5"/></svg>',
+        width, height, width, height, title, title, points,
+        "var(--error-fg, #ba2121)" if any(values) else "var(--body-quiet-color, #666)",
+    )

@@ -1,0 +1,58 @@
+"""Resets from the live page and the `ratelimit` command: forget some subjects' counts under a policy."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import redis
+
+from ..deny_cache import deny_cache
+from ..engine import admin_call, keys
+from ..engine.tally import tally
+from ..engine.version import bump_version
+from .usage import INDEX_PAGE, parse_live_member
+
+if TYPE_CHECKING:
+    from ..values import CompiledPolicy
+
+
+def reset_subjects(policy: CompiledPolicy, subject_keys: Sequence[str]) -> list[str]:
+    """Forget the counts of these subjects under this policy; returns how the index showed them."""
+    if not subject_keys:
+        return []
+    tally.flush()  # the index entries this process still owes name the subjects too
+    by_shard: dict[int, list[bytes]] = {}  # each shard's index entries of these subjects
+    for key in subject_keys:
+        shard = keys.shard_of(key)
+        by_shard.setdefault(shard, []).extend(_index_entries(keys.live_key(policy, shard), key))
+    members = [member for entries in by_shard.values() for member in entries]
+
+    def reset(client: redis.Redis) -> None:
+        with client.pipeline(transaction=False) as pipe:
+            for key in subject_keys:  # one key a DEL: a cluster pipeline refuses keys of several slots
+                pipe.delete(keys.counter_key(policy, key))
+            for shard, entries in by_shard.items():
+                if entries:
+                    pipe.zrem(keys.live_key(policy, shard), *entries)
+            pipe.execute()
+
+    admin_call(reset)
+    # workers refusing these subjects from memory must ask Redis again: this one now, the others
+    # when they see the new version (as after any policy change)
+    deny_cache.clear()
+    bump_version()
+    return sorted({parse_live_member(member.decode())[3] for member in members})
+
+
+def _index_entries(live_key: str, subject_key: str) -> list[bytes]:
+    """The index entries of one subject (one per limit it was seen with), scanned a page at a time."""
+    found: list[bytes] = []
+    cursor = 0
+    while True:
+        cursor, page = admin_call(
+            lambda client: client.zscan(live_key, cursor, match=f"{subject_key} *", count=INDEX_PAGE)
+        )
+        found += [member for member, _score in page]
+        if cursor == 0:
+            return found
+
