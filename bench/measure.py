@@ -97,9 +97,9 @@ def interleaved_latencies(operations: dict[str, Callable[[], object]], count: in
 
 def _command_calls() -> list[tuple[object, str]]:
     """Where a command call starts: redis-py's execute_command (sync and asyncio clients), and the
-    engine's own call on a thread's kept connection (ratelimit_app.decision_connection.execute, also as the
+    engine's own call on a thread's kept connection (ratelimit_app.engine.decision_connection.execute, also as the
     scripts module imported it), which sends through the connection without execute_command."""
-    from ratelimit_app import decision_connection, scripts
+    from ratelimit_app.engine import decision_connection, scripts
 
     return [(redis.Redis, "execute_command"), (redis.asyncio.Redis, "execute_command"), (decision_connection, "execute"),
             (scripts, "execute")]
@@ -266,7 +266,7 @@ def per_call(client, operation: Callable[[], object], count: int) -> tuple[float
     what a repeat call costs in steady state). The counts a worker owes the policies' totals are
     sent first, and their background flush (every quarter of a second at most: no decision's
     command) waits until the commands are counted."""
-    from ratelimit_app.tally import tally
+    from ratelimit_app.engine.tally import tally
 
     operation()
     tally.flush()

@@ -11,7 +11,8 @@ from django.test.utils import override_settings
 from bench.common import Results, policy, request
 from bench.measure import Wire, async_outside_redis, cpu_per_call, latencies, outside_redis, p50, recording_commands
 import ratelimit_app
-from ratelimit_app import conf, decision_connection, limiter, policies
+from ratelimit_app import conf, limiter, policies
+from ratelimit_app.engine import decision_connection
 from ratelimit_app.models import Policy
 
 DECISION_COMMANDS = (b"EVALSHA", b"EVAL", b"FCALL", b"EVALSHA_RO", b"FCALL_RO")

@@ -14,10 +14,10 @@ from django.urls import reverse
 
 from bench.common import Results, decide, policy, server, subject
 from bench.measure import recording_commands
-from ratelimit_app import keys
+from ratelimit_app.engine import keys
 from ratelimit_app.models import Policy
 from ratelimit_app.subjects import Subject
-from ratelimit_app.tally import tally
+from ratelimit_app.engine.tally import tally
 
 BUSY = 150  # subjects given more requests than the rest: the top 100 of the live page must be theirs
 BATCH = 2000  # commands per pipeline while seeding

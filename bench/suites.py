@@ -18,7 +18,8 @@ from bench import e2e, paths, scale
 from bench.common import (HUGE, STRATEGIES, Results, Row, Spread, client, decide, decider, policy, request, server,
                           subject, unique)
 from bench.measure import admitted, interleaved_latencies, p50, p99, per_call, server_work, spread, throughput
-from ratelimit_app import connection, keys, strategies
+from ratelimit_app import engine, strategies
+from ratelimit_app.engine import keys
 from ratelimit_app.rates import MAX_WINDOW
 from ratelimit_app.models import Policy
 
@@ -61,7 +62,7 @@ def probe_strategies(results: Results) -> None:
         except Exception as error:  # noqa: BLE001 - any failure means "not decidable yet"; the reason is printed
             results.unsupported[strategy] = f"{type(error).__name__}: {str(error).splitlines()[0][:120] if str(error) else ''}"
         finally:
-            connection.breaker.reset()  # a script error opened the circuit: later rows must not see it
+            engine.breaker.reset()  # a script error opened the circuit: later rows must not see it
 
 
 # --- contenders --------------------------------------------------------------------------------

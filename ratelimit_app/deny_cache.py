@@ -7,7 +7,7 @@ strategy, window and bucket). A request of another cost asks Redis: its wait is 
 A reset, a policy change announced in Redis, a FLUSHDB through the app's client (a test's
 cache.clear()) or a change of the cache settings clears it, and a refusal Redis gave before such a
 clear is not remembered after it.
-The refusals still reach the policies' totals through the tally (tally.py), as the engine's own do.
+The refusals still reach the policies' totals through the tally (engine/tally.py), as the engine's own do.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from . import connection, keys
 from .conf import get_setting
-from .tally import NOW, tally
+from .engine import keys
+from .engine.clients import when_flushed
+from .engine.tally import NOW, tally
 
 if TYPE_CHECKING:
     from .values import Check, Decision
@@ -97,7 +98,7 @@ class DenyCache:
 deny_cache = DenyCache()
 # a FLUSHDB or FLUSHALL sent through the app's client (django-redis' cache.clear() in a test) empties
 # Redis: refusals from before it no longer hold
-connection.when_flushed(deny_cache.clear)
+when_flushed(deny_cache.clear)
 
 
 def enabled() -> bool:

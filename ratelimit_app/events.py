@@ -1,7 +1,6 @@
-"""Signals for a project's own alerting: a request was denied; Redis became unavailable, or available again.
-
-Receivers run in the request that caused the event; one that raises is logged, never breaks the request.
-"""
+"""Signals for a project's own alerting: a request was denied; Redis became unavailable, or available again;
+and the log of requests decided without Redis. Receivers run in the request that caused the event; one
+that raises is logged, never breaks the request."""
 
 from __future__ import annotations
 
@@ -13,6 +12,9 @@ from typing import TYPE_CHECKING, Sequence
 from django.dispatch import Signal
 
 from . import metrics
+from .conf import get_setting
+from .engine import RedisCommandError, RedisUnavailable, hooks
+from .subjects import http_request
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
     from .values import Decision
 
 logger = logging.getLogger("ratelimit_app")
+OUTAGE_ATTRIBUTE = "_ratelimit_outage"
 
 #: Sent once per denied request (sender: the Policy model) with `request`, `policy` (its name),
 #: `subject` (as the admin shows it, secrets masked), `limit` and `retry_after` (seconds), from the
@@ -118,3 +121,40 @@ def breaker_opened(error: BaseException) -> None:
 def breaker_closed() -> None:
     """Call when a Redis call succeeds after the breaker was open (repeated calls send nothing more)."""
     availability.found()
+
+
+# the engine's circuit breaker reports through these (it imports nothing above it)
+hooks.circuit_opened, hooks.circuit_closed = breaker_opened, breaker_closed
+
+
+class Outage:
+    """Counts requests let through or refused because Redis could not decide; logs once per interval."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self._logged_at = 0.0
+        self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        """Log the next request let through or refused at once (tests start from here)."""
+        self._logged_at = 0.0
+
+    def record(self, error: RedisUnavailable, request: object = None) -> None:
+        """Count one request; given the request, a second door reporting the same request adds nothing."""
+        if request is not None:
+            base = http_request(request)
+            if base.__dict__.get(OUTAGE_ATTRIBUTE):
+                return
+            base.__dict__[OUTAGE_ATTRIBUTE] = True
+        with self._lock:
+            self.requests += 1
+            now = time.monotonic()
+            if now - self._logged_at < get_setting("RATELIMIT_BREAKER_SECONDS"):
+                return
+            self._logged_at = now
+        action = "letting requests through" if get_setting("RATELIMIT_FAIL_OPEN") else "refusing requests (503)"
+        what = "Redis could not decide a request" if isinstance(error, RedisCommandError) else "Redis unavailable"
+        logger.warning("ratelimit: %s, %s (%d so far): %s", what, action, self.requests, error)
+
+
+outage = Outage()

@@ -10,7 +10,7 @@ from typing import Callable, Iterable, NamedTuple, Sequence, Union
 
 from . import engine, events, metrics, policies
 from .conf import get_setting
-from .breaker import outage
+from .events import outage
 from .deny_cache import deny_cache
 from .deny_cache import enabled as deny_cache_enabled
 from .drivers import Io, Steps, nothing

@@ -7,9 +7,10 @@ import re
 
 from django.core.exceptions import ValidationError
 
-from . import live, scripts
-from .connection import client
-from .breaker import RedisUnavailable
+from . import live
+from .engine import RedisUnavailable, client
+from .engine.libraries import prune
+from .engine.scripts import scripts
 from .live import PolicyActivity, policy_activity, policy_trends  # noqa: F401  (the policy list's columns)
 from .loading import compile_policy
 from .models import Policy
@@ -94,9 +95,9 @@ def trend_data(policy: Policy) -> list[dict]:
 def prune_libraries() -> tuple[list[str], list[str]]:
     """Delete the app's Redis Functions libraries that no worker runs (never this version's):
     -> (deleted, kept)."""
-    return scripts.prune(client())
+    return prune(client())
 
 
 def own_library() -> str:
     """The name of this version's Functions library."""
-    return scripts.scripts.library_name
+    return scripts.library_name

@@ -20,8 +20,8 @@ from asgiref.sync import sync_to_async
 from django.db import transaction
 
 from . import registry
-from . import version as policy_version
-from .breaker import RedisUnavailable
+from .engine import RedisUnavailable
+from .engine import version as policy_version
 from .conf import get_setting
 from .deny_cache import deny_cache
 from .loading import compile_policy, read_rows  # noqa: F401  (compile_policy: imported from here by tests, the bench)

@@ -9,19 +9,21 @@ from typing import Callable
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from . import admin_connection, conf, connection, decision_connection, doors, events, metrics, policies, registry, subjects
-from .breaker import breaker, outage
+from . import conf, doors, events, metrics, policies, registry, subjects
 from .deny_cache import deny_cache
-from .giveback import owed
+from .engine import aclients, admin_connection, breaker, clients, decision_connection
+from .engine.giveback import owed
+from .engine.tally import tally
+from .events import outage
 from .quotas import saver
-from .tally import tally
 
 CACHE_SETTINGS = {"CACHES", "RATELIMIT_CACHE", "RATELIMIT_USE_CACHE", "RATELIMIT_ADMIN_TIMEOUT"}
 
 # (settings, what forgets them); None: every setting. In order: the settings cache comes first.
 FORGET: tuple[tuple[set[str] | None, Callable[[], None]], ...] = (
     (None, conf.forget_settings),
-    (CACHE_SETTINGS, connection.forget_clients),
+    (CACHE_SETTINGS, clients.forget_clients),
+    (CACHE_SETTINGS, aclients.forget_aclients),
     (CACHE_SETTINGS, decision_connection.unpin),
     (CACHE_SETTINGS, deny_cache.clear),  # another server's refusals, or a server another cache emptied
     ({"RATELIMIT_USE_CACHE"}, breaker.reset),  # django-ratelimit's tests switch caches around an open circuit
@@ -50,7 +52,8 @@ class AppState:
 
 state = AppState((
     ("settings read", conf.forget_settings),  # first: what follows reads the settings again
-    ("Redis clients per cache settings, asyncio clients per loop", connection.forget_clients),
+    ("Redis client per cache settings", clients.forget_clients),
+    ("asyncio Redis clients per loop", aclients.forget_aclients),
     ("threads' kept decision connections", decision_connection.unpin),
     ("the admin's Redis client", admin_connection.forget_client),
     ("subjects: trusted proxies, grouped addresses, displays", subjects.forget_settings),

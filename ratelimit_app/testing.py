@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from . import keys, runtime
-from .connection import client as redis_client
+from . import runtime
+from .engine import keys
+from .engine import client as redis_client
 from .deny_cache import deny_cache
 from .models import Policy
 from .policies import policies_changed

@@ -232,7 +232,8 @@ def measure_scaling(processes: int = 6, seconds: float = 2.0) -> ClusterScaling:
     from bench.measure import Wire, throughput
     from django.test.utils import override_settings
 
-    from ratelimit_app import connection, engine, keys
+    from ratelimit_app import engine
+    from ratelimit_app.engine import keys
     from tests.helpers import check, policy, subject
 
     limited = policy(limit=10**9, window=3600)
@@ -263,7 +264,7 @@ def measure_scaling(processes: int = 6, seconds: float = 2.0) -> ClusterScaling:
                             for _ in range(100):
                                 engine.decide(checks)
                         trips.append(wire.trips / 100)
-            connection.breaker.reset()
+            engine.breaker.reset()
         finally:
             cluster.stop()
     return ClusterScaling(rates[0], rates[1], processes, trips[0], trips[1])

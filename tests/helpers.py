@@ -50,7 +50,7 @@ def check(compiled: CompiledPolicy, who: str = "ip:203.0.113.7", limit: int | No
 def count_round_trips() -> Iterator[list[int]]:
     """Count the commands (round trips) redis-py sends while the block runs; they still reach Redis.
     The totals' background flush (a command of its own, not a request's) waits until the block ends."""
-    from ratelimit_app.tally import tally
+    from ratelimit_app.engine.tally import tally
 
     counter = [0]
     wire = Wire()
@@ -63,7 +63,7 @@ def server_commands_per_call(redis_client, operation, count: int = 10) -> float:
     """Commands the server ran per call of `operation` (INFO commandstats: a script or function counts
     itself and every command it runs), the totals' background flush held back meanwhile."""
     from bench.measure import server_commands
-    from ratelimit_app.tally import tally
+    from ratelimit_app.engine.tally import tally
 
     tally.flush()  # what earlier calls owe the totals is not the measured calls' work
     with tally._flushing:

@@ -8,7 +8,8 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
-from ratelimit_app import engine, version
+from ratelimit_app import engine
+from ratelimit_app.engine import version
 from ratelimit_app.models import Override, Policy
 from ratelimit_app.policies import compile_policy
 from tests.helpers import check, make_policy

@@ -15,7 +15,7 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
-from ratelimit_app import connection, engine, live
+from ratelimit_app import engine, live
 from ratelimit_app.models import Override, Policy
 from ratelimit_app.policies import compile_policy
 from tests.helpers import check, make_policy
@@ -300,13 +300,13 @@ def paused_redis():
 def test_a_stalled_admin_read_never_opens_the_request_paths_breaker(admin_client, client, policy, settings, paused_redis):
     settings.RATELIMIT_ADMIN_TIMEOUT = 0.2
     search(client)
-    failures = connection.breaker.failures
+    failures = engine.breaker.failures
     paused_redis()
     response = admin_client.get(live_url(policy) + "?format=json")
     assert response.status_code == 503 and "Redis is unreachable" in response.json()["error"]
     listing = admin_client.get("/admin/ratelimit_app/policy/")
     assert listing.status_code == 200 and "Redis is unreachable" in listing.content.decode()
-    assert connection.breaker.failures == failures and not connection.breaker.open_until
+    assert engine.breaker.failures == failures and not engine.breaker.open_until
 
 
 def test_totals_and_subjects_describe_the_same_window_on_sliding_policies(admin_client, policy):

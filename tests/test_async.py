@@ -13,7 +13,7 @@ from django.test import AsyncClient, RequestFactory
 
 import ratelimit_app
 from ratelimit_app.middleware import RateLimitMiddleware
-from ratelimit_app.tally import tally
+from ratelimit_app.engine.tally import tally
 from tests.helpers import make_policy
 from tests.servers import Server, fetch, manage, site_env
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 import redis
 
-from ratelimit_app.breaker import CircuitBreaker, RedisCommandError, RedisUnavailable
+from ratelimit_app.engine.circuit import CircuitBreaker, RedisCommandError, RedisUnavailable
 
 DEAD = redis.Redis(port=1, socket_connect_timeout=0.2)  # nothing listens on port 1: refused at once
 

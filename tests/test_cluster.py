@@ -14,9 +14,10 @@ from django.urls import reverse
 from redis.cluster import RedisCluster
 
 from ratelimit_app import checks as system_checks
-from ratelimit_app import connection, engine, keys, live, policies, testing, version
-from ratelimit_app.scripts import scripts
-from ratelimit_app.tally import tally
+from ratelimit_app import engine, live, policies, testing
+from ratelimit_app.engine import keys, version
+from ratelimit_app.engine.scripts import scripts
+from ratelimit_app.engine.tally import tally
 from tests.cluster import LocalCluster, until_limited_again, wait_replicated
 from tests.helpers import check, count_round_trips, in_processes, make_policy, policy, subject
 
@@ -88,7 +89,7 @@ def test_on_a_single_server_a_request_spanning_shards_is_still_one_call_with_the
 
 
 def test_the_app_talks_to_the_cluster_through_redis_cluster(cluster):
-    assert connection.is_cluster(connection.client())
+    assert engine.is_cluster(engine.client())
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -284,7 +285,7 @@ def test_a_master_that_stalls_during_a_flush_leaves_the_other_shards_counted_onc
     stalled = cluster.masters[0]
     on_stalled = [
         name for name in names
-        if connection.client().get_node_from_key(keys.totals_key(limited, keys.shard_of(subject(name).key))).port == stalled.port
+        if engine.client().get_node_from_key(keys.totals_key(limited, keys.shard_of(subject(name).key))).port == stalled.port
     ]
     assert 0 < len(on_stalled) < len(names)
     stalled.client.execute_command("CLIENT", "PAUSE", 600, "ALL")  # its clients' commands wait
@@ -364,7 +365,7 @@ def test_a_failed_master_is_replaced_and_limiting_resumes(client, settings, fail
         use(own, settings)
         make_policy(name="search-per-ip", action="demo:search", limit=3, window=3600)
         assert [search(client) for _ in range(3)] == [200] * 3  # at the limit now
-        [counter] = connection.client().keys(f"{keys.prefix()}:{{*", target_nodes=RedisCluster.PRIMARIES)
+        [counter] = engine.client().keys(f"{keys.prefix()}:{{*", target_nodes=RedisCluster.PRIMARIES)
         master = own.master_of(counter.decode())
         wait_replicated(master, own.replica_of(master))  # the replica has every count before the crash
         master.kill()
@@ -375,7 +376,7 @@ def test_a_failed_master_is_replaced_and_limiting_resumes(client, settings, fail
         assert [search(client) for _ in range(5)] == [429] * 5  # the promoted replica had the counts
     finally:
         own.stop()
-        connection.breaker.reset()
+        engine.breaker.reset()
 
 
 @pytest.mark.parametrize("shards", [0, -3, "16", 2.5, True, 20000])
@@ -408,7 +409,7 @@ def test_a_cluster_unreachable_when_the_worker_starts_follows_the_failure_rule(c
     try:
         assert {search(client) for _ in range(5)} == {status}
     finally:
-        connection.breaker.reset()
+        engine.breaker.reset()
 
 
 def test_a_subject_key_that_is_not_a_hash_still_has_a_stable_shard(settings):

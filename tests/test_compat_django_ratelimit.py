@@ -8,7 +8,8 @@ import pytest
 from django.contrib.auth.models import AnonymousUser
 from django.test import RequestFactory, override_settings
 
-from ratelimit_app import connection, registry
+from ratelimit_app import engine, registry
+from ratelimit_app.engine import clients
 from ratelimit_app.compat.django_ratelimit import Ratelimited, get_usage, is_ratelimited, ratelimit
 from ratelimit_app.models import Policy
 from tests.helpers import count_round_trips, declarations_forgotten, in_processes
@@ -151,7 +152,7 @@ def test_an_unreachable_cache_fails_closed_by_default_as_django_ratelimit_does()
         with override_settings(RATELIMIT_FAIL_OPEN=True):
             assert usage() is None
     finally:
-        connection.breaker.reset()
+        engine.breaker.reset()
 
 
 @override_settings(RATELIMIT_USE_CACHE="locmem", CACHES={
@@ -168,7 +169,7 @@ def test_a_cache_that_is_not_redis_is_refused_with_a_clear_message():
 
 def _attempts(start, results):
     start.wait()
-    connection.forget_clients()  # a fresh connection in each process, as every worker has
+    clients.forget_clients()  # a fresh connection in each process, as every worker has
     results.put(sum(not is_ratelimited(rf.get("/", REMOTE_ADDR="203.0.113.50"), group="exact", key="ip", rate="100/h", increment=True) for _ in range(100)))
 
 

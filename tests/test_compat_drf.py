@@ -9,11 +9,10 @@ from django.contrib.auth.models import AnonymousUser
 from django.test import override_settings
 from rest_framework.test import APIRequestFactory
 
-from ratelimit_app import connection
+from ratelimit_app.engine import clients
 from ratelimit_app.compat.drf import AnonRateThrottle, SimpleRateThrottle, UserRateThrottle
 from ratelimit_app.models import Override, Policy
-from ratelimit_app import registry
-from ratelimit_app import engine
+from ratelimit_app import engine, registry
 from ratelimit_app.policies import compile_policy
 from tests.helpers import check, count_round_trips, declarations_forgotten, in_processes, make_policy
 
@@ -152,7 +151,7 @@ def test_fail_closed_answers_503_when_redis_is_down(settings):
     try:
         assert get(view, HTTP_X_API_KEY="k9").status_code == 503
     finally:
-        connection.breaker.reset()
+        engine.breaker.reset()
 
 
 def test_rate_none_allows_everything_without_asking_redis():
@@ -172,7 +171,7 @@ def _attempts(start, results):
     from tests.compat_throttles import Hundred
 
     start.wait()
-    connection.forget_clients()  # a fresh connection in each process, as every worker has
+    clients.forget_clients()  # a fresh connection in each process, as every worker has
     admitted = 0
     for _ in range(100):
         request = APIRequestFactory().get("/", REMOTE_ADDR="203.0.113.50")

@@ -16,7 +16,8 @@ from django.test import Client, RequestFactory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ratelimit_app import engine, giveback, live
+from ratelimit_app import engine, live
+from ratelimit_app.engine import giveback
 from ratelimit_app.middleware import RateLimitMiddleware
 from ratelimit_app.policies import get_index
 from ratelimit_app.values import Held
@@ -174,7 +175,7 @@ def test_a_give_back_waits_for_no_reply():
 def test_a_give_back_is_one_write_that_runs_two_server_commands(redis_client):
     """The EVAL and its ZREM, sent without waiting: the reply is read before the connection's next
     command (here at once, to know that it ran)."""
-    from ratelimit_app.decision_connection import decision_client
+    from ratelimit_app.engine import decision_client
     from tests.helpers import server_commands_per_call
 
     limited = policy(strategy="concurrency", limit=100)

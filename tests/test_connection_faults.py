@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from project.devredis import PrivateRedis
-from ratelimit_app import connection, engine
+from ratelimit_app import engine
 from tests.cluster import LocalSentinel, wait_for
 from tests.helpers import check, policy
 from tests.test_sentinel import sentinel_cache
@@ -22,9 +22,9 @@ TIMEOUTS = {"SOCKET_CONNECT_TIMEOUT": 0.25, "SOCKET_TIMEOUT": 0.25}
 @pytest.fixture
 def no_outage():
     """Asserts, after the test, that no decision found Redis unavailable."""
-    before = connection.breaker.failures
+    before = engine.breaker.failures
     yield
-    assert connection.breaker.failures == before
+    assert engine.breaker.failures == before
 
 
 def use_cache(settings, cache: dict) -> None:
@@ -54,7 +54,7 @@ def sentinel(settings):
     use_cache(settings, sentinel_cache(started))
     yield started
     started.stop()
-    connection.breaker.reset()
+    engine.breaker.reset()
 
 
 def test_async_decisions_reach_the_master_through_the_sentinel(sentinel, no_outage):

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ratelimit_app.tally import tally
+from ratelimit_app.engine.tally import tally
 from ratelimit_app import engine
 from ratelimit_app.rates import MAX_WINDOW
 from tests.helpers import check, count_round_trips, in_processes, policy, server_commands_per_call

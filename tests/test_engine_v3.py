@@ -10,9 +10,10 @@ import pytest
 import redis
 
 from project.devredis import PrivateRedis
-from ratelimit_app import connection, engine, keys
-from ratelimit_app.engine import Ask, _script_call, live_member
-from ratelimit_app.scripts import scripts
+from ratelimit_app import engine
+from ratelimit_app.engine import keys
+from ratelimit_app.engine.arguments import Ask, live_member, script_call
+from ratelimit_app.engine.scripts import scripts
 from tests.helpers import check, policy
 
 VM_GROWTH = 256 * 1024  # bytes the scripts' Lua VM may grow by over 40,000 fresh subjects
@@ -35,7 +36,7 @@ def server(settings):
 
 
 def vm_memory(functions: bool) -> int:
-    memory = connection.client().info("memory")
+    memory = engine.client().info("memory")
     return memory["used_memory_vm_functions"] if functions else memory["used_memory_lua"]
 
 
@@ -43,11 +44,11 @@ def decide_fresh_subjects(url: str, limited, first: int, count: int, functions: 
     """One decision for each of `count` subjects never seen before, sent in pipelines (the scripts
     run as they do for requests; only the round trips are spared)."""
     client = redis.Redis.from_url(url, socket_timeout=60)  # a pipeline of 1,000 calls may take a while
-    decide = scripts.get("decide", connection.client())
+    decide = scripts.get("decide", engine.client())
     for start in range(first, first + count, 1000):
         with client.pipeline(transaction=False) as pipe:
             for n in range(start, min(start + 1000, first + count)):
-                script_keys, args = _script_call([check(limited, f"user:{n}")], Ask(None, False, 1, ""), False)
+                script_keys, args = script_call([check(limited, f"user:{n}")], Ask(None, False, 1, ""), False)
                 if functions:
                     pipe.execute_command("FCALL", decide.function, len(script_keys), *script_keys, *args)
                 else:
@@ -91,8 +92,8 @@ def test_a_restart_loses_nothing_redis_keeps(server, strategy):
 def test_a_server_that_lost_the_code_and_the_counters_starts_afresh_and_counts_once(server):
     limited = policy(limit=3, window=3600)
     assert engine.decide([check(limited)]).allowed
-    connection.client().execute_command("FUNCTION", "FLUSH")
-    connection.client().flushall()
+    engine.client().execute_command("FUNCTION", "FLUSH")
+    engine.client().flushall()
     assert [engine.decide([check(limited)]).decisions[0].count for _ in range(3)] == [1, 2, 3]
 
 
@@ -115,7 +116,7 @@ def previous_decide(limited, who: str = "ip:203.0.113.7", cost: int = 1) -> bool
         counter = counter[: -len(limited.shape)] + f"f{limited.window}"
     terms = (f"{limited.strategy} {limited.limit} {limited.window_ms} {limited.bucket_ms} 1 "
              f"{limited.totals_bucket_ms} 1000")
-    reply = connection.client().execute_command(
+    reply = engine.client().execute_command(
         "FCALL", f"{previous_library()}_decide", 3, counter, keys.live_key(limited, 0), keys.totals_key(limited, 0),
         "", cost, "", terms, live_member(subject, limited.limit, limited),
     )
@@ -124,7 +125,7 @@ def previous_decide(limited, who: str = "ip:203.0.113.7", cost: int = 1) -> bool
 
 @pytest.fixture
 def previous(server):
-    connection.client().execute_command("FUNCTION", "LOAD", PREVIOUS.read_text())
+    engine.client().execute_command("FUNCTION", "LOAD", PREVIOUS.read_text())
 
 
 @pytest.mark.parametrize("strategy", ["sliding_window", "sliding_log", "token_bucket"])
@@ -149,5 +150,5 @@ def test_a_fixed_window_counter_of_the_previous_engine_is_never_read_as_this_one
     assert [previous_decide(limited) for _ in range(5)] == [True] * 4 + [False]
     assert [engine.decide([check(limited)]).allowed for _ in range(5)] == [True] * 4 + [False]
     assert [previous_decide(limited) for _ in range(2)] == [False, False]
-    counters = sorted(key.decode().rsplit(":", 1)[1] for key in connection.client().keys("rl:{*"))
+    counters = sorted(key.decode().rsplit(":", 1)[1] for key in engine.client().keys("rl:{*"))
     assert counters == ["f3600", "w3600"]

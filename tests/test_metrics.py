@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from ratelimit_app import breaker, engine, events, metrics
+from ratelimit_app import engine, events, metrics
 from tests.helpers import check, make_policy, policy
 from tests.servers import ROOT, Server, fetch, manage, site_env
 
@@ -176,9 +176,9 @@ def test_gunicorn_multiprocess_mode_adds_up_every_worker(tmp_path, monkeypatch):
 @pytest.fixture
 def own_outage_log(monkeypatch):
     """An outage of this test's own: the once-per-second outage warning of the tests after it still shows."""
-    from ratelimit_app import connection, limiter
+    from ratelimit_app import limiter
 
-    monkeypatch.setattr(limiter, "outage", breaker.Outage())
+    monkeypatch.setattr(limiter, "outage", events.Outage())
 
 
 @pytest.mark.django_db

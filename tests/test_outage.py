@@ -12,10 +12,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from project.devredis import PrivateRedis
-from ratelimit_app import breaker, connection, engine, keys, limiter
-from ratelimit_app.breaker import RedisUnavailable
+from ratelimit_app import engine, events, limiter
+from ratelimit_app.engine import RedisUnavailable, clients, keys
+from ratelimit_app.engine.tally import tally
 from ratelimit_app.models import Policy
-from ratelimit_app.tally import tally
 from tests.helpers import check, count_round_trips, in_threads, make_policy, policy, subject
 
 pytestmark = pytest.mark.django_db
@@ -57,15 +57,15 @@ def connections_received(watcher: redis.Redis) -> int:
 
 
 def test_fail_open_lets_requests_through_and_the_open_circuit_tries_no_connection(client, server, limited, caplog, settings, monkeypatch):
-    monkeypatch.setattr(limiter, "outage", breaker.Outage())  # an outage log of this test's own
+    monkeypatch.setattr(limiter, "outage", events.Outage())  # an outage log of this test's own
     settings.RATELIMIT_DENY_CACHE = False  # else the subject over its limit stays refused from memory
     settings.RATELIMIT_BREAKER_SECONDS = 60  # every request below falls in the circuit's first interval
     assert [search(client).status_code for _ in range(2)] == [200, 429]
     tally.flush()  # no count is left to reach the server later, on a connection of its own
     server.stop()
-    failures = connection.breaker.failures
+    failures = engine.breaker.failures
     assert [search(client).status_code for _ in range(50)] == [200] * 50
-    assert connection.breaker.failures - failures == 1  # the first request met the outage, the others fail fast
+    assert engine.breaker.failures - failures == 1  # the first request met the outage, the others fail fast
     assert caplog.text.count("Redis unavailable") == 1  # once per interval, not per request
 
     back = PrivateRedis(port=server.port).start()
@@ -83,7 +83,7 @@ def test_limiting_resumes_by_itself_once_the_breaker_interval_has_passed(client,
     settings.RATELIMIT_BREAKER_SECONDS = 0.5
     assert [search(client).status_code for _ in range(2)] == [200, 429]
     server.stop()
-    failures = connection.breaker.failures
+    failures = engine.breaker.failures
     assert search(client).status_code == 200  # fails open; the circuit opens
     back = PrivateRedis(port=server.port).start()
     try:
@@ -93,7 +93,7 @@ def test_limiting_resumes_by_itself_once_the_breaker_interval_has_passed(client,
     # let through while the circuit was open; then one probe, counted by the restarted (empty) server,
     # closed the circuit, and the next request was denied
     assert len(seen) >= 2 and seen == [200] * (len(seen) - 1) + [429]
-    assert connection.breaker.failures - failures == 1  # nothing but the first request met the outage
+    assert engine.breaker.failures - failures == 1  # nothing but the first request met the outage
 
 
 def test_a_subject_over_its_limit_stays_refused_while_redis_is_down_across_policy_reloads(
@@ -138,7 +138,7 @@ def test_script_or_function_flush_mid_run_reaches_no_request(client, server, lim
     settings.RATELIMIT_FAIL_OPEN = False
     settings.RATELIMIT_REDIS_FUNCTIONS = functions
     assert search(client).status_code == 200
-    getattr(connection.client(), flush)()
+    getattr(engine.client(), flush)()
     assert search(client).status_code == 429
 
 
@@ -146,9 +146,9 @@ def test_a_port_with_nothing_listening_fails_open_at_once(client, settings, limi
     settings.CACHES = {**settings.CACHES, "dead": {**settings.CACHES["default"], "LOCATION": "redis://127.0.0.1:1/0"}}
     settings.RATELIMIT_CACHE = "dead"
     settings.RATELIMIT_BREAKER_SECONDS = 60
-    failures = connection.breaker.failures
+    failures = engine.breaker.failures
     assert {search(client).status_code for _ in range(30)} == {200}
-    assert connection.breaker.failures - failures == 1  # one refused attempt; the open circuit answers the rest
+    assert engine.breaker.failures - failures == 1  # one refused attempt; the open circuit answers the rest
 
 
 def test_missing_socket_timeouts_are_reported_by_a_system_check(settings):
@@ -236,7 +236,7 @@ def test_a_cache_that_never_retries_a_broken_connection_is_reported_by_a_system_
 
 
 def test_the_recommended_settings_do_not_retry_timeouts(settings):
-    assert not connection.retries_timeouts(settings.CACHES["default"]["OPTIONS"]["CONNECTION_POOL_KWARGS"])
+    assert not clients.retries_timeouts(settings.CACHES["default"]["OPTIONS"]["CONNECTION_POOL_KWARGS"])
 
 
 # --- the circuit breaker -------------------------------------------------------------------------
@@ -250,29 +250,29 @@ def test_when_the_circuit_half_opens_one_call_probes_and_the_others_fail_fast(se
     with pytest.raises(RedisUnavailable):
         engine.decide([check(compiled)])  # one timeout opens the circuit
     time.sleep(0.35)  # half-open
-    failures = connection.breaker.failures
+    failures = engine.breaker.failures
     _, errors = in_threads(lambda: engine.decide([check(compiled)]), threads=16)
     refused = [error for error in errors if isinstance(error, RedisUnavailable)]
     sleeping.join()
     assert len(refused) == 16
-    assert connection.breaker.failures - failures == 1  # only the probe met the hung server
+    assert engine.breaker.failures - failures == 1  # only the probe met the hung server
 
 
 def test_an_error_redis_answers_with_is_logged_counted_apart_and_keeps_the_circuit_closed(redis_client, caplog):
     compiled = policy(limit=5)
     redis_client.rpush(keys.counter_key(compiled, subject().key), "not a counter")
-    failures, errors = connection.breaker.failures, connection.breaker.errors
+    failures, errors = engine.breaker.failures, engine.breaker.errors
     with pytest.raises(RedisUnavailable):
         engine.decide([check(compiled)])
     assert "WRONGTYPE" in caplog.text
-    assert (connection.breaker.failures - failures, connection.breaker.errors - errors) == (0, 1)
+    assert (engine.breaker.failures - failures, engine.breaker.errors - errors) == (0, 1)
     assert engine.decide([check(compiled, "ip:198.51.100.1")]).allowed  # other subjects are still decided
 
 
 def test_a_read_only_replica_is_an_error_not_an_outage(server, caplog):
     compiled = policy(limit=5)
     own = redis.Redis(port=server.port)
-    failures, errors = connection.breaker.failures, connection.breaker.errors
+    failures, errors = engine.breaker.failures, engine.breaker.errors
     own.execute_command("REPLICAOF", "127.0.0.1", "1")  # a replica now, as after a failover
     try:
         with pytest.raises(RedisUnavailable):
@@ -280,7 +280,7 @@ def test_a_read_only_replica_is_an_error_not_an_outage(server, caplog):
     finally:
         own.execute_command("REPLICAOF", "NO", "ONE")
     assert "READONLY" in caplog.text
-    assert (connection.breaker.failures - failures, connection.breaker.errors - errors) == (0, 1)
+    assert (engine.breaker.failures - failures, engine.breaker.errors - errors) == (0, 1)
     assert engine.decide([check(compiled)]).allowed  # promoted again: decided at once, no open circuit
 
 
@@ -294,14 +294,14 @@ def test_the_outage_counter_counts_requests_not_doors(client, server):
     make_policy(name="everything", action="*", limit=100)  # the middleware decides it
     make_policy(name="login", action="login", limit=100)  # the decorator decides it
     server.stop()
-    before = connection.outage.requests
+    before = events.outage.requests
     assert [client.post("/demo/login/", REMOTE_ADDR=IP).status_code for _ in range(3)] == [401] * 3
-    assert connection.outage.requests - before == 3
+    assert events.outage.requests - before == 3
 
 
 def test_an_outage_reported_twice_for_one_request_counts_once(rf):
     request, other = rf.get("/"), rf.get("/")
-    before = connection.outage.requests
+    before = events.outage.requests
     for made in (request, request, other):
-        connection.outage.record(RedisUnavailable("down"), made)
-    assert connection.outage.requests - before == 2
+        events.outage.record(RedisUnavailable("down"), made)
+    assert events.outage.requests - before == 2

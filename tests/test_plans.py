@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 import ratelimit_app
-from ratelimit_app import version
+from ratelimit_app.engine import version
 from ratelimit_app.actions import plan as plan_request
 from ratelimit_app.models import ActionCost, Override, Plan, PlanAssignment, PlanLimit
 from ratelimit_app.policies import get_index

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from ratelimit_app import engine, keys, policies, version
+from ratelimit_app import engine, policies
+from ratelimit_app.engine import keys, version
 from ratelimit_app.operations import reset_all
 from ratelimit_app.models import Policy
 from tests.helpers import check, make_policy

@@ -12,9 +12,9 @@ import pytest
 from django.core.management import call_command
 
 from project.devredis import PrivateRedis
-from ratelimit_app import connection, engine
-from ratelimit_app.scripts import HEARTBEAT_MS, library_key, scripts
-from ratelimit_app.tally import tally
+from ratelimit_app import engine
+from ratelimit_app.engine.scripts import HEARTBEAT_MS, library_key, scripts
+from ratelimit_app.engine.tally import tally
 from tests.helpers import check, policy
 
 pytestmark = pytest.mark.django_db
@@ -32,11 +32,11 @@ def server(settings):
 def load_version(name: str) -> None:
     """Load the library of another version of the app (the same code under another name, as a
     changed source would have), as one of its workers would."""
-    connection.client().execute_command("FUNCTION LOAD", scripts.library.replace(scripts.library_name, name))
+    engine.client().execute_command("FUNCTION LOAD", scripts.library.replace(scripts.library_name, name))
 
 
 def libraries() -> set[str]:
-    return {entry[1].decode() for entry in connection.client().execute_command("FUNCTION LIST")}
+    return {entry[1].decode() for entry in engine.client().execute_command("FUNCTION LIST")}
 
 
 def prune() -> str:
@@ -50,7 +50,7 @@ def test_prune_deletes_the_libraries_no_worker_runs_and_keeps_those_in_use(serve
     assert engine.decide([check(limited)]).allowed  # this version's library is loaded by its first call
     load_version("ratelimit_000000000001")  # a version whose workers are gone
     load_version("ratelimit_000000000002")  # a version still running during a rolling deploy
-    connection.client().set(library_key("ratelimit_000000000002"), "1", px=HEARTBEAT_MS)
+    engine.client().set(library_key("ratelimit_000000000002"), "1", px=HEARTBEAT_MS)
     output = prune()
     assert libraries() == {scripts.library_name, "ratelimit_000000000002"}
     assert "Deleted ratelimit_000000000001" in output and "Kept ratelimit_000000000002" in output
@@ -59,7 +59,7 @@ def test_prune_deletes_the_libraries_no_worker_runs_and_keeps_those_in_use(serve
 
 def test_prune_never_deletes_its_own_library_even_when_no_worker_said_it_runs_it(server):
     assert engine.decide([check(policy())]).allowed
-    connection.client().delete(library_key(scripts.library_name))
+    engine.client().delete(library_key(scripts.library_name))
     prune()
     assert libraries() == {scripts.library_name}
 
@@ -68,7 +68,7 @@ def test_a_worker_whose_library_was_pruned_by_another_version_loads_it_again_and
     limited = policy(limit=5)
     for _ in range(2):
         assert engine.decide([check(limited)]).allowed
-    connection.client().execute_command("FUNCTION DELETE", scripts.library_name)  # another version's prune
+    engine.client().execute_command("FUNCTION DELETE", scripts.library_name)  # another version's prune
     assert [engine.decide([check(limited)]).decisions[0].count for _ in range(3)] == [3, 4, 5]
     assert scripts.library_name in libraries()
 
@@ -77,7 +77,7 @@ def test_a_worker_in_use_says_which_library_it_runs_for_a_short_while(server):
     tally._heartbeat_due = 0.0  # as a fresh worker
     assert engine.decide([check(policy())]).allowed
     tally.flush()
-    ttl = connection.client().pttl(library_key(scripts.library_name))
+    ttl = engine.client().pttl(library_key(scripts.library_name))
     assert 0 < ttl <= HEARTBEAT_MS
 
 

@@ -12,9 +12,11 @@ import re
 import pytest
 
 from project.devredis import PrivateRedis
-from ratelimit_app import connection, engine
-from ratelimit_app.scripts import run_each, scripts
-from ratelimit_app.tally import tally
+from ratelimit_app import engine
+from ratelimit_app.engine import arguments
+from ratelimit_app.engine.batches import run_each
+from ratelimit_app.engine.scripts import scripts
+from ratelimit_app.engine.tally import tally
 from tests.helpers import check, count_round_trips, policy
 
 T0 = 1_700_000_000.0
@@ -47,11 +49,11 @@ def reset_stats() -> None:
     """Zero the server's command counts, and forget the counts this process owes the totals (the
     background flush's FCALL must not count as a decision's, nor load the library before it)."""
     tally.discard()
-    connection.client().config_resetstat()
+    engine.client().config_resetstat()
 
 
 def calls(command: str) -> int:
-    return connection.client().info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0)
+    return engine.client().info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0)
 
 
 def count_of(verdict) -> int:
@@ -67,7 +69,7 @@ def test_the_library_is_named_after_its_source():
 def test_by_default_a_decision_is_one_fcall_on_a_server_with_functions(server):
     limited = policy(limit=5, window=86_400)
     engine.decide([check(limited)])  # loads the library
-    assert connection.client().function_list(library=scripts.library_name)
+    assert engine.client().function_list(library=scripts.library_name)
     reset_stats()
     assert count_of(engine.decide([check(limited)])) == 2
     assert (calls("fcall"), calls("evalsha"), calls("eval")) == (1, 0, 0)
@@ -85,7 +87,7 @@ def test_with_functions_off_a_decision_is_one_evalsha(server, settings):
 def test_a_decision_after_function_flush_loads_the_library_and_counts_once(server):
     limited = policy(limit=5, window=86_400)
     assert count_of(engine.decide([check(limited)])) == 1
-    connection.client().function_flush()
+    engine.client().function_flush()
     reset_stats()
     with tally._flushing:  # the background flush of the totals, an FCALL too, waits until counted
         assert count_of(engine.decide([check(limited)])) == 2
@@ -97,7 +99,7 @@ def test_a_decision_after_function_flush_loads_the_library_and_counts_once(serve
 async def test_an_async_decision_after_function_flush_loads_the_library_and_counts_once(server):
     limited = policy(limit=5, window=86_400)
     assert count_of(await engine.adecide([check(limited)])) == 1
-    connection.client().function_flush()
+    engine.client().function_flush()
     reset_stats()
     with tally._flushing:  # the background flush of the totals, an FCALL too, waits until counted
         assert count_of(await engine.adecide([check(limited)])) == 2
@@ -105,8 +107,8 @@ async def test_an_async_decision_after_function_flush_loads_the_library_and_coun
 
 
 def pipelined(limited, who: list[str]) -> list[int]:
-    client = connection.client()
-    batch = [engine._script_call([check(limited, subject)], engine.Ask(T0, False, 1, ""), False) for subject in who]
+    client = engine.client()
+    batch = [arguments.script_call([check(limited, subject)], arguments.Ask(T0, False, 1, ""), False) for subject in who]
     # decide.lua's reply: now, then the policy's count (-1 - count when exceeded), reset, retry or before
     return [reply[1] for reply in run_each(client, scripts.get("decide", client), batch)]
 
@@ -115,7 +117,7 @@ def test_a_pipeline_after_function_flush_loads_the_library_once_and_counts_once(
     limited = policy(limit=5, window=86_400)
     who = ["ip:192.0.2.1", "ip:192.0.2.2"]
     assert pipelined(limited, who) == [1, 1]
-    connection.client().function_flush()
+    engine.client().function_flush()
     reset_stats()
     assert pipelined(limited, who) == [2, 2]
     assert (calls("fcall"), calls("function|load")) == (4, 1)
@@ -125,11 +127,11 @@ def test_with_functions_off_a_decision_after_script_flush_reloads_the_script_and
     settings.RATELIMIT_REDIS_FUNCTIONS = False
     limited = policy(limit=5, window=86_400)
     assert count_of(engine.decide([check(limited)])) == 1
-    connection.client().script_flush()
+    engine.client().script_flush()
     assert count_of(engine.decide([check(limited)])) == 2
-    connection.client().script_flush()
+    engine.client().script_flush()
     assert pipelined(limited, ["ip:192.0.2.1", "ip:192.0.2.2"]) == [1, 1]
-    connection.client().script_flush()
+    engine.client().script_flush()
     assert pipelined(limited, ["ip:192.0.2.1", "ip:192.0.2.2"]) == [2, 2]
     assert calls("fcall") == 0
 
@@ -139,7 +141,7 @@ async def test_with_functions_off_an_async_decision_after_script_flush_counts_on
     settings.RATELIMIT_REDIS_FUNCTIONS = False
     limited = policy(limit=5, window=86_400)
     assert count_of(await engine.adecide([check(limited)])) == 1
-    connection.client().script_flush()
+    engine.client().script_flush()
     assert count_of(await engine.adecide([check(limited)])) == 2
     assert calls("fcall") == 0
 
@@ -162,7 +164,7 @@ async def test_an_async_client_falls_back_to_evalsha_on_a_server_without_functio
 
 
 def test_a_user_whose_acl_refuses_functions_gets_evalsha(server):
-    connection.client().execute_command("ACL", "SETUSER", "default", "-fcall", "-function")
+    engine.client().execute_command("ACL", "SETUSER", "default", "-fcall", "-function")
     limited = policy(limit=5, window=86_400)
     assert [count_of(engine.decide([check(limited)])) for _ in range(2)] == [1, 2]
     assert calls("evalsha") >= 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ratelimit_app import connection, engine, live
+from ratelimit_app import engine, live
 from ratelimit_app.policies import compile_policy
 from tests.cluster import LocalSentinel, until_limited_again, wait_replicated
 from tests.helpers import check, make_policy, policy
@@ -36,7 +36,7 @@ def sentinel(settings):
     settings.RATELIMIT_CACHE = "sentinel"
     yield started
     started.stop()
-    connection.breaker.reset()
+    engine.breaker.reset()
 
 
 def search(client) -> int:
@@ -46,7 +46,7 @@ def search(client) -> int:
 def test_the_engine_and_the_live_page_work_through_the_sentinel(sentinel):
     limited = policy(limit=2)
     assert [engine.decide([check(limited)]).allowed for _ in range(3)] == [True, True, False]
-    assert connection.client().connection_pool.connection_kwargs.get("port") is None  # the sentinel finds the master
+    assert engine.client().connection_pool.connection_kwargs.get("port") is None  # the sentinel finds the master
     assert sentinel.master.client.dbsize() > 0
     usage = live.live_usage(limited)
     assert (usage.allowed, usage.denied, [s.count for s in usage.subjects]) == (2, 1, [2])

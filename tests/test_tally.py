@@ -10,8 +10,9 @@ import pytest
 import redis
 
 from project.devredis import PrivateRedis
-from ratelimit_app import engine, keys, live
-from ratelimit_app.tally import FLUSH_SECONDS, tally
+from ratelimit_app import engine, live
+from ratelimit_app.engine import keys
+from ratelimit_app.engine.tally import FLUSH_SECONDS, tally
 from tests.helpers import check, in_processes, policy
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.measure import server_commands
-from ratelimit_app import engine, headers, keys
+from ratelimit_app import engine, headers
+from ratelimit_app.engine import keys
 from ratelimit_app.models import Override, Policy
 from ratelimit_app.policies import compile_policy
 from ratelimit_app.rates import MAX_WINDOW

@@ -9,7 +9,8 @@ import time
 import pytest
 from django.urls import reverse
 
-from ratelimit_app import keys, live
+from ratelimit_app import live
+from ratelimit_app.engine import keys
 from ratelimit_app.policies import compile_policy
 from tests.helpers import make_policy
 

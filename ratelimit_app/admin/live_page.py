@@ -8,7 +8,7 @@ from django.http import HttpResponseRedirect, JsonResponse
 from django.urls import reverse
 
 from .. import operations, strategies
-from ..breaker import RedisUnavailable
+from ..engine import RedisUnavailable
 from ..rates import human_window
 from .pages import PolicyPage
 

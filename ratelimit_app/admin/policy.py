@@ -11,7 +11,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from .. import operations, registry
-from ..breaker import RedisUnavailable
+from ..engine import RedisUnavailable
 from ..models import Mode, Policy
 from ..periods import LABELS as PERIOD_LABELS
 from ..rates import format_rate, human_window

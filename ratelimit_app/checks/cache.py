@@ -53,7 +53,7 @@ RECOMMENDED_RETRY = ("'CONNECTION_POOL_KWARGS': "
 
 @register()
 def check_retries(app_configs: object = None, **kwargs: object) -> list:
-    from ..connection import pool_retry, retries, uses_cluster_factory
+    from ..engine.clients import pool_retry, retries, uses_cluster_factory
 
     alias = get_setting("RATELIMIT_CACHE")
     cache = settings.CACHES.get(alias, {})
@@ -88,7 +88,7 @@ def check_retries(app_configs: object = None, **kwargs: object) -> list:
 
 @register()
 def check_shards(app_configs: object = None, **kwargs: object) -> list:
-    from ..connection import cluster_configured
+    from ..engine import cluster_configured
 
     shards = get_setting("RATELIMIT_SHARDS")
     if not (isinstance(shards, int) and not isinstance(shards, bool) and 1 <= shards <= 16384):

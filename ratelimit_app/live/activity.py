@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from django.core.exceptions import ValidationError
 
-from .. import keys
-from ..admin_connection import admin_call, admin_client
+from ..engine import admin_call, admin_client, keys
+from ..engine.batches import run_each
+from ..engine.scripts import now_arg, scripts
+from ..engine.tally import tally
 from ..loading import compile_policy
-from ..scripts import now_arg, run_each, scripts
-from ..tally import tally
 
 if TYPE_CHECKING:
     from ..values import CompiledPolicy

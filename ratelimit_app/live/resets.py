@@ -6,11 +6,10 @@ from typing import TYPE_CHECKING, Sequence
 
 import redis
 
-from .. import keys
-from ..admin_connection import admin_call
 from ..deny_cache import deny_cache
-from ..tally import tally
-from ..version import bump_version
+from ..engine import admin_call, keys
+from ..engine.tally import tally
+from ..engine.version import bump_version
 from .usage import INDEX_PAGE, parse_live_member
 
 if TYPE_CHECKING:

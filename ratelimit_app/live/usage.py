@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING, NamedTuple
 import redis
 from redis.commands.core import Script
 
-from .. import keys, strategies
-from ..admin_connection import admin_call, admin_client
+from .. import strategies
 from ..conf import get_setting
-from ..scripts import run_each, scripts
-from ..tally import BLOCKED
+from ..engine import admin_call, admin_client, keys
+from ..engine.batches import run_each
+from ..engine.scripts import scripts
+from ..engine.tally import BLOCKED
 from .activity import policy_totals
 
 if TYPE_CHECKING:

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from ratelimit_app import connection, engine
-from ratelimit_app.breaker import RedisUnavailable
+from ratelimit_app import engine
+from ratelimit_app.engine import RedisUnavailable
 from tests.cluster import wait_for
 from tests.helpers import check, in_threads
 from tests.helpers import policy as any_policy
@@ -53,8 +53,8 @@ def counted(compiled, who: str = "ip:203.0.113.7") -> int:
 @pytest.fixture
 def circuit():
     """The breaker's outages and errors so far; the next test starts from a closed circuit."""
-    yield connection.breaker
-    connection.breaker.reset()
+    yield engine.breaker
+    engine.breaker.reset()
 
 
 def _subject(task: int, i: int) -> str:

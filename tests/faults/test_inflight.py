@@ -16,7 +16,8 @@ import urllib.request
 import pytest
 import redis
 
-from ratelimit_app import engine, giveback
+from ratelimit_app import engine
+from ratelimit_app.engine import giveback
 from ratelimit_app.values import Held
 from tests.helpers import check, in_processes, policy, subject
 from tests.servers import Server, manage, site_env

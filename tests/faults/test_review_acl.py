@@ -9,8 +9,8 @@ import threading
 import pytest
 import redis
 
-from ratelimit_app import connection, engine
-from ratelimit_app.breaker import RedisCommandError, RedisUnavailable
+from ratelimit_app import engine
+from ratelimit_app.engine import RedisCommandError, RedisUnavailable
 from ratelimit_app.values import Held
 from tests.helpers import check, in_threads, policy
 
@@ -42,7 +42,7 @@ def test_async_give_backs_without_the_client_command_leave_every_reply_to_its_ow
     next call)."""
     inflight = check(policy(strategy="concurrency", limit=1, window=60))
     counter = policy(limit=1000)
-    failures_before = connection.breaker.failures
+    failures_before = engine.breaker.failures
 
     async def answered(*args, **kwargs) -> bool:
         try:
@@ -60,7 +60,7 @@ def test_async_give_backs_without_the_client_command_leave_every_reply_to_its_ow
 
     answers = asyncio.run(rounds())
     assert answers.count(False) == 0, f"{answers.count(False)} of 400 calls without their own answer"
-    assert connection.breaker.failures == failures_before
+    assert engine.breaker.failures == failures_before
     assert _held(no_client_command) == 0
 
 
@@ -70,7 +70,7 @@ def test_sync_give_backs_on_pooled_connections_without_the_client_command(no_cli
     settings.CACHES["limits"]["OPTIONS"]["CONNECTION_POOL_KWARGS"] = {"max_connections": 2}
     inflight = check(policy(strategy="concurrency", limit=100, window=60), "ip:203.0.113.9")
     counter = policy(limit=100000)
-    failures_before = connection.breaker.failures
+    failures_before = engine.breaker.failures
 
     def answered(*args, **kwargs) -> bool:
         try:
@@ -90,5 +90,5 @@ def test_sync_give_backs_on_pooled_connections_without_the_client_command(no_cli
     results, errors = in_threads(rounds, threads=4)
     assert errors == []
     assert sum(results) == 0, f"{sum(results)} of 800 calls without their own answer"
-    assert connection.breaker.failures == failures_before
+    assert engine.breaker.failures == failures_before
     assert _held(no_client_command) == 0

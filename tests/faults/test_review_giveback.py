@@ -11,8 +11,8 @@ import time
 import pytest
 import redis
 
-from ratelimit_app import connection, engine, giveback
-from ratelimit_app.breaker import RedisCommandError, RedisUnavailable
+from ratelimit_app import engine
+from ratelimit_app.engine import RedisCommandError, RedisUnavailable, giveback
 from ratelimit_app.values import Held
 from tests.faults.test_connections import use_server
 from tests.helpers import check, in_threads, policy

@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from ratelimit_app import operations
-from ratelimit_app.breaker import RedisUnavailable
+from ratelimit_app.engine import RedisUnavailable
 from ratelimit_app.models import Mode, Policy
 from ratelimit_app.rates import human_window
 from ratelimit_app.tester import TesterForm

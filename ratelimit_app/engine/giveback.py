@@ -14,16 +14,17 @@ import redis
 from asgiref.sync import sync_to_async
 
 from . import keys
-from .breaker import RedisUnavailable, breaker
-from .connection import aclient, client, cluster_configured, is_cluster
+from .circuit import RedisUnavailable, breaker
+from .aclients import aclient
+from .clients import client, cluster_configured, is_cluster
 from .decision_connection import UNREAD, decision_client
-from .values import Held
+from ..values import Held
 
 logger = logging.getLogger("ratelimit_app")
 
 # The script's code without its comments: EVAL hashes what it is sent, at every give-back.
 RELEASE = "\n".join(
-    line for line in resources.files(__package__).joinpath("lua", "release.lua").read_text(encoding="utf-8").splitlines()
+    line for line in resources.files("ratelimit_app").joinpath("lua", "release.lua").read_text(encoding="utf-8").splitlines()
     if line.strip() and not line.lstrip().startswith("--")
 )
 ALL_READ = (None, 0, ())

@@ -12,8 +12,8 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import MaxConnectionsError
 
-from .breaker import PoolFull, ReplyLost, breaker, describe
-from .connection import DEFAULT_POOL_WAIT, WRITE_ATTEMPTS, client, is_cluster
+from .circuit import PoolFull, ReplyLost, breaker, describe
+from .clients import DEFAULT_POOL_WAIT, WRITE_ATTEMPTS, client, is_cluster
 
 
 class _Pinned(threading.local):
@@ -23,7 +23,7 @@ class _Pinned(threading.local):
 
 
 # packed commands a thread keeps (a subject's repeat requests send the same command): as many as a
-# policy keeps script parts for (engine.MAX_PARTS), so a site with thousands of active subjects still
+# policy keeps script parts for (arguments.MAX_PARTS), so a site with thousands of active subjects still
 # finds them, not one packing per request; at most about 2.5 MB a thread
 MAX_PACKED = 4096
 
@@ -83,7 +83,9 @@ def _sent_once(redis_client: redis.Redis, command: tuple, options: dict, parse: 
             _returned.notify()
 
 
-def _once(redis_client: redis.Redis, connection: redis.Connection, command: tuple, options: dict, parse: bool) -> object:
+def _once(
+    redis_client: redis.Redis, connection: redis.Connection, command: tuple, options: dict, parse: bool
+) -> object:
     """The round trip, on a live connection; after the command is written, no second try."""
     _replace_if_closed(connection)
     message = _packed(connection, command) if not options else connection.pack_command(*command)

@@ -11,9 +11,9 @@ from typing import Callable, TypeVar
 import redis
 from django_redis import get_redis_connection
 
-from .conf import get_setting
-from .breaker import RedisUnavailable
-from .connection import connect_cluster, is_cluster
+from ..conf import get_setting
+from .circuit import RedisUnavailable
+from .clients import connect_cluster, is_cluster
 
 T = TypeVar("T")
 
@@ -35,7 +35,8 @@ def admin_client() -> redis.Redis:
         else:
             pool = main.connection_pool
             options = {**pool.connection_kwargs, "socket_timeout": timeout, "socket_connect_timeout": timeout}
-            _client = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **options))
+            own_pool = redis.ConnectionPool(connection_class=pool.connection_class, **options)
+            _client = redis.Redis(connection_pool=own_pool)
     return _client
 
 

@@ -25,12 +25,13 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
 from . import keys
-from .conf import get_setting
-from .connection import client, is_cluster
-from .scripts import HEARTBEAT_EVERY, heartbeat, run_each, scripts
+from ..conf import get_setting
+from .clients import client, is_cluster
+from .batches import run_each
+from .scripts import HEARTBEAT_EVERY, heartbeat, scripts
 
 if TYPE_CHECKING:
-    from .values import CompiledPolicy
+    from ..values import CompiledPolicy
 
 logger = logging.getLogger("ratelimit_app")
 FLUSH_SECONDS = 0.25
@@ -79,7 +80,9 @@ class Tally:
         self._flusher: threading.Timer | None = None
         self._heartbeat_due = 0.0  # monotonic time of the next word that this worker runs its library
 
-    def add(self, counts: Iterable[tuple[CompiledPolicy, int, str, int]], entries: Iterable = (), moves: Iterable = ()) -> None:
+    def add(
+        self, counts: Iterable[tuple[CompiledPolicy, int, str, int]], entries: Iterable = (), moves: Iterable = ()
+    ) -> None:
         """One more request for each (policy, shard, series, totals bucket number or NOW); the live
         index `entries` (policy, shard, member, score); the `moves` (policy, shard, bucket number, delta)."""
         with self._lock:

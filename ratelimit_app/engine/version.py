@@ -14,9 +14,9 @@ import uuid
 
 from . import keys
 from .admin_connection import admin_call
-from .conf import get_setting
-from .breaker import RedisUnavailable, breaker
-from .connection import client
+from ..conf import get_setting
+from .circuit import RedisUnavailable, breaker
+from .clients import client
 
 logger = logging.getLogger("ratelimit_app")
 

@@ -13,10 +13,10 @@ import base64
 import zlib
 from typing import TYPE_CHECKING
 
-from .conf import get_setting
+from ..conf import get_setting
 
 if TYPE_CHECKING:
-    from .values import CompiledPolicy
+    from ..values import CompiledPolicy
 
 
 def prefix() -> str:
@@ -70,7 +70,8 @@ def decision_keys(policy: CompiledPolicy, subject_key: str, key_prefix: str | No
     """The keys one decision touches: the subject's counter, and the live index and totals of its shard."""
     shard = shard_of(subject_key)
     head, tail = counter_key_parts(policy, shard, key_prefix)
-    return head + subject_part(subject_key) + tail, live_key(policy, shard, key_prefix), totals_key(policy, shard, key_prefix)
+    counter = head + subject_part(subject_key) + tail
+    return counter, live_key(policy, shard, key_prefix), totals_key(policy, shard, key_prefix)
 
 
 def live_key(policy: CompiledPolicy, shard: int, key_prefix: str | None = None) -> str:

@@ -6,17 +6,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from types import TracebackType
 from typing import Awaitable, Callable, NoReturn, TypeVar
 
 import redis
 
-from . import events
-from .conf import get_setting
-from .subjects import http_request
+from ..conf import get_setting
+from .hooks import Hooks, hooks
 
 T = TypeVar("T")
 logger = logging.getLogger("ratelimit_app")
-OUTAGE_ATTRIBUTE = "_ratelimit_outage"
 
 
 class RedisUnavailable(Exception):
@@ -72,7 +71,8 @@ class CircuitBreaker:
     the circuit closed.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, hooks: Hooks | None = None) -> None:
+        self.hooks = hooks or Hooks()  # who is told that the circuit opened or closed
         self.open_until = 0.0
         self.failures = 0  # outages seen (refused, timed out), for monitoring
         self.errors = 0  # errors Redis answered with, for monitoring
@@ -84,29 +84,13 @@ class CircuitBreaker:
         self._error_logged_at = 0.0
 
     def call(self, operation: Callable[[], T]) -> T:
-        probing = self._admit()
-        try:
-            result = operation()
-        except redis.RedisError as error:
-            self._failed(error)
-        finally:
-            if probing:
-                self._probe.release()
-        self._closed()
-        return result
+        with _Attempt(self):
+            return operation()
 
     async def acall(self, operation: Callable[[], Awaitable[T]]) -> T:
         """call() for the asyncio client: the same circuit, shared by sync and async requests."""
-        probing = self._admit()
-        try:
-            result = await operation()
-        except redis.RedisError as error:
-            self._failed(error)
-        finally:
-            if probing:
-                self._probe.release()
-        self._closed()
-        return result
+        with _Attempt(self):
+            return await operation()
 
     def _admit(self) -> bool:
         """Whether this call may go to Redis (raises RedisUnavailable if not); True when it is the
@@ -132,12 +116,12 @@ class CircuitBreaker:
             self.open_until = time.monotonic() + get_setting("RATELIMIT_BREAKER_SECONDS")
         # connections are taken anew, which finds the server anew (a Sentinel's new master)
         self.reconnect(error)
-        events.breaker_opened(error)
+        self.hooks.circuit_opened(error)
 
     def _closed(self) -> None:
         if self.open_until:  # the first answer after an outage
             self.open_until = 0.0
-            events.breaker_closed()
+            self.hooks.circuit_closed()
 
     def _answered_with(self, error: redis.RedisError) -> None:
         with self._count:
@@ -156,37 +140,27 @@ class CircuitBreaker:
         self._error_logged_at = 0.0
 
 
-breaker = CircuitBreaker()
+class _Attempt:
+    """One call through the circuit, as a `with` block around it (the same for sync and async calls):
+    refused at once while the circuit is open; its answer or its failure moves the circuit."""
+
+    __slots__ = ("circuit", "probing")
+
+    def __init__(self, circuit: CircuitBreaker) -> None:
+        self.circuit, self.probing = circuit, circuit._admit()
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, kind: type | None, error: BaseException | None, traceback: TracebackType | None) -> None:
+        try:
+            if isinstance(error, redis.RedisError):
+                self.circuit._failed(error)  # raises; the circuit is open again before the probe lock goes
+        finally:
+            if self.probing:
+                self.circuit._probe.release()
+        if error is None:
+            self.circuit._closed()
 
 
-class Outage:
-    """Counts requests let through or refused because Redis could not decide; logs once per interval."""
-
-    def __init__(self) -> None:
-        self.requests = 0
-        self._logged_at = 0.0
-        self._lock = threading.Lock()
-
-    def reset(self) -> None:
-        """Log the next request let through or refused at once (tests start from here)."""
-        self._logged_at = 0.0
-
-    def record(self, error: RedisUnavailable, request: object = None) -> None:
-        """Count one request; given the request, a second door reporting the same request adds nothing."""
-        if request is not None:
-            base = http_request(request)
-            if base.__dict__.get(OUTAGE_ATTRIBUTE):
-                return
-            base.__dict__[OUTAGE_ATTRIBUTE] = True
-        with self._lock:
-            self.requests += 1
-            now = time.monotonic()
-            if now - self._logged_at < get_setting("RATELIMIT_BREAKER_SECONDS"):
-                return
-            self._logged_at = now
-        action = "letting requests through" if get_setting("RATELIMIT_FAIL_OPEN") else "refusing requests (503)"
-        what = "Redis could not decide a request" if isinstance(error, RedisCommandError) else "Redis unavailable"
-        logger.warning("ratelimit: %s, %s (%d so far): %s", what, action, self.requests, error)
-
-
-outage = Outage()
+breaker = CircuitBreaker(hooks)

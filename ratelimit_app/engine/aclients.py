@@ -1,0 +1,176 @@
+"""The asyncio clients of decisions: one per running event loop, closed with it, built from the pool
+django-redis made for the sync client, each command written once."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+
+import redis
+import redis.asyncio
+import redis.asyncio.retry
+import redis.asyncio.sentinel
+import redis.sentinel
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from ..conf import get_setting
+from .circuit import PoolFull, ReplyLost, describe
+from .clients import DEFAULT_POOL_WAIT, WRITE_ATTEMPTS, client
+
+# asyncio connections belong to the event loop that opened them: one client per running loop, closed
+# with it. An async view under a WSGI server runs in a new loop per request: kept past their loops,
+# the clients would hold a socket each, for ever.
+_async_clients: dict[asyncio.AbstractEventLoop, tuple[redis.asyncio.Redis, object]] = {}
+_async_lock = threading.Lock()
+
+
+def aclient() -> redis.asyncio.Redis:
+    """An asyncio client for the running loop, to the server the sync client reaches, logged in the same way."""
+    loop = asyncio.get_running_loop()
+    found = _async_clients.get(loop)
+    if found is None:
+        return _new_aclient(loop)
+    return found[0]
+
+
+def _new_aclient(loop: asyncio.AbstractEventLoop) -> redis.asyncio.Redis:
+    options = settings.CACHES[get_setting("RATELIMIT_CACHE")].get("OPTIONS", {})
+    made = async_twin(client(), options.get("REDIS_CLIENT_KWARGS", {}))
+    closer = _closed_with_loop(loop, made)
+    with _async_lock:
+        for old in [old for old in _async_clients if old.is_closed()]:
+            # closed without shutting its async generators down: the collector closes their sockets
+            del _async_clients[old]
+        _async_clients[loop] = (made, closer)
+    return made
+
+
+async def _close_at_shutdown(loop: asyncio.AbstractEventLoop, made: redis.asyncio.Redis):
+    try:
+        yield
+    finally:  # the loop shuts its async generators down (asyncio.run, asgiref, uvicorn), or this one was forgotten
+        with _async_lock:
+            if _async_clients.get(loop, (None,))[0] is made:
+                del _async_clients[loop]
+        await made.aclose(close_connection_pool=True)
+
+
+def _closed_with_loop(loop: asyncio.AbstractEventLoop, made: redis.asyncio.Redis) -> object:
+    """An async generator, started in `loop`, whose end closes `made`: the loop keeps such generators
+    (weakly) and closes them as it shuts down. Kept beside the client, so that it lives as long."""
+    closer = _close_at_shutdown(loop, made)
+    try:
+        closer.asend(None).send(None)  # to its first yield, which awaits nothing; the loop now knows it
+    except StopIteration:
+        pass
+    return closer
+
+
+_ASYNC_CONNECTIONS = {
+    redis.Connection: redis.asyncio.Connection,
+    redis.SSLConnection: redis.asyncio.SSLConnection,
+    redis.UnixDomainSocketConnection: redis.asyncio.UnixDomainSocketConnection,
+}
+
+
+def async_twin(shared: redis.Redis, client_kwargs: dict) -> redis.asyncio.Redis:
+    """An asyncio client built from the pool django-redis made for `shared`, so that whatever the cache
+    accepts (Sentinel, USERNAME, SSL, CONNECTION_POOL_KWARGS, REDIS_CLIENT_KWARGS) holds for both."""
+    pool = shared.connection_pool
+    client_kwargs = _accepted(redis.asyncio.Redis, client_kwargs)
+    if isinstance(pool, redis.sentinel.SentinelConnectionPool):
+        manager = pool.sentinel_manager
+        addresses = [(s.connection_pool.connection_kwargs["host"], s.connection_pool.connection_kwargs["port"])
+                     for s in manager.sentinels]
+        sentinel_kwargs = _async_connection_kwargs(redis.asyncio.Connection, manager.sentinel_kwargs)
+        connection_kwargs = _async_connection_kwargs(redis.asyncio.sentinel.SentinelManagedConnection,
+                                                     pool.connection_kwargs)
+        found = redis.asyncio.sentinel.Sentinel(
+            addresses, manager.min_other_sentinels, sentinel_kwargs, **connection_kwargs
+        )
+        pick = found.master_for if pool.is_master else found.slave_for
+        return pick(pool.service_name, redis_class=SentOnce, max_connections=pool.max_connections, **client_kwargs)
+    connection_class = _ASYNC_CONNECTIONS.get(pool.connection_class)
+    if connection_class is None:
+        raise ImproperlyConfigured(f"ratelimit_app has no asyncio counterpart of {pool.connection_class.__name__}")
+    connection_kwargs = _async_connection_kwargs(connection_class, pool.connection_kwargs)
+    # a full pool is waited for (up to the socket timeout), as on the sync path
+    async_pool = redis.asyncio.BlockingConnectionPool(
+        connection_class=connection_class, max_connections=pool.max_connections,
+        timeout=connection_kwargs.get("socket_timeout") or DEFAULT_POOL_WAIT, **connection_kwargs,
+    )
+    return SentOnce(connection_pool=async_pool, **client_kwargs)
+
+
+class SentOnce(redis.asyncio.Redis):
+    """The asyncio client of decisions: each command written once, on a connection the pool found
+    open, never again by a retry policy (a reply lost with its connection may have counted)."""
+
+    async def execute_command(self, *args: object, **options: object) -> object:
+        if options:
+            return await super().execute_command(*args, **options)
+        pool = self.connection_pool
+        for attempt in range(1, WRITE_ATTEMPTS + 1):
+            try:
+                connection = await pool.get_connection()  # connects when need be: nothing written yet
+                break
+            except redis.ConnectionError as error:
+                if isinstance(pool, redis.asyncio.BlockingConnectionPool) and str(error) == "No connection available.":
+                    raise PoolFull(
+                        f"every one of the {pool.max_connections} connections of the pool stayed in use"
+                    ) from error
+                if attempt == WRITE_ATTEMPTS:
+                    raise
+        try:
+            return await self._once(connection, args)
+        except BaseException:
+            await connection.disconnect(nowait=True)  # cancelled or failed with a reply unread
+            raise
+        finally:
+            await pool.release(connection)
+
+    async def _once(self, connection: redis.asyncio.Connection, args: tuple) -> object:
+        # closed by Redis while at rest (its end of file read by the loop): the pool does not always
+        # check (not with RESP3's maintenance notifications), so it is checked here, before writing
+        if connection.is_connected and await connection.can_read():
+            await connection.disconnect()
+        message = connection.pack_command(*args)
+        for attempt in range(1, WRITE_ATTEMPTS + 1):
+            try:
+                await connection.send_packed_command(message, check_health=False)
+                break
+            except redis.ConnectionError:  # nothing reached Redis whole: safe to send anew
+                await connection.disconnect()
+                if attempt == WRITE_ATTEMPTS:
+                    raise
+        try:
+            return await self.parse_response(connection, args[0])
+        except redis.ConnectionError as error:
+            raise ReplyLost(f"the connection closed before Redis answered ({describe(error)}); the call may "
+                            "have counted, and is not sent again") from error
+
+
+def _async_connection_kwargs(connection_class: type, kwargs: dict) -> dict:
+    """A sync connection's options for an asyncio one: the same values, but its own parser and retry type."""
+    own = ("parser_class", "connection_pool")  # the sync parser; a Sentinel pool's link to itself
+    converted = _accepted(connection_class, {name: value for name, value in kwargs.items() if name not in own})
+    retry = converted.get("retry")
+    if retry is not None and not isinstance(retry, redis.asyncio.retry.Retry):
+        converted["retry"] = redis.asyncio.retry.Retry(retry._backoff, retry._retries, retry._supported_errors)
+    return converted
+
+
+def _accepted(cls: type, kwargs: dict) -> dict:
+    """The keyword arguments that `cls` (or a base class it passes **kwargs to) takes."""
+    names = {name for klass in cls.__mro__ if "__init__" in vars(klass)
+             for name in inspect.signature(klass.__init__).parameters}
+    return {name: value for name, value in kwargs.items() if name in names}
+
+
+def forget_aclients() -> None:
+    """The cache settings changed: each loop makes its client anew (an old one closes with its loop all the
+    same, its generator then collected)."""
+    with _async_lock:
+        _async_clients.clear()

@@ -1,0 +1,102 @@
+"""What one decide call sends: decide.lua's KEYS and ARGV for a request's checks, and the parts of
+each check kept on its compiled policy so that a subject's next request builds nothing again."""
+
+from __future__ import annotations
+
+from time import time
+from typing import NamedTuple, Sequence
+
+from .. import quotas
+from ..values import Check, CompiledPolicy, Subject
+from . import keys
+from .scripts import now_arg
+
+
+class Ask(NamedTuple):
+    """What one decide call says beside its checks."""
+
+    now: float | None
+    dry_run: bool
+    cost: int
+    lease: str
+    # (policy id, subject key) -> (period start ms, used): what the database saved of quota periods
+    # that Redis did not hold (asked again after the script said so)
+    seeds: dict | None = None
+
+
+def script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[list[str], list[str]]:
+    """The KEYS and ARGV of decide.lua for these checks (`version`: bring the policy version back too;
+    never on a cluster, where the version lives in another slot)."""
+    key_prefix = keys.prefix()
+    script_keys: list[str] = []
+    args = [("d" if call.dry_run else "") + now_arg(call.now), str(_sent_cost(checks, call.cost)), call.lease]
+    shard_count = keys.shards()  # part of the keys: a changed setting makes new parts
+    for policy, subject, limit, plan in checks:
+        parts = policy.script_parts.get((subject, limit, plan, key_prefix, shard_count))
+        if parts is None:
+            parts = check_parts(policy, subject, limit, plan, key_prefix, shard_count)
+        script_keys.append(parts[0])
+        if policy.period:  # a calendar quota's terms carry its periods, which move on
+            args.append(_quota_terms(policy, subject, limit, parts[4], call))
+        else:
+            args.append(parts[5] if parts[4] else parts[1])
+    if version:
+        script_keys.append(keys.version_key(key_prefix))
+    return script_keys, args
+
+
+def _quota_terms(policy: CompiledPolicy, subject: Subject, limit: int, look_first: bool, call: Ask) -> str:
+    now_ms = int((time() if call.now is None else call.now) * 1000)
+    seed = call.seeds.get((policy.id, subject.key)) if call.seeds else None
+    enforce = "1" if policy.enforce else "0"
+    return (
+        f"{policy.strategy} {limit} {policy.window_ms} {quotas.bucket(policy, now_ms, seed)} {enforce} "
+        f"{policy.totals_bucket_ms} {'1' if look_first else '0'}"
+    )
+
+
+def _sent_cost(checks: Sequence[Check], cost: int) -> int:
+    """The cost as the script is asked to take it: a cost above every policy's capacity is refused by
+    each of them whatever its size, so it is sent as one more than the largest capacity, which keeps
+    the script's work and arithmetic bounded by the policies' own figures (the verdict keeps the real cost)."""
+    if cost == 1:
+        return 1
+    return min(cost, max(check.policy.capacity(check.limit) for check in checks) + 1)
+
+
+MAX_PARTS = 4096  # (subject, limit, plan) whose script parts a policy keeps
+
+
+def check_parts(
+    policy: CompiledPolicy, subject: Subject, limit: int, plan: str, key_prefix: str, shard_count: int
+) -> list:
+    """What one check adds to decide.lua's call (its counter, its terms) and what the worker's tally
+    writes for it (its live index entry, its shard), kept on the compiled policy for next time; with
+    whether the subject was refused at its last decision here, when the terms that look first are sent."""
+    terms = policy_terms(policy, limit)
+    parts = [
+        keys.counter_key(policy, subject.key, key_prefix),
+        terms + " 0",
+        live_member(subject, limit, policy, plan),
+        keys.shard_of(subject.key),
+        False,
+        terms + " 1",
+    ]
+    if len(policy.script_parts) >= MAX_PARTS:
+        policy.script_parts.clear()  # bounded: a flood of new subjects only costs building them again
+    policy.script_parts[(subject, limit, plan, key_prefix, shard_count)] = parts
+    return parts
+
+
+def policy_terms(policy: CompiledPolicy, limit: int) -> str:
+    """A policy's terms as decide.lua reads them, but for the last (whether to look first): the same
+    for every subject at `limit`."""
+    enforce = "1" if policy.enforce else "0"
+    return f"{policy.strategy} {limit} {policy.window_ms} {policy.bucket_ms} {enforce} {policy.totals_bucket_ms}"
+
+
+def live_member(subject: Subject, limit: int, policy: CompiledPolicy, plan: str = "") -> str:
+    """The live index entry of a subject: '<hash> <limit>[*|@plan] <display>', '*' marking an
+    override's limit, '@plan' the limit of the subject's plan (a slug: no space)."""
+    mark = f"@{plan}" if plan else ("*" if limit != policy.limit else "")
+    return f"{subject.key} {limit}{mark} {subject.display}"

@@ -1,0 +1,174 @@
+"""The Redis client of RATELIMIT_CACHE shared by the process, Redis Cluster's connection factory, and
+what the cache's retry options mean."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Callable
+
+import redis
+from django.conf import settings
+from django_redis import get_redis_connection
+from django_redis.pool import ConnectionFactory
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
+from redis.retry import Retry
+
+from ..conf import get_setting
+
+_client: redis.Redis | RedisCluster | None = None
+
+def client() -> redis.Redis | RedisCluster:
+    """The django-redis client of RATELIMIT_CACHE (thread-safe; looked up once, not per request).
+
+    A redis.Redis for one server or Sentinel (django-redis's SentinelConnectionFactory), a
+    redis.cluster.RedisCluster when the cache uses ClusterConnectionFactory below.
+    """
+    global _client
+    if _client is None:
+        _client = _watch_flushes(get_redis_connection(get_setting("RATELIMIT_CACHE")))
+    return _client
+
+
+_on_flush: list[Callable[[], None]] = []
+
+
+def when_flushed(forget: Callable[[], None]) -> None:
+    """Call `forget` whenever Redis answers a FLUSHDB or FLUSHALL sent through the app's client (what
+    django-redis' cache.clear() sends in a test, in the thread that decides): what the process
+    remembers of Redis' data is gone with it. A flush from elsewhere shows at the next version check."""
+    _on_flush.append(forget)
+
+
+def _watch_flushes(redis_client: redis.Redis | RedisCluster) -> redis.Redis | RedisCluster:
+    callbacks = getattr(redis_client, "response_callbacks", None)
+    if callbacks is None:
+        return redis_client
+    for command in ("FLUSHDB", "FLUSHALL"):
+        if getattr(callbacks.get(command), "watches_flushes", False):
+            continue  # django-redis hands the same client out again
+        parse = callbacks.get(command)
+
+        def flushed(response: object, _parse: Callable | None = parse, **options: object) -> object:
+            for forget in _on_flush:
+                forget()
+            return _parse(response, **options) if _parse else response
+
+        flushed.watches_flushes = True  # type: ignore[attr-defined]
+        redis_client.set_response_callback(command, flushed)
+    return redis_client
+
+
+def is_cluster(redis_client: object) -> bool:
+    """Whether every key of one call must share a slot (Redis Cluster), which decides how requests are sent."""
+    kind = type(redis_client)
+    found = _cluster_types.get(kind)
+    if found is None:
+        found = _cluster_types[kind] = issubclass(kind, RedisCluster)
+    return found
+
+
+# by client class: redis-py's classes derive from typing Protocols, whose isinstance() costs about a
+# microsecond, on every request
+_cluster_types: dict[type, bool] = {}
+
+
+def cluster_configured() -> bool:
+    """Whether RATELIMIT_CACHE uses ClusterConnectionFactory (known without connecting)."""
+    global _cluster_configured
+    if _cluster_configured is None:  # asked on every async decision: read once per settings change
+        _cluster_configured = uses_cluster_factory()
+    return _cluster_configured
+
+
+_cluster_configured: bool | None = None
+
+
+def uses_cluster_factory() -> bool:
+    cache = settings.CACHES.get(get_setting("RATELIMIT_CACHE"), {})
+    factory = cache.get("OPTIONS", {}).get("CONNECTION_FACTORY")
+    factory = factory or getattr(settings, "DJANGO_REDIS_CONNECTION_FACTORY", "")
+    if isinstance(factory, str):
+        return factory.rsplit(".", 1)[-1] == ClusterConnectionFactory.__name__
+    return isinstance(factory, type) and issubclass(factory, ClusterConnectionFactory)
+
+
+class ClusterConnectionFactory(ConnectionFactory):
+    """A django-redis connection factory whose clients are redis-py's RedisCluster.
+
+    CACHES[alias]["OPTIONS"]["CONNECTION_FACTORY"] = "ratelimit_app.connection.ClusterConnectionFactory",
+    with LOCATION the URL of any node (redis://10.0.0.5:7000): the client discovers the others.
+    SOCKET_TIMEOUT, SOCKET_CONNECT_TIMEOUT, PASSWORD and USERNAME apply to every node; REDIS_CLIENT_KWARGS
+    go to RedisCluster (e.g. a `retry`). One client per LOCATION and process, like django-redis's pools.
+    """
+
+    _clusters: dict[str, RedisCluster] = {}
+    _lock = threading.Lock()
+
+    def connect(self, url: str) -> RedisCluster:
+        with self._lock:
+            cluster = self._clusters.get(url)
+            if cluster is None:
+                cluster = self._clusters[url] = connect_cluster(url, self._options(url))
+            return cluster
+
+    def _options(self, url: str) -> dict:
+        params = self.make_connection_params(url)
+        params.pop("parser_class", None)  # RedisCluster picks its own parser (hiredis when installed)
+        params.pop("url", None)
+        return {**params, **self.redis_client_cls_kwargs}
+
+    def disconnect(self, connection: RedisCluster) -> None:
+        connection.disconnect_connection_pools()
+
+
+def connect_cluster(url: str, options: dict) -> RedisCluster:
+    """A RedisCluster for `url`; no node answering is an outage like any other (a ConnectionError).
+
+    One quick retry, after which the client has re-read the topology (a replica promoted after a
+    failover answers it): RedisCluster's default of retries with backoff would hold a request for
+    seconds while a master is down, where the breaker should fail open or closed at once.
+    """
+    options.setdefault("retry", Retry(NoBackoff(), 1))
+    try:
+        return RedisCluster.from_url(url, **options)
+    except RedisClusterException as error:  # RedisCluster connects as it is created
+        raise redis.ConnectionError(f"Redis Cluster at {url} is unreachable: {error}") from error
+
+
+DEFAULT_POOL_WAIT = 1.0  # seconds a call waits for a connection of a full pool without a socket timeout
+# a connection closed by Redis while being opened or written to (nothing of the command ran): tried anew
+WRITE_ATTEMPTS = 3
+
+
+def forget_clients() -> None:
+    """The cache settings changed: the next call makes the client from them."""
+    global _client, _cluster_configured
+    _cluster_configured = None
+    _client = None
+
+
+def pool_retry(pool_kwargs: dict) -> Retry:
+    """The Retry redis-py makes of these CONNECTION_POOL_KWARGS (its own rules for combining `retry`,
+    `retry_on_error` and `retry_on_timeout`)."""
+    names = ("retry", "retry_on_error", "retry_on_timeout")
+    options = {name: pool_kwargs[name] for name in names if name in pool_kwargs}
+    return redis.Connection(**options).retry
+
+
+def retries(retry: Retry, *errors: type[Exception]) -> bool:
+    """Whether `retry` sends a command again after one of `errors`."""
+    supported = retry._supported_errors  # no public accessor
+    return retry.get_retries() > 0 and any(issubclass(error, supported) for error in errors)
+
+
+def retries_timeouts(pool_kwargs: dict) -> bool:
+    """Whether redis-py, given these CONNECTION_POOL_KWARGS, sends a command again after a timeout.
+
+    redis-py's default Retry retries TimeoutError too, and `retry_on_error` only adds to its list:
+    `retry_on_error=[ConnectionError]` alone retries timeouts. A stalled Redis then costs two
+    timeouts, and executes the command twice once it wakes up.
+    """
+    return retries(pool_retry(pool_kwargs), redis.TimeoutError, socket.timeout)

@@ -1,0 +1,266 @@
+"""The Lua scripts, read from lua/*.lua and assembled once: the shared pieces (clock.lua, series.lua,
+activity.lua, contract.lua), one file per strategy, then an entry point (decide.lua, live.lua, totals.lua ...).
+
+Where the server has Redis Functions (Redis >= 7, Valkey) the pieces form one library, loaded with
+FUNCTION LOAD and called with FCALL: the shared tables and the strategies are then built once per
+load rather than at every call. Elsewhere (or with RATELIMIT_REDIS_FUNCTIONS = False) each entry
+point is one script run with EVALSHA through redis-py's Script, which reloads it after NOSCRIPT.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import weakref
+from importlib import resources
+from typing import Any, Generator, Sequence
+
+import redis
+import redis.asyncio
+from redis.commands.core import AsyncScript, Script
+from redis.exceptions import NoPermissionError, ResponseError
+
+from ..conf import get_setting
+from ..strategies import STRATEGIES
+from .clients import is_cluster
+from .decision_connection import execute
+
+LIBRARY_FILES = ("clock.lua", "series.lua", "activity.lua", "contract.lua")
+STRATEGY_FILES = tuple(strategy.lua for strategy in STRATEGIES.values())
+ENTRY_POINTS = ("decide", "live", "totals", "trend", "tally")  # release.lua stands alone (giveback.py)
+_NAME = "@NAME@"  # stands for the library's name until the source is hashed
+
+
+def _lua(name: str) -> str:
+    return resources.files("ratelimit_app").joinpath("lua", name).read_text(encoding="utf-8")
+
+
+def _shared() -> list[str]:
+    # each strategy's largest cost is the Python half's figure, so the two halves cannot disagree
+    most = [f"strategies.{s.name}.most = {s.most}" for s in STRATEGIES.values() if s.most]
+    return ["local strategies = {}"] + [_lua(name) for name in LIBRARY_FILES + STRATEGY_FILES] + most
+
+
+def _assemble(entry: str) -> str:
+    """One entry point as a script of its own, for EVAL/EVALSHA."""
+    return "\n".join(_shared() + [_lua(f"{entry}.lua")])
+
+
+def _library() -> tuple[str, str]:
+    """(name, source) of the Functions library: one function per entry point, its file's body wrapped
+    as `function(KEYS, ARGV) ... end`. The name carries a hash of the source, so two versions of the
+    app sharing one Redis load two libraries and never call each other's functions."""
+    registrations = [
+        f"redis.register_function('{_NAME}_{entry}', function(KEYS, ARGV)\n{_lua(f'{entry}.lua')}\nend)"
+        for entry in ENTRY_POINTS
+    ]
+    source = "\n".join([f"#!lua name={_NAME}"] + _shared() + registrations)
+    name = "ratelimit_" + hashlib.sha1(source.encode()).hexdigest()[:12]
+    return name, source.replace(_NAME, name)
+
+
+# --- which command a client uses --------------------------------------------------------------------
+
+MISSING, UNSUPPORTED = "missing", "unsupported"
+# Servers that answered that they have no Functions (an older Redis, or an ACL that forbids them),
+# by the connection pool that reaches them (every client of one pool: the shared one, the threads'
+# decision clients), or by the client where it has no single pool (a cluster): EVALSHA from then
+# on, without asking again.
+_without_functions: weakref.WeakSet = weakref.WeakSet()
+
+
+def _server_of(client: Any) -> Any:
+    return getattr(client, "connection_pool", client)
+
+
+def uses_functions(client: Any) -> bool:
+    if get_setting("RATELIMIT_REDIS_FUNCTIONS") is False:
+        return False
+    # asked on every decision: an empty set (the common case) is answered without making a weak reference
+    return not _without_functions or _server_of(client) not in _without_functions
+
+
+def refusal_kind(error: BaseException) -> str | None:
+    """Whether a reply says the function is not loaded, or that this server cannot run Functions."""
+    if not isinstance(error, ResponseError):
+        return None
+    text = str(error).lower()
+    if "function not found" in text:
+        return MISSING
+    if "unknown command" in text:
+        return UNSUPPORTED
+    if isinstance(error, NoPermissionError) and ("'fcall'" in text or "'function" in text):
+        return UNSUPPORTED  # an ACL that allows EVALSHA only
+    return None
+
+
+def give_up_functions(client: Any) -> None:
+    _without_functions.add(_server_of(client))
+
+
+def _loaded(error: ResponseError, client: Any) -> bool:
+    """After FUNCTION LOAD failed: True if the library is there anyway (another worker loaded it)."""
+    if "already exists" in str(error):
+        return True
+    if refusal_kind(error) == UNSUPPORTED:
+        give_up_functions(client)
+        return False
+    raise error
+
+
+# Steps: the commands of one call as a generator that yields (command, options) and is sent each reply
+# (an error reply thrown in); _drive and _adrive send them, so the logic is written once for both clients.
+Steps = Generator[tuple[tuple, dict], Any, Any]
+EVALSHA = object()  # what steps return when the server has no Functions
+
+
+def _loading(client: Any, library: str, options: dict) -> Steps:
+    """FUNCTION LOAD (on a cluster: on the node in `options`), as steps; False if the server has no Functions."""
+    try:
+        yield ("FUNCTION LOAD", library), options
+    except ResponseError as error:
+        return _loaded(error, client)
+    # before a prune running now could take the library for one nobody uses
+    yield ("SET", library_key(scripts.library_name), "1", "PX", HEARTBEAT_MS), {}
+    return True
+
+
+def load_library(client: redis.Redis, library: str, **options: Any) -> bool:
+    """FUNCTION LOAD (on a cluster: on the node in `options`); False if the server has no Functions."""
+    return _drive(_loading(client, library, options), client)
+
+
+def _to_load(error: ResponseError, client: Any) -> bool:
+    """After FCALL failed: True if the server lacks the library (load it, send again), False if it has
+    no Functions (EVALSHA from now on); any other error is raised."""
+    kind = refusal_kind(error)
+    if kind is None:
+        raise error
+    if kind == UNSUPPORTED:
+        give_up_functions(client)
+        return False
+    return True
+
+
+def _drive(steps: Steps, client: Any) -> Any:
+    try:
+        command, options = next(steps)
+        while True:
+            try:
+                reply = execute(client, *command, **options)
+            except ResponseError as error:
+                command, options = steps.throw(error)
+            else:
+                command, options = steps.send(reply)
+    except StopIteration as done:
+        return done.value
+
+
+async def _adrive(steps: Steps, client: Any) -> Any:
+    """_drive() awaiting each reply (the twin that stays: a generator cannot await for its driver)."""
+    try:
+        command, options = next(steps)
+        while True:
+            try:
+                reply = await client.execute_command(*command, **options)
+            except ResponseError as error:
+                command, options = steps.throw(error)
+            else:
+                command, options = steps.send(reply)
+    except StopIteration as done:
+        return done.value
+
+
+class Entry:
+    """One entry point, called as a redis-py Script is: `entry(keys, args, client)`.
+
+    FCALL where the server has Functions; a server that lacks the library (restarted, FUNCTION
+    FLUSH, a replica promoted without it) is given it and asked again: the refused call ran
+    nothing, so nothing counts twice. Elsewhere EVALSHA, through redis-py's Script.
+    """
+
+    def __init__(self, function: str, library: str, script: Script | AsyncScript) -> None:
+        self.function = function
+        self.library = library
+        self.script = script  # the EVALSHA path
+
+    @property
+    def sha(self) -> str:
+        return self.script.sha
+
+    def _fcall(self, keys: Sequence, args: Sequence, client: Any) -> Steps:
+        # a cluster client would otherwise ask a node COMMAND GETKEYS to find FCALL's keys
+        options = {"target_nodes": client.get_node_from_key(keys[0])} if keys and is_cluster(client) else {}
+        command = ("FCALL", self.function, len(keys), *keys, *args)
+        try:
+            return (yield command, options)
+        except ResponseError as error:
+            if not _to_load(error, client):
+                return EVALSHA
+        if not (yield from _loading(client, self.library, options)):
+            return EVALSHA
+        return (yield command, options)
+
+    def __call__(self, keys: Sequence = (), args: Sequence = (), client: Any = None) -> Any:
+        if uses_functions(client):
+            reply = _drive(self._fcall(keys, args, client), client)
+            if reply is not EVALSHA:
+                return reply
+        return self.script(keys, args, client)
+
+
+class AsyncEntry(Entry):
+    """Entry for redis-py's asyncio client (pass the client of the running loop at call time)."""
+
+    async def __call__(self, keys: Sequence = (), args: Sequence = (), client: Any = None) -> Any:
+        if uses_functions(client):
+            reply = await _adrive(self._fcall(keys, args, client), client)
+            if reply is not EVALSHA:
+                return reply
+        return await self.script(keys, args, client)
+
+
+class _Scripts:
+    """The entry points, created once with the first client of each class (a Script only needs one for its SHA)."""
+
+    def __init__(self) -> None:
+        self._sources = {name: _assemble(name) for name in ENTRY_POINTS}
+        self.library_name, self.library = _library()
+        self._entries: dict[tuple[str, type], Entry] = {}
+
+    def function(self, name: str) -> str:
+        return f"{self.library_name}_{name}"
+
+    def get(self, name: str, client: Any) -> Entry:
+        """The entry point `name` for this client: an AsyncEntry (awaited) for an asyncio client."""
+        entry = self._entries.get((name, type(client)))
+        if entry is None:
+            kind = AsyncEntry if isinstance(client, redis.asyncio.Redis) else Entry
+            script = client.register_script(self._sources[name])
+            entry = self._entries[(name, type(client))] = kind(self.function(name), self.library, script)
+        return entry
+
+
+scripts = _Scripts()
+
+
+def now_arg(now: float | None) -> str:
+    """A caller's `now` (seconds) as the scripts take it: integer milliseconds, or '' for Redis TIME."""
+    return "" if now is None else str(int(now * 1000))
+
+
+# --- which libraries are in use ---------------------------------------------------------------------
+
+HEARTBEAT_MS = 60_000  # how long a library counts as in use after a worker last said it runs it
+HEARTBEAT_EVERY = 10.0  # seconds between a worker's refreshes (its tally's flushes send them)
+
+
+def library_key(name: str) -> str:
+    """The key saying that some worker runs library `name`. Without the site's key prefix: a library
+    serves every site of the same version on the server, so every site's workers keep it."""
+    return f"ratelimit-library:{name}"
+
+
+def heartbeat(client: Any) -> None:
+    """Say that this worker runs its library, for HEARTBEAT_MS (a worker that runs none says nothing)."""
+    if uses_functions(client):
+        client.set(library_key(scripts.library_name), "1", px=HEARTBEAT_MS)

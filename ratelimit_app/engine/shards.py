@@ -1,0 +1,78 @@
+"""Redis Cluster: a request's checks grouped by shard, one decide call per group, sent in one pipeline
+(the shards' nodes answer in parallel)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..values import Check, Held, Verdict
+from . import giveback, keys
+from .arguments import Ask, script_call
+from .batches import run_each
+from .scripts import scripts
+from .verdicts import verdict_of
+
+
+def decide_on_cluster(redis_client, checks: Sequence[Check], call: Ask) -> Verdict:
+    groups: dict[int, list[Check]] = {}
+    for check in checks:
+        groups.setdefault(keys.shard_of(check.subject.key), []).append(check)
+    if len(groups) == 1:
+        return _pipelined(redis_client, groups, call)[next(iter(groups))]
+    return _decide_across_shards(redis_client, checks, groups, call)
+
+
+def _decide_across_shards(
+    redis_client, checks: Sequence[Check], groups: dict[int, list[Check]], call: Ask
+) -> Verdict:
+    """A cluster request whose subjects live in several shards: look, then count, one call per shard each time.
+
+    First every shard is asked without counting (one pipeline: the shards' nodes answer in
+    parallel). If an enforcing policy denies there, the request is denied and the other shards
+    count nothing; the denying shards are asked once more, counting, so that the refusal reaches
+    the live page (they deny again: an enforcing policy at its limit counts nothing). Otherwise
+    every shard counts in one more pipeline; each shard still decides atomically, so a shard that
+    filled up in between denies and the request is denied. Nothing is ever admitted over a limit;
+    in those races a shard may have counted a request that was refused (an under-admission of
+    one request, never an over-admission), but no in-flight place stays taken: a refused request
+    gives back, by its lease, what the shards that admitted it took.
+    """
+    peeked = _pipelined(redis_client, groups, call._replace(dry_run=True))
+    if call.dry_run:
+        return _merged(checks, groups, peeked)
+    denying = {shard: groups[shard] for shard, verdict in peeked.items() if not verdict.allowed}
+    if denying:
+        _refused_holds_nothing(redis_client, _pipelined(redis_client, denying, call), call)  # records the refusal
+        return _merged(checks, groups, peeked)
+    counted = _pipelined(redis_client, groups, call)
+    verdict = _merged(checks, groups, counted)
+    if not verdict.allowed:
+        _refused_holds_nothing(redis_client, counted, call)
+    return verdict
+
+
+def _refused_holds_nothing(redis_client, verdicts: dict[int, Verdict], call: Ask) -> None:
+    """The request is refused: the in-flight places that shards which admitted it took go back, by its
+    lease (the worker keeps no places of a refused request)."""
+    if call.lease:
+        held = [Held(d.policy, d.subject, call.lease, call.cost) for verdict in verdicts.values() if verdict.allowed
+                for d in verdict.decisions if d.policy.holds and not d.exceeded]
+        if held:
+            giveback.send(redis_client, held)
+
+
+def _pipelined(redis_client, groups: dict[int, list[Check]], call: Ask) -> dict[int, Verdict]:
+    """One decide call per shard group, sent in one pipeline (on a cluster: to each node at once)."""
+    script = scripts.get("decide", redis_client)
+    calls = [script_call(group, call, False) for group in groups.values()]
+    replies = run_each(redis_client, script, calls)
+    return {shard: verdict_of(group, reply, call) for (shard, group), reply in zip(groups.items(), replies)}
+
+
+def _merged(checks: Sequence[Check], groups: dict[int, list[Check]], verdicts: dict[int, Verdict]) -> Verdict:
+    """One verdict for the request, its decisions in the order of `checks`."""
+    decided = {}
+    for shard, group in groups.items():
+        decided.update(zip(map(id, group), verdicts[shard].decisions))
+    decisions = tuple(decided[id(check)] for check in checks)
+    return Verdict(all(verdict.allowed for verdict in verdicts.values()), decisions, None)

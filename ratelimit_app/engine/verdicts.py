@@ -1,0 +1,104 @@
+"""decide.lua's reply read into a Verdict, and what the worker's tally is handed of it (the totals,
+the live index, the count of active subjects), which the script leaves to the worker."""
+
+from __future__ import annotations
+
+from time import time
+from typing import Sequence
+
+from .. import quotas
+from ..values import Check, Decision, Verdict
+from . import keys
+from .arguments import Ask, check_parts
+from .tally import BLOCKED, tally
+
+
+def verdict_of(checks: Sequence[Check], reply: list, call: Ask) -> Verdict:
+    now_ms, cost = reply[0], call.cost
+    if now_ms < 0:  # the call read no clock (a fixed window's repeat): its window ends by this worker's
+        now_ms = int(time() * 1000)
+    decisions = []
+    # the script leaves the totals and the live index to the worker (tally.py)
+    seen = []
+    denied = False
+    # a quota without its counter: refused (a negative count) with the retry ABSENT
+    absent = [check for i, check in enumerate(checks) if reply[1 + 3 * i] < 0 and reply[3 + 3 * i] == quotas.ABSENT]
+    if absent:
+        raise quotas.QuotaAbsent(absent, now_ms)
+    for i, (policy, subject, limit, plan) in enumerate(checks):
+        count, reset_ms, third = reply[1 + 3 * i : 4 + 3 * i]
+        exceeded = count < 0  # then -1 - count, and the third figure is the retry time, else the reset before
+        if exceeded:
+            count, retry_ms, before_ms = -1 - count, third, -2
+        else:
+            retry_ms, before_ms = 0, third
+        if reset_ms < 0 or retry_ms < 0:  # the call read no clock: the window or period ends by ours
+            if policy.period:
+                ends_in = quotas.periods(policy, now_ms).end - now_ms
+            else:
+                ends_in = policy.window_ms - now_ms % policy.window_ms
+            reset_ms = ends_in if reset_ms < 0 else reset_ms
+            retry_ms = ends_in if retry_ms < 0 else retry_ms
+        allowed = not (exceeded and policy.enforce)
+        denied = denied or not allowed
+        capacity = policy.capacity(limit)  # a token bucket's count is compared with its burst
+        retry_after = retry_ms / 1000 if exceeded and cost <= policy.largest_cost(limit) else None  # None: never fits
+        # positional: this runs for every policy of every request
+        decisions.append(
+            Decision(
+                policy, subject, allowed, bool(exceeded), count, limit,
+                capacity - count if count < capacity else 0, reset_ms / 1000, retry_after, cost,
+            )
+        )
+        if policy.period:  # the period the counter ends with: its length for `w`, its start for the database
+            period = quotas.periods(policy, now_ms + max(reset_ms, retry_ms, 1) - 1)
+            decisions[-1] = decisions[-1]._replace(window=(period.end - period.start) // 1000)
+            if not call.dry_run:
+                quotas.saver.record(policy, subject.key, subject.display, period.start, count)
+        if not call.dry_run:
+            seen.append((policy, subject, limit, plan, exceeded, count, reset_ms, before_ms))
+    if seen:
+        _tally(seen, denied, now_ms, cost)
+    asked = 1 + 3 * len(checks)  # the version follows the figures when it was asked for
+    return Verdict(not denied, tuple(decisions), reply[asked] if len(reply) > asked else None)
+
+
+def _tally(seen: list, denied: bool, now_ms: int, cost: int) -> None:
+    """Hand the worker's tally what the decision counted and refused (the totals), where each subject
+    stands (the live index) and where its counter now empties (the count of active subjects).
+
+    A subject's index entry is written when its meaning changes: the counter empties in another
+    totals bucket, the subject is refused or admitted again after a refusal, or its count reaches
+    2, 4, 8, ... (log2 of the limit writes a window), so a busy subject costs the index little."""
+    counts, entries, moves = [], [], []
+    key_prefix, shard_count = keys.prefix(), keys.shards()
+    for policy, subject, limit, plan, exceeded, count, reset_ms, before_ms in seen:
+        parts = policy.script_parts.get((subject, limit, plan, key_prefix, shard_count))
+        if parts is None:
+            parts = check_parts(policy, subject, limit, plan, key_prefix, shard_count)
+        refused_before, parts[4] = parts[4], bool(exceeded)  # the next decision looks before it writes
+        # a policy over its limit refuses (a shadow one: would have) even when another denied first;
+        # every policy below its limit counted the request unless one denied it
+        if denied and not exceeded:
+            continue
+        member, shard = parts[2], parts[3]
+        bucket = policy.totals_bucket_ms
+        counts.append((policy, shard, "d" if exceeded else "a", now_ms // bucket))
+        after = -(-(now_ms + reset_ms) // bucket)  # the totals bucket in which the counter empties
+        if exceeded:
+            if not refused_before:
+                entries.append((policy, shard, member, BLOCKED + after * bucket))
+            continue
+        moved = before_ms == -1
+        if moved:
+            moves.append((policy, shard, after, 1))
+        elif before_ms >= 0:
+            before = -(-(now_ms + before_ms) // bucket)
+            if before != after:
+                moved = True
+                moves += [(policy, shard, after, 1), (policy, shard, before, -1)]
+        power = 1 << (count.bit_length() - 1)  # the highest power of 2 the count reached
+        if moved or refused_before or 2 <= power > count - cost:
+            # busier subjects score a little higher among those emptying together (log2 / 64, under 1 ms)
+            entries.append((policy, shard, member, after * bucket + min(63, count.bit_length() - 1) / 64))
+    tally.add(counts, entries, moves)
