@@ -10,6 +10,7 @@ import redis
 from asgiref.sync import sync_to_async
 
 from .. import quotas
+from ..drivers import Io, Steps, arun, run
 from ..values import NO_POLICIES, Check, Verdict
 from . import giveback, keys
 from .arguments import Ask, script_call
@@ -30,16 +31,40 @@ def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool =
     counts nothing, `version` brings the policy version back too. Raises RedisUnavailable."""
     if not checks:
         return NO_POLICIES
+    return run(_deciding(checks, Ask(now, dry_run, cost, lease), version))
+
+
+async def adecide(
+    checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False, version: bool = False,
+    cost: int = 1, lease: str = "",
+) -> Verdict:
+    """decide() for async code: the same steps, through redis-py's asyncio client. On Redis Cluster,
+    decide() runs in a worker thread with the cluster client (no asyncio cluster client is kept)."""
+    if not checks:
+        return NO_POLICIES
+    if cluster_configured():
+        return await sync_to_async(decide, thread_sensitive=False)(
+            checks, now=now, dry_run=dry_run, version=version, cost=cost, lease=lease
+        )
+    return await arun(_deciding(checks, Ask(now, dry_run, cost, lease), version))
+
+
+def _deciding(checks: Sequence[Check], call: Ask, version: bool) -> Steps[Verdict]:
+    """The decision as plain steps: the script's call, and once more from the usage the database saved
+    when a quota's period is one Redis does not hold."""
     started = perf_counter()
-    # the client is made inside the breaker's call: it connects as it is made, and that may fail too
-    call = Ask(now, dry_run, cost, lease)
     try:
-        verdict = breaker.call(lambda: _decide(giveback.cleared(decision_client()), checks, call, version))
-    except quotas.QuotaAbsent as absent:  # a period Redis does not hold: from the usage saved for it
-        call = call._replace(seeds=quotas.saved(absent.checks, absent.now_ms))
-        verdict = breaker.call(lambda: _decide(giveback.cleared(decision_client()), checks, call, version))
+        verdict = yield Io(_send, _asend, (checks, call, version))
+    except quotas.QuotaAbsent as absent:
+        seeds = yield Io(quotas.saved, sync_to_async(quotas.saved), (absent.checks, absent.now_ms))
+        verdict = yield Io(_send, _asend, (checks, call._replace(seeds=seeds), version))
     hooks.decided(perf_counter() - started)
     return verdict
+
+
+def _send(checks: Sequence[Check], call: Ask, version: bool) -> Verdict:
+    # the client is made inside the breaker's call: it connects as it is made, and that may fail too
+    return breaker.call(lambda: _decide(giveback.cleared(decision_client()), checks, call, version))
 
 
 def _decide(redis_client: redis.Redis, checks: Sequence[Check], call: Ask, version: bool) -> Verdict:
@@ -53,33 +78,8 @@ def _decide(redis_client: redis.Redis, checks: Sequence[Check], call: Ask, versi
     return verdict
 
 
-async def adecide(
-    checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False, version: bool = False,
-    cost: int = 1, lease: str = "",
-) -> Verdict:
-    """decide() for async code: the same script and keys, through redis-py's asyncio client.
-
-    On Redis Cluster, decide() runs in a worker thread with the cluster client (no asyncio cluster
-    client is kept): the same calls, the same guarantees.
-    """
-    if not checks:
-        return NO_POLICIES
-    if cluster_configured():
-        return await sync_to_async(decide, thread_sensitive=False)(
-            checks, now=now, dry_run=dry_run, version=version, cost=cost, lease=lease
-        )
-    call = Ask(now, dry_run, cost, lease)
+async def _asend(checks: Sequence[Check], call: Ask, version: bool) -> Verdict:
     redis_client = aclient()
     script = scripts.get("decide", redis_client)
-    started = perf_counter()
     script_keys, args = script_call(checks, call, version)
-    reply = await breaker.acall(lambda: script(script_keys, args, redis_client))
-    try:
-        verdict = verdict_of(checks, reply, call)
-    except quotas.QuotaAbsent as absent:  # a period Redis does not hold: from the usage saved for it
-        call = call._replace(seeds=await sync_to_async(quotas.saved)(absent.checks, absent.now_ms))
-        script_keys, args = script_call(checks, call, version)
-        reply = await breaker.acall(lambda: script(script_keys, args, redis_client))
-        verdict = verdict_of(checks, reply, call)
-    hooks.decided(perf_counter() - started)
-    return verdict
+    return verdict_of(checks, await breaker.acall(lambda: script(script_keys, args, redis_client)), call)

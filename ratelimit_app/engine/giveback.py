@@ -23,10 +23,8 @@ from ..values import Held
 logger = logging.getLogger("ratelimit_app")
 
 # The script's code without its comments: EVAL hashes what it is sent, at every give-back.
-RELEASE = "\n".join(
-    line for line in resources.files("ratelimit_app").joinpath("lua", "release.lua").read_text(encoding="utf-8").splitlines()
-    if line.strip() and not line.lstrip().startswith("--")
-)
+_SOURCE = resources.files("ratelimit_app").joinpath("lua", "release.lua").read_text(encoding="utf-8")
+RELEASE = "\n".join(line for line in _SOURCE.splitlines() if line.strip() and not line.lstrip().startswith("--"))
 ALL_READ = (None, 0, ())
 
 
@@ -34,26 +32,33 @@ def release(held: Sequence[Held]) -> None:
     """Give back the places requests held (they ended): one EVAL per slot (on one server: one in all),
     written without waiting for a reply. While Redis cannot take them (down, the circuit open) they
     are owed (Owed), never waited for."""
-    held = owed.adding(held)
+    held = _sendable(held)
     if not held:
         return
-    if breaker.open_until:  # open, or about to probe: the decisions probe, a give-back never waits
-        return owed.add(held)
     try:
         breaker.call(lambda: send(decision_client(), held))
     except RedisUnavailable:
         owed.add(held)
 
 
+def _sendable(held: Sequence[Held]) -> tuple:
+    """`held` with what is owed, to send now; () while the circuit is open or about to probe (then it is
+    owed: the decisions probe, a give-back never waits)."""
+    held = owed.adding(held)
+    if held and breaker.open_until:
+        owed.add(held)
+        return ()
+    return held
+
+
 async def arelease(held: Sequence[Held]) -> None:
-    """release() for async code: only the write is awaited; its reply is read by a task of its own."""
+    """release() for async code: only the write is awaited; its reply is read by a task of its own
+    (the sync twin leaves it for its connection's next use, which an asyncio pool cannot do)."""
     if cluster_configured():
         return await sync_to_async(release, thread_sensitive=False)(held)
-    held = owed.adding(held)
+    held = _sendable(held)
     if not held:
         return
-    if breaker.open_until:
-        return owed.add(held)
     pool = aclient().connection_pool
     commands = [command for _, command, _ in _release_commands(held, None)]
 
