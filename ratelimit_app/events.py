@@ -13,6 +13,7 @@ from django.dispatch import Signal
 
 from . import metrics
 from .conf import get_setting
+from .drivers import Io, Steps, arun, run
 from .engine import RedisCommandError, RedisUnavailable, hooks
 from .subjects import http_request
 
@@ -62,21 +63,20 @@ def _log_failures(signal_name: str, responses: list) -> None:
 
 def denied(request: HttpRequest, decisions: Sequence[Decision]) -> None:
     """Send request_denied for a request refused by `decisions` (the enforcing ones over their limit).
-
-    Costs one attribute check when nothing listens.
-    """
-    if not request_denied.receivers or not decisions:
-        return
-    responses = request_denied.send_robust(sender=_policy_model(), **_denied_kwargs(request, decisions))
-    _log_failures("request_denied", responses)
+    Costs one attribute check when nothing listens."""
+    if request_denied.receivers and decisions:
+        run(_denying(request, decisions))
 
 
 async def adenied(request: HttpRequest, decisions: Sequence[Decision]) -> None:
     """denied() for the async path: async receivers are awaited, sync ones run in a thread."""
-    if not request_denied.receivers or not decisions:
-        return
-    responses = await request_denied.asend_robust(sender=_policy_model(), **_denied_kwargs(request, decisions))
-    _log_failures("request_denied", responses)
+    if request_denied.receivers and decisions:
+        await arun(_denying(request, decisions))
+
+
+def _denying(request: HttpRequest, decisions: Sequence[Decision]) -> Steps[None]:
+    kwargs = {"sender": _policy_model(), **_denied_kwargs(request, decisions)}
+    _log_failures("request_denied", (yield Io(request_denied.send_robust, request_denied.asend_robust, (), kwargs)))
 
 
 class Availability:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import hashlib
 import weakref
 from importlib import resources
-from typing import Any, Generator, Sequence
+from functools import partial
+from typing import Any, Sequence
 
 import redis
 import redis.asyncio
@@ -20,6 +21,7 @@ from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoPermissionError, ResponseError
 
 from ..conf import get_setting
+from ..drivers import Io, Steps, arun, run
 from ..strategies import STRATEGIES
 from .clients import is_cluster
 from .decision_connection import execute
@@ -107,26 +109,28 @@ def _loaded(error: ResponseError, client: Any) -> bool:
     raise error
 
 
-# Steps: the commands of one call as a generator that yields (command, options) and is sent each reply
-# (an error reply thrown in); _drive and _adrive send them, so the logic is written once for both clients.
-Steps = Generator[tuple[tuple, dict], Any, Any]
+# The commands of one call are steps (drivers.py): written once for both clients, sent by run() or arun()
 EVALSHA = object()  # what steps return when the server has no Functions
+
+
+def _command(client: Any, command: tuple, options: dict) -> Io:
+    return Io(partial(execute, client), client.execute_command, command, options)
 
 
 def _loading(client: Any, library: str, options: dict) -> Steps:
     """FUNCTION LOAD (on a cluster: on the node in `options`), as steps; False if the server has no Functions."""
     try:
-        yield ("FUNCTION LOAD", library), options
+        yield _command(client, ("FUNCTION LOAD", library), options)
     except ResponseError as error:
         return _loaded(error, client)
     # before a prune running now could take the library for one nobody uses
-    yield ("SET", library_key(scripts.library_name), "1", "PX", HEARTBEAT_MS), {}
+    yield _command(client, ("SET", library_key(scripts.library_name), "1", "PX", HEARTBEAT_MS), {})
     return True
 
 
 def load_library(client: redis.Redis, library: str, **options: Any) -> bool:
     """FUNCTION LOAD (on a cluster: on the node in `options`); False if the server has no Functions."""
-    return _drive(_loading(client, library, options), client)
+    return run(_loading(client, library, options))
 
 
 def _to_load(error: ResponseError, client: Any) -> bool:
@@ -139,35 +143,6 @@ def _to_load(error: ResponseError, client: Any) -> bool:
         give_up_functions(client)
         return False
     return True
-
-
-def _drive(steps: Steps, client: Any) -> Any:
-    try:
-        command, options = next(steps)
-        while True:
-            try:
-                reply = execute(client, *command, **options)
-            except ResponseError as error:
-                command, options = steps.throw(error)
-            else:
-                command, options = steps.send(reply)
-    except StopIteration as done:
-        return done.value
-
-
-async def _adrive(steps: Steps, client: Any) -> Any:
-    """_drive() awaiting each reply (the twin that stays: a generator cannot await for its driver)."""
-    try:
-        command, options = next(steps)
-        while True:
-            try:
-                reply = await client.execute_command(*command, **options)
-            except ResponseError as error:
-                command, options = steps.throw(error)
-            else:
-                command, options = steps.send(reply)
-    except StopIteration as done:
-        return done.value
 
 
 class Entry:
@@ -192,17 +167,17 @@ class Entry:
         options = {"target_nodes": client.get_node_from_key(keys[0])} if keys and is_cluster(client) else {}
         command = ("FCALL", self.function, len(keys), *keys, *args)
         try:
-            return (yield command, options)
+            return (yield _command(client, command, options))
         except ResponseError as error:
             if not _to_load(error, client):
                 return EVALSHA
         if not (yield from _loading(client, self.library, options)):
             return EVALSHA
-        return (yield command, options)
+        return (yield _command(client, command, options))
 
     def __call__(self, keys: Sequence = (), args: Sequence = (), client: Any = None) -> Any:
         if uses_functions(client):
-            reply = _drive(self._fcall(keys, args, client), client)
+            reply = run(self._fcall(keys, args, client))
             if reply is not EVALSHA:
                 return reply
         return self.script(keys, args, client)
@@ -213,7 +188,7 @@ class AsyncEntry(Entry):
 
     async def __call__(self, keys: Sequence = (), args: Sequence = (), client: Any = None) -> Any:
         if uses_functions(client):
-            reply = await _adrive(self._fcall(keys, args, client), client)
+            reply = await arun(self._fcall(keys, args, client))
             if reply is not EVALSHA:
                 return reply
         return await self.script(keys, args, client)
