@@ -34,3 +34,14 @@ def test_one_module_reacts_to_changed_settings():
         str(path.relative_to(ROOT)) for path in (ROOT / "ratelimit_app").rglob("*.py") if "setting_changed" in path.read_text()
     )
     assert listening == ["ratelimit_app/runtime.py"]
+
+
+def test_the_package_keeps_to_one_line_length():
+    """120 columns (pyproject.toml [tool.ruff]), in the Python and in the Lua beside it."""
+    ruff = Path(sys.executable).with_name("ruff")
+    done = subprocess.run([str(ruff), "check", "--select", "E501", "ratelimit_app"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    long_lua = [f"{path.name}:{number}" for path in sorted((ROOT / "ratelimit_app" / "lua").glob("*.lua"))
+                for number, line in enumerate(path.read_text().splitlines(), 1) if len(line) > 120]
+    assert long_lua == []

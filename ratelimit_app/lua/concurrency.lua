@@ -15,7 +15,8 @@ do
   -- second, unless the leases say sooner (the client then asks again: a guess, never a promise)
   local function retry_in(key, now, count, cost, limit)
     if cost > limit then return 1000 end
-    local freeing = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1, 1)
+    local freeing = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES',
+      'LIMIT', count + cost - limit - 1, 1)
     return math.min(1000, tonumber(freeing[2]) - now)
   end
 

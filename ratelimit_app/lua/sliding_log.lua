@@ -38,7 +38,8 @@ do
     if count + cost <= limit then return 0 end
     if cost > limit then return window end -- never fits (the caller knows)
     -- the oldest entries leave first: once count + cost - limit of them have, the cost fits
-    local freeing = redis.call('ZRANGEBYSCORE', key, '(' .. (now - window), '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1, 1)
+    local freeing = redis.call('ZRANGEBYSCORE', key, '(' .. (now - window), '+inf', 'WITHSCORES',
+      'LIMIT', count + cost - limit - 1, 1)
     return tonumber(freeing[2]) + window - now
   end
 

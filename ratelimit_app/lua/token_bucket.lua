@@ -54,7 +54,8 @@ do
       end
       local now_us = clock.us()
       local fresh = now_us + interval * cost
-      local stored = redis.call('SET', key, string.format('%.0f', fresh), 'PX', lifetime(fresh, now_us, interval, capacity), 'GET')
+      local stored = redis.call('SET', key, string.format('%.0f', fresh),
+        'PX', lifetime(fresh, now_us, interval, capacity), 'GET')
       local tat = tonumber(stored)
       if not tat or tat <= now_us then -- the bucket was full: the guess held
         return true, 0, 0, whole_ms(fresh - now_us), tat and whole_ms(tat - now_us) or -1, stored
