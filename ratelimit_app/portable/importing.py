@@ -5,7 +5,7 @@ all of it is good."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
@@ -89,13 +89,8 @@ def _import_policies(entries: list[dict[str, Any]], written: list, problems: lis
         written.append((where, policy))
         policies += 1
         policy.overrides.all().delete()
-        for index, item in enumerate(entry.get("overrides", []), 1):
-            try:
-                override = _matching(Override(policy=policy), item, OVERRIDE_FIELDS)
-            except (ValidationError, LookupError) as error:
-                problems.append(f"{where}, override {index}: {_messages(error)}")
-                continue
-            overrides += _saved(override, f"{where}, override {index}", problems)
+        made = lambda item: _matching(Override(policy=policy), item, OVERRIDE_FIELDS)  # noqa: E731
+        overrides += _each_saved(entry.get("overrides", []), made, f"{where}, override", problems)
     return policies, overrides
 
 
@@ -130,23 +125,9 @@ def _import_plans(entries: list[dict[str, Any]], problems: list[str]) -> tuple[i
         plans += 1
         plan.limits.all().delete()
         plan.assignments.all().delete()
-        for index, item in enumerate(entry.get("limits", []), 1):
-            try:
-                policy = _lookup(Policy.objects, name=item["policy"])
-                row = PlanLimit(plan=plan, policy=policy, exempt=item.get("exempt", False))
-                row.limit = item.get("limit")
-                row.full_clean()
-            except (ValidationError, LookupError) as error:
-                problems.append(f"{where}, limit {index}: {_messages(error)}")
-                continue
-            _saved(row, f"{where}, limit {index}", problems)
-        for index, item in enumerate(entry.get("assignments", []), 1):
-            try:
-                assignment = _matching(PlanAssignment(plan=plan), item, MATCH_FIELDS)
-            except (ValidationError, LookupError) as error:
-                problems.append(f"{where}, assignment {index}: {_messages(error)}")
-                continue
-            assignments += _saved(assignment, f"{where}, assignment {index}", problems)
+        _each_saved(entry.get("limits", []), lambda item: _plan_limit(plan, item), f"{where}, limit", problems)
+        made = lambda item: _matching(PlanAssignment(plan=plan), item, MATCH_FIELDS)  # noqa: E731
+        assignments += _each_saved(entry.get("assignments", []), made, f"{where}, assignment", problems)
     return plans, assignments
 
 
@@ -159,6 +140,26 @@ def _valid(row, where: str, problems: list[str]) -> bool:
         problems.append(f"{where}: {_messages(error)}")
         return False
     return True
+
+
+def _plan_limit(plan: Plan, item: dict[str, Any]) -> PlanLimit:
+    row = PlanLimit(plan=plan, policy=_lookup(Policy.objects, name=item["policy"]), exempt=item.get("exempt", False))
+    row.limit = item.get("limit")
+    row.full_clean()
+    return row
+
+
+def _each_saved(items: list, make: Callable[[Any], Any], label: str, problems: list[str]) -> int:
+    """Save the row `make` builds from each item; an item it refuses is a problem named by its place."""
+    saved = 0
+    for index, item in enumerate(items, 1):
+        try:
+            row = make(item)
+        except (ValidationError, LookupError) as error:
+            problems.append(f"{label} {index}: {_messages(error)}")
+            continue
+        saved += _saved(row, f"{label} {index}", problems)
+    return saved
 
 
 def _saved(row, where: str, problems: list[str]) -> bool:
