@@ -163,11 +163,12 @@ def _state(request) -> RequestState | None:
 
 def leaving(request, response, state: RequestState | None = None) -> Steps:
     """The request's answer leaves a door: its places go back now, before a byte of it is sent, so that a
-    client's next request never finds them taken; a streamed body's when it ends, is closed, or the
-    response is dropped unsent (an outer middleware answered instead, e.g. ConditionalGetMiddleware's 304)."""
+    client's next request never finds them taken; a streamed body's (but for HEAD) when it ends, is closed,
+    or the response is dropped unsent (an outer middleware answered instead, e.g. ConditionalGetMiddleware's 304)."""
     held = _taken(request, state)
     if held:
-        if getattr(response, "streaming", False):
+        # a HEAD's body is never sent: its answer is whole with its headers, and the server may never read it
+        if getattr(response, "streaming", False) and request.method != "HEAD":
             _when_streamed(response, _Places(held))
         else:
             yield Io(engine.release, engine.arelease, (held,))

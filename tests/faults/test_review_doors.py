@@ -1,0 +1,88 @@
+"""The doors (middleware, @ratelimit, PolicyThrottle) attacked on real servers: a decorator under the
+middleware, nested decorators, computed costs past a strategy's bound, streamed bodies abandoned, views
+failing after the decision, async views cancelled, HEAD, shadow mode, lowered limits, outages. Once
+every request ended, no place is held; every answer says what the user must know."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+
+import pytest
+
+import urllib.error
+import urllib.request
+
+from tests.faults.test_inflight import places_held, until
+from tests.servers import Server, manage, site_env
+
+SETTINGS = "tests.faults.review_doors_settings"
+POLICIES = """
+from ratelimit_app.models import Policy
+for name, limit, strategy, mode in [
+    ("both", 1, "concurrency", "enforce"), ("outer", 1, "concurrency", "enforce"),
+    ("inner", 1, "concurrency", "enforce"), ("costly", 20000, "concurrency", "enforce"),
+    ("stream", 1, "concurrency", "enforce"), ("raise", 1, "concurrency", "enforce"),
+    ("asleep", 2, "concurrency", "enforce"), ("priced", 20000, "concurrency", "enforce"),
+    ("plain", 1, "concurrency", "shadow"),
+]:
+    Policy.objects.create(name=name, action=name, limit=limit, window=60, strategy=strategy, key="ip", mode=mode)
+"""
+
+
+@pytest.fixture(scope="module")
+def site_database(tmp_path_factory):
+    database = tmp_path_factory.mktemp("review_doors") / "site.sqlite3"
+    env = site_env(database, DJANGO_SETTINGS_MODULE=SETTINGS)
+    manage(env, "migrate", "--noinput")
+    manage(env, "shell", "-c", POLICIES)
+    return database
+
+
+@contextlib.contextmanager
+def serving(database, asgi: bool = False, workers: int = 0, **extra: str):
+    server = Server(site_env(database, DJANGO_SETTINGS_MODULE=SETTINGS, **extra), workers=workers, asgi=asgi)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def leave_mid_body(port: int, path: str, method: str = "GET", read: int = 70000) -> None:
+    """A client that reads the start of a response, then leaves."""
+    connection = socket.create_connection(("127.0.0.1", port), timeout=10)
+    connection.sendall(f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    got = b""
+    while len(got) < read:
+        chunk = connection.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    connection.close()
+
+
+def status(url: str, method: str = "GET", **headers: str) -> tuple[int, dict]:
+    """The status and headers of a request whose whole answer was read."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers, method=method), timeout=20) as answer:
+            answer.read()
+            return answer.status, dict(answer.headers)
+    except urllib.error.HTTPError as error:
+        error.read()
+        return error.code, dict(error.headers)
+
+
+SERVERS = [pytest.param({"workers": 2}, id="gunicorn"), pytest.param({"asgi": True}, id="uvicorn")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", SERVERS)
+def test_head_requests_to_a_streamed_view_are_never_refused_by_their_own_finished_requests(site_database, redis_client,
+                                                                                           kind):
+    """In-flight limit 1: a HEAD's answer is whole with its headers, whose body no server sends (nor
+    may read): its place goes back before it leaves, not when the server closes it afterwards."""
+    with serving(site_database, **kind) as server:
+        assert [status(server.url + "/stream/?chunks=3", method="HEAD")[0] for _ in range(5)] == [200] * 5
+        assert [status(server.url + "/astream/?chunks=3", method="HEAD")[0] for _ in range(5)] == [200] * 5
+        assert until(lambda: places_held(redis_client) == 0), places_held(redis_client)
