@@ -11,6 +11,7 @@ from django.urls import path
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ratelimit_app import ahit, hit
 from ratelimit_app.decorators import ratelimit
 
 
@@ -90,6 +91,14 @@ def sleep(request):
     return HttpResponse("slept")
 
 
+def hitting(request):
+    return HttpResponse("counted", status=200 if hit(request, "hitter").allowed else 429)
+
+
+async def ahitting(request):
+    return HttpResponse("counted", status=200 if (await ahit(request, "hitter")).allowed else 429)
+
+
 def plain(request):
     return HttpResponse("plain")
 
@@ -116,6 +125,8 @@ urlpatterns = [
     path("araise/", araising),
     path("asleep/", asleep),
     path("sleep/", sleep),
+    path("hit/", hitting),
+    path("ahit/", ahitting),
     path("plain/", plain, name="plain"),
     path("priced/", Priced.as_view()),
 ]
