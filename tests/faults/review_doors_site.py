@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-from django.http import HttpResponse, StreamingHttpResponse
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.urls import path
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ratelimit_app import ahit, hit
+from ratelimit_app import ahit, check, hit
 from ratelimit_app.decorators import ratelimit
 
 
@@ -99,6 +99,11 @@ async def ahitting(request):
     return HttpResponse("counted", status=200 if (await ahit(request, "hitter")).allowed else 429)
 
 
+def look_then_hit(request):
+    cost = int(request.GET["n"])
+    return JsonResponse({"looked": check(request, "logged", cost).allowed, "hit": hit(request, "logged", cost).allowed})
+
+
 def plain(request):
     return HttpResponse("plain")
 
@@ -111,6 +116,20 @@ class Priced(APIView):
 
     def get(self, request):
         return Response({"ok": True})
+
+
+class Failing(APIView):
+    throttle_scope = "drf1"
+
+    def get(self, request):
+        raise ValueError("the DRF view failed after the throttle")
+
+
+class Streamed(APIView):
+    throttle_scope = "drf1"
+
+    def get(self, request):
+        return StreamingHttpResponse(_chunks(int(request.query_params.get("chunks", "3"))))
 
 
 urlpatterns = [
@@ -127,6 +146,9 @@ urlpatterns = [
     path("sleep/", sleep),
     path("hit/", hitting),
     path("ahit/", ahitting),
+    path("look-then-hit/", look_then_hit),
     path("plain/", plain, name="plain"),
     path("priced/", Priced.as_view()),
+    path("drf-fails/", Failing.as_view()),
+    path("drf-stream/", Streamed.as_view()),
 ]

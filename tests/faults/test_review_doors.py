@@ -6,6 +6,7 @@ every request ended, no place is held; every answer says what the user must know
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import time
 
@@ -26,6 +27,7 @@ for name, limit, strategy, mode in [
     ("stream", 1, "concurrency", "enforce"), ("raise", 1, "concurrency", "enforce"),
     ("asleep", 2, "concurrency", "enforce"), ("priced", 20000, "concurrency", "enforce"),
     ("plain", 1, "concurrency", "shadow"), ("hitter", 1, "concurrency", "enforce"),
+    ("drf1", 1, "concurrency", "enforce"), ("logged", 50000, "sliding_log", "enforce"),
 ]:
     Policy.objects.create(name=name, action=name, limit=limit, window=60, strategy=strategy, key="ip", mode=mode)
 """
@@ -85,6 +87,7 @@ def test_head_requests_to_a_streamed_view_are_never_refused_by_their_own_finishe
     with serving(site_database, **kind) as server:
         assert [status(server.url + "/stream/?chunks=3", method="HEAD")[0] for _ in range(5)] == [200] * 5
         assert [status(server.url + "/astream/?chunks=3", method="HEAD")[0] for _ in range(5)] == [200] * 5
+        assert [status(server.url + "/drf-stream/", method="HEAD")[0] for _ in range(5)] == [200] * 5
         assert until(lambda: places_held(redis_client) == 0), places_held(redis_client)
 
 
@@ -105,3 +108,15 @@ def test_places_taken_by_hit_without_the_middleware_go_back_when_the_request_end
         for path in ["/hit/", "/ahit/"]:
             assert status(server.url + path)[0] == 200
             assert until(lambda: places_held(redis_client) == 0, 5), f"{path}: {places_held(redis_client)} held"
+
+
+@pytest.mark.slow
+def test_check_says_what_hit_will_do_with_a_cost_above_the_strategys_bound(site_database, redis_client):
+    """A sliding log of 50,000 takes at most 10,000 units at once: check() said a request of 20,000 fit,
+    and hit() refused it the next moment, every time."""
+    with serving(site_database) as server:
+        answers = {}
+        for cost in (10_000, 20_000):
+            with urllib.request.urlopen(f"{server.url}/look-then-hit/?n={cost}", timeout=20) as answer:
+                answers[cost] = json.loads(answer.read())
+    assert answers == {10_000: {"looked": True, "hit": True}, 20_000: {"looked": False, "hit": False}}
