@@ -163,16 +163,29 @@ def _state(request) -> RequestState | None:
 
 def leaving(request, response, state: RequestState | None = None) -> Steps:
     """The request's answer leaves a door: its places go back now, before a byte of it is sent, so that a
-    client's next request never finds them taken; a streamed body's (but for HEAD) when it ends, is closed,
-    or the response is dropped unsent (an outer middleware answered instead, e.g. ConditionalGetMiddleware's 304)."""
+    client's next request never finds them taken; a streamed body's when it ends, is closed, or the
+    response is dropped unsent (an outer middleware answered instead, e.g. ConditionalGetMiddleware's 304)."""
     held = _taken(request, state)
     if held:
-        # a HEAD's body is never sent: its answer is whole with its headers, and the server may never read it
         if getattr(response, "streaming", False) and request.method != "HEAD":
             _when_streamed(response, _Places(held))
         else:
+            if request.method == "HEAD":
+                _unsent(response)
             yield Io(engine.release, engine.arelease, (held,))
     return response
+
+
+def _unsent(response) -> None:
+    """A HEAD's answer is whole with its headers, yet servers read a streamed body to the end to drop it:
+    it is not produced, which would be work done with no place held."""
+    if getattr(response, "streaming", False) and getattr(response, "file_to_stream", None) is None:
+        response.streaming_content = _nothing() if response.is_async else ()
+
+
+async def _nothing():
+    return
+    yield  # an async body with no chunk
 
 
 def letting_go(request) -> Steps[None]:

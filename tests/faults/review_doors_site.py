@@ -8,6 +8,7 @@ import time
 
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.urls import path
+from django_redis import get_redis_connection
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -47,15 +48,20 @@ async def acostly(request):
     return HttpResponse("costed, async")
 
 
+CHUNKS_MADE = "review:chunks"  # how many chunks the streamed views produced (work a client may never see)
+
+
 def _chunks(count):
     for n in range(count):
         time.sleep(0.01)
+        get_redis_connection("default").incr(CHUNKS_MADE)
         yield b"x" * 65536
 
 
 async def _achunks(count):
     for n in range(count):
         await asyncio.sleep(0.01)
+        get_redis_connection("default").incr(CHUNKS_MADE)
         yield b"x" * 65536
 
 
