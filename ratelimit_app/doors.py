@@ -167,11 +167,25 @@ def leaving(request, response, state: RequestState | None = None) -> Steps:
     response is dropped unsent (an outer middleware answered instead, e.g. ConditionalGetMiddleware's 304)."""
     held = _taken(request, state)
     if held:
-        if getattr(response, "streaming", False):
+        if getattr(response, "streaming", False) and request.method != "HEAD":
             _when_streamed(response, _Places(held))
         else:
+            if request.method == "HEAD":
+                _unsent(response)
             yield Io(engine.release, engine.arelease, (held,))
     return response
+
+
+def _unsent(response) -> None:
+    """A HEAD's answer is whole with its headers, yet servers read a streamed body to the end to drop it:
+    it is not produced, which would be work done with no place held."""
+    if getattr(response, "streaming", False) and getattr(response, "file_to_stream", None) is None:
+        response.streaming_content = _nothing() if response.is_async else ()
+
+
+async def _nothing():
+    return
+    yield  # an async body with no chunk
 
 
 def letting_go(request) -> Steps[None]:

@@ -21,7 +21,7 @@
 -- is called through the same three functions here.
 local contract = {}
 do
-  function contract.look(strategy, key, limit, window, bucket, cost)
+  local function looked(strategy, key, limit, window, bucket, cost)
     if strategy.look then return strategy.look(key, limit, window, bucket, cost) end
     local now = clock.ms()
     bucket = tonumber(bucket) or bucket
@@ -29,6 +29,13 @@ do
     local reset = count > 0 and strategy.reset(key, now, window, bucket, count, state) or 0
     if count + cost > limit and retry == 0 then retry = 1 end
     return count, retry, reset, 2
+  end
+
+  function contract.look(strategy, key, limit, window, bucket, cost)
+    local count, retry, reset, fields = looked(strategy, key, limit, window, bucket, cost)
+    -- a cost above the strategy's bound never fits, as charge says: a look (check()) says so too
+    if retry == 0 and strategy.most and cost > strategy.most then retry = 1 end
+    return count, retry, reset, fields
   end
 
   function contract.charge(strategy, key, limit, window, bucket, cost, lease, totals_bucket)
