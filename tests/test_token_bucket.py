@@ -240,12 +240,16 @@ def test_one_integer_of_at_most_80_bytes_per_subject(redis_client, pk):
 def test_no_more_server_commands_than_the_fixed_window(redis_client):
     def commands_per_decision(compiled):
         moments = iter(T0 + 0.01 * i for i in range(21))  # one request every 10 ms
+        from ratelimit_app.engine.tally import tally
+
         engine.decide([check(compiled)], now=next(moments))  # loads the script, creates the subject's live entry
-        redis_client.config_resetstat()
-        before = server_commands(redis_client)
-        for moment in moments:
-            engine.decide([check(compiled)], now=moment)
-        return (server_commands(redis_client) - before) / 20
+        tally.flush()
+        with tally._flushing:  # the worker's background writes are not the decisions' (a loaded machine times them in)
+            redis_client.config_resetstat()
+            before = server_commands(redis_client)
+            for moment in moments:
+                engine.decide([check(compiled)], now=moment)
+            return (server_commands(redis_client) - before) / 20
 
     fixed = commands_per_decision(policy(strategy="fixed_window", limit=10**6, window=3600))
     smooth = commands_per_decision(bucket(limit=10**6, window=3600))  # one every 3.6 ms: within its rate
