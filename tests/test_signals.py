@@ -46,11 +46,14 @@ def received():
         signal.disconnect(receiver)
 
 
+NOW = 1_800_000_001.0  # one second into a window of 10 s and one of 600 s: the long one ends last
+
+
 def denied_decisions(*policies):
     """Decisions of real calls: each policy denies its subject."""
     for compiled in policies:
-        engine.decide([check(compiled)])  # fills each limit of 1
-    return engine.decide([check(compiled) for compiled in policies]).denied_by
+        engine.decide([check(compiled)], now=NOW)  # fills each limit of 1
+    return engine.decide([check(compiled) for compiled in policies], now=NOW).denied_by
 
 
 # --- request_denied ----------------------------------------------------------------------------
