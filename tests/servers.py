@@ -32,6 +32,15 @@ def manage(env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
+def migrated_site(directory: Path, settings: str, policies: str) -> Path:
+    """A site's SQLite database in `directory`, migrated, with the policies a `manage.py shell` script makes."""
+    database = directory / "site.sqlite3"
+    env = site_env(database, DJANGO_SETTINGS_MODULE=settings)
+    manage(env, "migrate", "--noinput")
+    manage(env, "shell", "-c", policies)
+    return database
+
+
 def fetch(url: str, **headers: str) -> tuple[int, dict[str, str]]:
     request = urllib.request.Request(url, headers=headers)
     try:

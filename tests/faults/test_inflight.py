@@ -20,7 +20,7 @@ from ratelimit_app import engine
 from ratelimit_app.engine import giveback
 from ratelimit_app.values import Held
 from tests.helpers import check, in_processes, policy, subject
-from tests.servers import Server, manage, site_env
+from tests.servers import Server, migrated_site, site_env
 from tests.test_cluster import cluster, shared_cluster, who_in_other_shards  # noqa: F401 (fixtures)
 
 SETTINGS = "tests.faults.inflight_settings"
@@ -40,11 +40,7 @@ return 0
 
 @pytest.fixture(scope="module")
 def site_database(tmp_path_factory):
-    database = tmp_path_factory.mktemp("inflight") / "site.sqlite3"
-    env = site_env(database, DJANGO_SETTINGS_MODULE=SETTINGS)
-    manage(env, "migrate", "--noinput")
-    manage(env, "shell", "-c", POLICIES)
-    return database
+    return migrated_site(tmp_path_factory.mktemp("inflight"), SETTINGS, POLICIES)
 
 
 def site(database, **extra: str) -> dict[str, str]:

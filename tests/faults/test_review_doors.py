@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 
 from tests.faults.test_inflight import places_held, until
-from tests.servers import Server, manage, site_env
+from tests.servers import Server, migrated_site, site_env
 
 SETTINGS = "tests.faults.review_doors_settings"
 POLICIES = """
@@ -36,11 +36,7 @@ for name, limit, strategy, mode in [
 
 @pytest.fixture(scope="module")
 def site_database(tmp_path_factory):
-    database = tmp_path_factory.mktemp("review_doors") / "site.sqlite3"
-    env = site_env(database, DJANGO_SETTINGS_MODULE=SETTINGS)
-    manage(env, "migrate", "--noinput")
-    manage(env, "shell", "-c", POLICIES)
-    return database
+    return migrated_site(tmp_path_factory.mktemp("review_doors"), SETTINGS, POLICIES)
 
 
 @contextlib.contextmanager
