@@ -102,37 +102,33 @@ def _load_costs() -> dict[str, int]:
     return costs
 
 
-def _load_overrides(policy_ids: set[int]) -> dict[int, PolicyOverrides]:
-    rows = []
-    for row in Override.objects.filter(policy_id__in=policy_ids).select_related("user", "group", "policy"):
+def _valid(rows, exclude: list[str], described) -> list:
+    """The rows that pass validation (the relations are the loader's own); each other one is logged and skipped."""
+    kept = []
+    for row in rows:
         try:
-            row.full_clean(exclude=["policy", "user", "group"], validate_unique=False, validate_constraints=False)
-            rows.append(row)
+            row.full_clean(exclude=exclude, validate_unique=False, validate_constraints=False)
+            kept.append(row)
         except ValidationError as error:
-            logger.error("ratelimit: override id %s of policy %r is invalid and is skipped: %s",
-                         row.pk, row.policy.name, error)
+            logger.error("ratelimit: %s is invalid and is skipped: %s", described(row), error)
+    return kept
+
+
+def _load_overrides(policy_ids: set[int]) -> dict[int, PolicyOverrides]:
+    found = Override.objects.filter(policy_id__in=policy_ids).select_related("user", "group", "policy")
+    rows = _valid(found, ["policy", "user", "group"],
+                  lambda row: f"override id {row.pk} of policy {row.policy.name!r}")
     return compile_overrides(rows, _members({row.group_id for row in rows if row.group_id}))
 
 
 def _load_plans(policy_ids: set[int]) -> PlanAssignments | None:
-    assignments = []
-    for row in PlanAssignment.objects.select_related("user", "group", "plan").order_by("pk"):
-        try:
-            row.full_clean(exclude=["plan", "user", "group"], validate_unique=False, validate_constraints=False)
-            assignments.append(row)
-        except ValidationError as error:
-            logger.error("ratelimit: assignment id %s to plan %r is invalid and is skipped: %s",
-                         row.pk, row.plan.name, error)
+    found = PlanAssignment.objects.select_related("user", "group", "plan").order_by("pk")
+    assignments = _valid(found, ["plan", "user", "group"],
+                         lambda row: f"assignment id {row.pk} to plan {row.plan.name!r}")
     if not assignments:
         return None  # most sites sell nothing: no plan limit is read either
-    limits = []
-    for row in PlanLimit.objects.filter(policy_id__in=policy_ids).select_related("plan").order_by("pk"):
-        try:
-            row.full_clean(exclude=["plan", "policy"], validate_unique=False, validate_constraints=False)
-            limits.append(row)
-        except ValidationError as error:
-            logger.error("ratelimit: limit id %s of plan %r is invalid and is skipped: %s",
-                         row.pk, row.plan.name, error)
+    found = PlanLimit.objects.filter(policy_id__in=policy_ids).select_related("plan").order_by("pk")
+    limits = _valid(found, ["plan", "policy"], lambda row: f"limit id {row.pk} of plan {row.plan.name!r}")
     return compile_plans(limits, assignments, _members({row.group_id for row in assignments if row.group_id}))
 
 
