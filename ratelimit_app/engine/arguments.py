@@ -39,19 +39,19 @@ def script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[list
         if policy.period:  # a calendar quota's terms carry its periods, which move on
             args.append(_quota_terms(policy, subject, limit, parts[4], call))
         else:
-            args.append(parts[5] if parts[4] else parts[1])
+            args.append(parts[1][parts[4]])
     if version:
         script_keys.append(keys.version_key(key_prefix))
     return script_keys, args
 
 
-def _quota_terms(policy: CompiledPolicy, subject: Subject, limit: int, look_first: bool, call: Ask) -> str:
+def _quota_terms(policy: CompiledPolicy, subject: Subject, limit: int, seen: int, call: Ask) -> str:
     now_ms = int((time() if call.now is None else call.now) * 1000)
     seed = call.seeds.get((policy.id, subject.key)) if call.seeds else None
     enforce = "1" if policy.enforce else "0"
     return (
         f"{policy.strategy} {limit} {policy.window_ms} {quotas.bucket(policy, now_ms, seed)} {enforce} "
-        f"{policy.totals_bucket_ms} {'1' if look_first else '0'}"
+        f"{policy.totals_bucket_ms} {seen}"
     )
 
 
@@ -66,21 +66,25 @@ def _sent_cost(checks: Sequence[Check], cost: int) -> int:
 
 MAX_PARTS = 4096  # (subject, limit, plan) whose script parts a policy keeps
 
+# What a subject's last decision in this worker saw, sent as its terms' last figure: refused (the
+# counter is read before anything is written), or admitted with units already counted (a token
+# bucket then expects its burst in use and moves it with one INCRBY). A hint: either way is exact.
+SEEN_NOTHING, SEEN_REFUSED, SEEN_COUNTED = 0, 1, 2
+
 
 def check_parts(
     policy: CompiledPolicy, subject: Subject, limit: int, plan: str, key_prefix: str, shard_count: int
 ) -> list:
     """What one check adds to decide.lua's call (its counter, its terms) and what the worker's tally
     writes for it (its live index entry, its shard), kept on the compiled policy for next time; with
-    whether the subject was refused at its last decision here, when the terms that look first are sent."""
+    what its last decision here saw (SEEN_NOTHING, SEEN_REFUSED, SEEN_COUNTED), which picks the terms sent."""
     terms = policy_terms(policy, limit)
     parts = [
         keys.counter_key(policy, subject.key, key_prefix),
-        terms + " 0",
+        (terms + " 0", terms + " 1", terms + " 2"),
         live_member(subject, limit, policy, plan),
         keys.shard_of(subject.key),
-        False,
-        terms + " 1",
+        SEEN_NOTHING,
     ]
     if len(policy.script_parts) >= MAX_PARTS:
         policy.script_parts.clear()  # bounded: a flood of new subjects only costs building them again
@@ -89,7 +93,7 @@ def check_parts(
 
 
 def policy_terms(policy: CompiledPolicy, limit: int) -> str:
-    """A policy's terms as decide.lua reads them, but for the last (whether to look first): the same
+    """A policy's terms as decide.lua reads them, but for the last (what the worker saw last): the same
     for every subject at `limit`."""
     enforce = "1" if policy.enforce else "0"
     return f"{policy.strategy} {limit} {policy.window_ms} {policy.bucket_ms} {enforce} {policy.totals_bucket_ms}"

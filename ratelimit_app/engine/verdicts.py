@@ -9,7 +9,7 @@ from typing import Sequence
 from .. import quotas
 from ..values import Check, Decision, Verdict
 from . import keys
-from .arguments import Ask, check_parts
+from .arguments import SEEN_COUNTED, SEEN_NOTHING, SEEN_REFUSED, Ask, check_parts
 from .tally import BLOCKED, tally
 
 
@@ -76,7 +76,8 @@ def _tally(seen: list, denied: bool, now_ms: int, cost: int) -> None:
         parts = policy.script_parts.get((subject, limit, plan, key_prefix, shard_count))
         if parts is None:
             parts = check_parts(policy, subject, limit, plan, key_prefix, shard_count)
-        refused_before, parts[4] = parts[4], bool(exceeded)  # the next decision looks before it writes
+        refused_before = parts[4] == SEEN_REFUSED
+        parts[4] = SEEN_REFUSED if exceeded else SEEN_COUNTED if count > cost else SEEN_NOTHING  # sent next
         # a policy over its limit refuses (a shadow one: would have) even when another denied first;
         # every policy below its limit counted the request unless one denied it
         if denied and not exceeded:

@@ -5,12 +5,14 @@
 --       reads only: the units counted; the ms until `cost` more fit (0: they fit now); the ms until
 --       every counted unit has left (0: none is counted); how many fields it read (the live page's
 --       budget). A retry or reset of -1 means "when the fixed window ends", by the worker's clock.
---   charge(key, limit, window, bucket, cost, lease, totals_bucket) -> taken, count, retry, reset, before, state
+--   charge(key, limit, window, bucket, cost, lease, totals_bucket, seen) -> taken, count, retry, reset, before, state
 --       takes `cost` units when there is room for all of them, in as few commands as the strategy can;
 --       count is the units counted before, reset as look's after the request, before the reset before
 --       it (-1: nothing was counted; -2: the same bucket of the live index as after), state what
 --       refund needs. A cost above the capacity, or above `strategy.most` (the largest cost one
 --       request may take, set from the Python half), never fits: charge refuses it like any other.
+--       `seen` is '2' when the worker saw units counted at the subject's last decision: a hint for the
+--       order of commands, never for the outcome.
 --   refund(key, state, cost)  gives back what charge took (another policy refused the request)
 -- `bucket` is the strategy's own figure from the policy's terms (a bucket, a burst, a quota's periods), and
 -- it and totals_bucket come as the text sent (or a number): a strategy converts what it reads, so a
@@ -38,12 +40,12 @@ do
     return count, retry, reset, fields
   end
 
-  function contract.charge(strategy, key, limit, window, bucket, cost, lease, totals_bucket)
+  function contract.charge(strategy, key, limit, window, bucket, cost, lease, totals_bucket, seen)
     if strategy.most and cost > strategy.most then -- refused before the strategy writes a unit of it
       local count, retry, reset = contract.look(strategy, key, limit, window, bucket, cost)
       return false, count, math.max(1, retry), reset, -2
     end
-    if strategy.charge then return strategy.charge(key, limit, window, bucket, cost, lease, totals_bucket) end
+    if strategy.charge then return strategy.charge(key, limit, window, bucket, cost, lease, totals_bucket, seen) end
     local now = clock.ms()
     bucket = tonumber(bucket) or bucket
     local count, retry, state, _, taken, reset, before =

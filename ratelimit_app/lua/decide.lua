@@ -9,9 +9,10 @@
 -- ARGV[3]      the request's lease: what an in-flight policy names its places after ('' when none
 --              of the policies counts requests in flight)
 -- ARGV[3 + i]  policy i's terms: "<strategy> <limit> <window ms> <bucket> <enforce 1|0> <totals bucket ms>
---              <look first 1|0>" (bucket: ms, or a word of the strategy's own, a quota's periods; look
---              first: the worker saw the subject refused lately, so its counter is read before anything
---              is written: refusing it again writes nothing to take back)
+--              <seen 0|1|2>" (bucket: ms, or a word of the strategy's own, a quota's periods; seen: what
+--              the worker saw at the subject's last decision: 1 refused, so its counter is read before
+--              anything is written (refusing it again writes nothing to take back); 2 units counted
+--              before the request, which a strategy may write for in fewer commands; 0 neither)
 --
 -- If any enforcing policy has no room for the cost, nothing stays counted anywhere (units taken
 -- before the refusal was known are given back in the same call); otherwise every policy with room
@@ -27,25 +28,25 @@ local dry_run = string.byte(when) == 100 -- 'd'
 clock.start(dry_run and string.sub(when, 2) or when)
 local cost, lease = ARGV[2] == '1' and 1 or tonumber(ARGV[2]), ARGV[3] -- tonumber() on text runs strtod
 local n = #ARGV - 3
-local TERMS = '^(%S+) (%d+) (%d+) (%S+) ([01]) (%d+) ([01])$'
+local TERMS = '^(%S+) (%d+) (%d+) (%S+) ([01]) (%d+) ([012])$'
 
 local result = {0, 0, 0, 0} -- sized for one policy (most requests): more grow it
 local states -- what each policy took, by position: only kept when another policy may refuse after it
 local denied = false
 for i = 1, n do
-  local name, limit, window, bucket, enforce, totals_bucket, look_first = string.match(ARGV[3 + i], TERMS)
+  local name, limit, window, bucket, enforce, totals_bucket, seen = string.match(ARGV[3 + i], TERMS)
   local strategy = strategies[name]
   if not strategy then error('decide: unknown terms ' .. ARGV[3 + i]) end
   limit, window = tonumber(limit), tonumber(window) -- bucket and totals bucket: for the strategy to read
   local taken, count, retry, reset, before, state = false, 0, 0, 0, -2
   -- once the request is refused (or in a dry run), the remaining policies only look; a subject
   -- refused lately is looked at first, and charged only when it has room
-  if dry_run or denied or look_first == '1' then
+  if dry_run or denied or seen == '1' then
     count, retry, reset = contract.look(strategy, KEYS[i], limit, window, bucket, cost)
   end
   if not (dry_run or denied) and retry == 0 then
     taken, count, retry, reset, before, state =
-      contract.charge(strategy, KEYS[i], limit, window, bucket, cost, lease, totals_bucket)
+      contract.charge(strategy, KEYS[i], limit, window, bucket, cost, lease, totals_bucket, seen)
   end
   local exceeded = not taken and retry ~= 0
   if exceeded and (enforce == '1' or retry == -3) then denied = true end -- -3: a quota asks for its saved usage

@@ -1,6 +1,7 @@
 -- token_bucket: GCRA (the generic cell rate algorithm). One integer per subject: the theoretical
 -- arrival time (TAT) in microseconds, the moment the bucket is full again. The key outlives it by
--- the time to fill the bucket (see lifetime); a TAT in the past, or no key, means a full bucket.
+-- the time to fill the bucket or up to twice that (see lifetime); a TAT in the past, or no key, means a
+-- full bucket.
 --
 -- limit per window is the sustained rate: one request every T = window / limit, in whole
 -- microseconds, rounded up so the rate is never exceeded; `bucket` carries the burst B (0: the
@@ -27,10 +28,39 @@ do
     return count, math.max(1, whole_ms(ahead - interval * (capacity - cost)))
   end
 
-  -- how long from `now` a key holding `tat` lives, in ms: until the time to fill the whole bucket has
-  -- passed once more after the TAT (relative: a caller's `now` may be off the server's clock)
+  -- how long from `now` a key holding `tat` lives, in ms: to the end of the cell after the TAT's, cells
+  -- being the time to fill the whole bucket, so an INCRBY that keeps the TAT in its cell keeps the key
+  -- alive past the TAT (relative: a caller's `now` may be off the server's clock)
   local function lifetime(tat, now_us, interval, capacity)
-    return whole_ms(tat + interval * capacity - now_us)
+    local cell = interval * capacity
+    return whole_ms((math.floor(tat / cell) + 2) * cell - now_us)
+  end
+
+  local function crossed(from, to, interval, capacity)
+    local cell = interval * capacity
+    return math.floor(from / cell) ~= math.floor(to / cell)
+  end
+
+  -- a subject seen using its burst: one INCRBY moves a TAT still ahead (a PEXPIRE when it enters the
+  -- next cell); a bucket that filled meanwhile (or a key gone) is written as full, with one more SET
+  local function charge_busy(key, now_us, interval, capacity, cost, fresh)
+    local step = interval * cost
+    local moved = redis.call('INCRBY', key, step)
+    local tat = moved - step
+    if tat <= now_us then
+      redis.call('SET', key, string.format('%.0f', fresh), 'PX', lifetime(fresh, now_us, interval, capacity))
+      if tat == 0 then return true, 0, 0, whole_ms(fresh - now_us), -1 end -- no key: INCRBY made one
+      return true, 0, 0, whole_ms(fresh - now_us), whole_ms(tat - now_us), tat
+    end
+    local count, retry = in_use(tat - now_us, interval, capacity, cost)
+    if count + cost > capacity then
+      redis.call('DECRBY', key, step) -- no room: as it was
+      return false, count, retry, whole_ms(tat - now_us), -2
+    end
+    if crossed(tat, moved, interval, capacity) then
+      redis.call('PEXPIRE', key, lifetime(moved, now_us, interval, capacity))
+    end
+    return true, count, 0, whole_ms(moved - now_us), whole_ms(tat - now_us), tat
   end
 
   local function look(key, limit, window, bucket, cost)
@@ -45,8 +75,9 @@ do
     look = look,
     -- One SET ... GET writes now + N * T, as if the bucket were full, and reads the TAT stored: all
     -- a subject within its rate costs. A subject using its burst costs one more SET (to the stored
-    -- TAT + N * T, or back to it when the burst has no room).
-    charge = function(key, limit, window, bucket, cost)
+    -- TAT + N * T, or back to it when the burst has no room), unless the worker saw it using its
+    -- burst last time (seen '2'): then one INCRBY does, and a filled bucket costs one more SET.
+    charge = function(key, limit, window, bucket, cost, lease, totals_bucket, seen)
       local interval, capacity = sizes(window, bucket, limit)
       if cost > capacity then
         local count, retry, reset = look(key, limit, window, bucket, cost)
@@ -54,6 +85,7 @@ do
       end
       local now_us = clock.us()
       local fresh = now_us + interval * cost
+      if seen == '2' then return charge_busy(key, now_us, interval, capacity, cost, fresh) end
       local stored = redis.call('SET', key, string.format('%.0f', fresh),
         'PX', lifetime(fresh, now_us, interval, capacity), 'GET')
       local tat = tonumber(stored)
@@ -69,10 +101,11 @@ do
       redis.call('SET', key, string.format('%.0f', moved), 'PX', lifetime(moved, now_us, interval, capacity))
       return true, count, 0, whole_ms(moved - now_us), whole_ms(tat - now_us), stored
     end,
-    -- give back what charge admitted (another policy refused the request): the TAT it found
+    -- give back what charge admitted (another policy refused the request): the TAT it found (text or a number)
     refund = function(key, stored)
       if stored then
-        redis.call('SET', key, stored, 'KEEPTTL') -- the longer life charge gave it: a TAT past is a full bucket
+        -- the longer life charge gave it: a TAT past is a full bucket
+        redis.call('SET', key, string.format('%.0f', stored), 'KEEPTTL')
       else
         redis.call('DEL', key)
       end
