@@ -182,7 +182,7 @@ def _live(results: Results) -> list[str]:
         return lines + [f"{live}."]
     return lines + [
         f"One fixed-window policy with {live['subjects']:,} active subjects (seeded in {live['seed_seconds']:.1f} s "
-        f"by pipelining the engine's own decision command); {BUSY_NOTE}",
+        f"by pipelining the engine's own decision and tally commands); {BUSY_NOTE}",
         "",
         "| JSON view (`?format=json&limit=100`), p50 of 5 | HTTP status | subjects shown | of the 100 busiest | longest Redis command |",
         "|---:|---:|---:|---:|---:|",
@@ -191,7 +191,7 @@ def _live(results: Results) -> list[str]:
     ]
 
 
-BUSY_NOTE = "150 of the subjects got 2 to 151 requests, spread over the seeding: the 100 busiest must lead the list."
+BUSY_NOTE = "then 150 of them got 1 to 150 more requests through the engine: the 100 busiest must lead the list."
 
 
 WSGI_FLOOR = "floor: the view doing one PING through django-redis"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import statistics
 import time
 from typing import Iterator
 
+import redis
 from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
@@ -23,49 +25,62 @@ BUSY = 150  # subjects given more requests than the rest: the top 100 of the liv
 BATCH = 2000  # commands per pipeline while seeding
 
 
-def _arrivals(subjects: int) -> Iterator[int]:
-    """Every subject once, and busy subject i (i < BUSY) i + 1 more times, spread over the whole run."""
-    extra = [i for i in range(BUSY) for _ in range(i + 1)]
-    random.Random(15).shuffle(extra)
-    due = len(extra) / subjects  # extra arrivals per regular one
-    for number in range(subjects):
-        yield number
-        while extra and len(extra) > (subjects - number - 1) * due:
-            yield extra.pop()
-
-
 def _seeded(number: int) -> Subject:
     return Subject(f"{number:016x}", f"ip:10.{number >> 16 & 255}.{number >> 8 & 255}.{number & 255}")
 
 
+@contextlib.contextmanager
+def _recording_pipelines() -> Iterator[list[tuple]]:
+    """The commands queued on pipelines meanwhile (the worker's tally writes the live index in one)."""
+    queued: list[tuple] = []
+    original = redis.client.Pipeline.execute_command
+
+    def recorded(pipe, *args, **options):
+        queued.append(args)
+        return original(pipe, *args, **options)
+
+    redis.client.Pipeline.execute_command = recorded
+    try:
+        yield queued
+    finally:
+        redis.client.Pipeline.execute_command = original
+
+
 def seed(compiled, subjects: int) -> float:
-    """Decide one request for each of `subjects` subjects (and more for the busy ones) with the engine's
-    own commands, pipelined: what the engine and the worker's tally (the live index, the totals) would
-    have written, at a fraction of the time. Seconds taken."""
+    """Decide one request for each of `subjects` subjects with the engine's own commands and the
+    worker's tally's (the live index, the totals), pipelined, at a fraction of the time; then BUSY of
+    them get more requests through the engine itself, so that their entries move as the tally moves
+    a busy subject's. Seconds taken."""
     template = subject("10.255.255.254")
     # the arguments naming the subject (its keys, its live index entry) change; the rest is sent as is
     # (a counter key carries the subject hash in its own form: keys.subject_part)
     marks = (template.key, keys.subject_part(template.key), template.display)
     tally.flush()
-    with recording_commands() as sent:
+    with recording_commands() as sent, _recording_pipelines() as queued:
         decide([compiled], template)
         tally.flush()
-    commands = [args for _, args in sent if any(isinstance(a, str) and any(m in a for m in marks) for a in args)]
+    commands = [args for _, args in sent] + queued
+    commands = [args for args in commands if any(isinstance(a, str) and any(m in a for m in marks) for a in args)]
     started = time.perf_counter()
     pipe = server().pipeline(transaction=False)
     for command in commands:
         varying = [(i, value) for i, value in enumerate(command) if isinstance(value, str) and any(m in value for m in marks)]
         args = list(command)
-        for position, number in enumerate(_arrivals(subjects), 1):
+        for number in range(subjects):
             made = _seeded(number)
             for i, value in varying:
                 args[i] = (value.replace(template.key, made.key)
                            .replace(keys.subject_part(template.key), keys.subject_part(made.key))
                            .replace(template.display, made.display))
             pipe.execute_command(*args)
-            if position % BATCH == 0:
+            if number % BATCH == BATCH - 1:
                 pipe.execute()
     pipe.execute()
+    extra = [number for number in range(BUSY) for _ in range(number + 1)]  # busy subject i: i + 1 more
+    random.Random(15).shuffle(extra)
+    for number in extra:
+        decide([compiled], _seeded(number))
+    tally.flush()
     return time.perf_counter() - started
 
 
