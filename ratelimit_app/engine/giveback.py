@@ -61,14 +61,17 @@ async def arelease(held: Sequence[Held]) -> None:
         return
     pool = aclient().connection_pool
     commands = [command for _, command, _ in _release_commands(held, None)]
+    written = False
 
     async def send():
+        nonlocal written
         connection = await pool.get_connection()
         try:
             await connection.send_packed_command(connection.pack_commands(commands))
         except BaseException:
             await pool.release(connection)
             raise
+        written = True
         task = asyncio.ensure_future(_aread_replies(pool, connection, len(commands), held))
         _reading.add(task)  # the loop keeps tasks weakly
         task.add_done_callback(_reading.discard)
@@ -77,6 +80,10 @@ async def arelease(held: Sequence[Held]) -> None:
         await breaker.acall(send)
     except RedisUnavailable:
         owed.add(held)
+    except BaseException:  # cancelled (the request's client left) before the write: owed, never lost
+        if not written:
+            owed.add(held)
+        raise
 
 
 _reading: set[asyncio.Future] = set()

@@ -5,6 +5,8 @@ ended."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 
@@ -104,3 +106,30 @@ def test_a_thread_ending_after_a_give_back_leaves_the_pool_nothing_to_misread(se
         except Exception:  # noqa: BLE001 (a reply of another command: an unpickling error, a wrong type)
             wrong += 1
     assert wrong == 0, f"{wrong} of 200 cache calls read another call's reply"
+
+
+def test_an_async_give_back_cancelled_while_it_waits_for_a_connection_is_owed(settings, private):
+    """An async request cancelled (its client went away) while its give-back waits for a connection
+    (Redis stalled, here stopped with SIGSTOP): the places are owed and sent later, not held until
+    their lease runs out."""
+    use_server(settings, private.url)
+    inflight = policy(strategy="concurrency", limit=1, window=600)
+    who = check(inflight)
+    assert engine.decide([who], lease="cancelled-1").allowed
+    assert _held(private.port) == 1
+
+    async def cancelled_give_back() -> None:
+        task = asyncio.ensure_future(engine.arelease([Held(who.policy, who.subject, "cancelled-1", 1)]))
+        await asyncio.sleep(0.05)  # a loop timer: always before the connection's own timeout (0.25 s)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    os.kill(private.process.pid, signal.SIGSTOP)
+    try:
+        asyncio.run(cancelled_give_back())
+    finally:
+        os.kill(private.process.pid, signal.SIGCONT)
+    assert [held.lease for held in giveback.owed.places] == ["cancelled-1"]
+    engine.release([])  # the next give-back sends what is owed
+    assert _until(lambda: _held(private.port) == 0)
