@@ -31,6 +31,12 @@ def parse_rate(rate: str | tuple[int, int]) -> tuple[int, int]:
     if match is None:
         raise ValueError(f"{_shown(rate)} is not a rate: write <requests>/<period>, {EXAMPLES}.")
     unit = match["unit"].lower()
+    if unit and unit not in UNITS and _calendar_word(unit):
+        raise ValueError(
+            f"{_shown(rate)}: unknown period {match['unit']!r} for a window of seconds (s, m, h or d). A calendar "
+            f"quota is written 10000/month, 500/week or 1000/calendar-day, where quotas are taken: @ratelimit, "
+            f"RATELIMIT_POLICIES, the admin and the import."
+        )
     if unit and unit not in UNITS:
         raise ValueError(
             f"{_shown(rate)}: unknown period {match['unit']!r}; use s, m, h or d (or sec, min, hour, day), {EXAMPLES}."
@@ -59,6 +65,11 @@ def parse_quota(rate: object) -> tuple[int, str] | None:
         return None
     period = match["period"].lower()
     return int(match["limit"]), next(name for name in ("day", "week", "month") if period.endswith(name))
+
+
+def _calendar_word(unit: str) -> bool:
+    """'month', 'weeks', 'mo', 'w': a calendar period written where a window of seconds was expected."""
+    return unit in ("w", "wk", "wks", "mo", "mos", "mon") or unit.rstrip("s") in ("week", "month", "calendar")
 
 
 def _shown(rate: str) -> str:

@@ -200,3 +200,23 @@ def test_usage_after_a_flushall_shows_what_was_saved_and_counts_nothing(redis_cl
         [shown] = [u for u in ratelimit_app.usage(caller()) if u.policy == "api-month"]
         assert (shown.used, shown.remaining) == (3, 97)
     assert ratelimit_app.hit(caller(), "api").decisions[0].count == 4  # the period goes on from the saved 3
+
+
+# --- a calendar period where a window of seconds is expected -----------------------------------------------
+
+
+@pytest.mark.parametrize("rate", ["10000/months", "10000/1month", "500/weeks", "100/mo"])
+def test_a_calendar_period_misspelt_or_where_only_windows_go_says_how_a_quota_is_written(rate):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from ratelimit_app.compat.django_ratelimit import get_usage
+    from ratelimit_app.rates import parse_rate
+    from ratelimit_app.registry import code_policy
+
+    said = "A calendar quota is written 10000/month, 500/week or 1000/calendar-day"
+    with pytest.raises(ValueError, match=said):
+        parse_rate(rate)
+    with pytest.raises(ImproperlyConfigured, match=said):
+        code_policy("misspelt", action="*", origin="@ratelimit", rate=rate)
+    with pytest.raises(ImproperlyConfigured, match=said):  # django-ratelimit's door counts windows only
+        get_usage(caller(), group="g", key="ip", rate="5/month", increment=True)
