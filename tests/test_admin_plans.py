@@ -146,3 +146,30 @@ def test_a_plan_saved_in_the_admin_reaches_a_running_worker(tmp_path):
     finally:
         for server in servers:
             server.stop()
+
+
+# --- rows that reached the database without validation ----------------------------------------------------
+
+
+def test_overrides_and_plan_rows_that_match_nothing_are_reported_by_the_system_checks(search):
+    from django.core.checks import run_checks
+
+    from ratelimit_app.models import Override
+
+    plan = Plan.objects.create(name="pro")
+    PlanLimit.objects.create(plan=plan, policy=search, limit=10)
+    PlanAssignment.objects.create(plan=plan, kind="header", header="X-Api-Key", value="k")
+    Override.objects.create(policy=search, kind="ip", network=IP, limit=5)
+    assert [m for m in run_checks() if m.id == "ratelimit_app.W007"] == []
+    PlanAssignment.objects.update(value="")  # past the form: it matches no request
+    PlanLimit.objects.update(limit=0)
+    Override.objects.update(network="")
+    found = sorted(m.msg for m in run_checks() if m.id == "ratelimit_app.W007")
+    assert found == sorted([
+        f"The assignment id {PlanAssignment.objects.get().pk} to plan 'pro' is invalid and is ignored: "
+        "value: Required when it matches a header value.",
+        f"The limit id {PlanLimit.objects.get().pk} of plan 'pro' is invalid and is ignored: "
+        "limit: The limit must be at least 1 request per window. Give a limit, or tick exempt.",
+        f"The override id {Override.objects.get().pk} of policy 'search' is invalid and is ignored: "
+        "network: Required when it matches by ip.",
+    ])
