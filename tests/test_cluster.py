@@ -428,6 +428,14 @@ def test_eight_processes_of_cost_3_admit_exactly_a_third_of_the_limit(cluster):
     assert sum(in_processes(_costly, ([check(limited)],))) == 100
 
 
+@pytest.mark.django_db
+def test_eight_processes_of_cost_3_on_a_calendar_quota_admit_exactly_a_third_of_the_limit(cluster):
+    """Every process meets the month's counter absent first: each reads the saved usage and asks again."""
+    monthly = policy(strategy="calendar_quota", period="month", time_zone="UTC", window=1, limit=300)
+    assert sum(in_processes(_costly, ([check(monthly)],))) == 100
+    assert engine.decide([check(monthly)], dry_run=True).decisions[0].count == 300
+
+
 def test_places_in_flight_are_taken_and_given_back_on_the_cluster(cluster):
     from ratelimit_app.values import Held
 
