@@ -100,6 +100,14 @@ def format_rate(limit: int, window: int) -> str:
     return f"{limit}/{window}s"  # unreachable: every window divides by 1
 
 
+def human_per(window: int, period: str = "", time_zone: str = "") -> str:
+    """What a limit counts over, as people read it: '1 min', or a calendar quota's 'calendar month (UTC)'
+    (not its window, the longest period: '31 d' would say a month is 31 days from the first request)."""
+    if not period:
+        return human_window(window)
+    return f"calendar {period} ({time_zone})" if time_zone else f"calendar {period}"
+
+
 def human_window(seconds: int) -> str:
     """60 -> '1 min', 3600 -> '1 h', 90 -> '90 s'."""
     for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):

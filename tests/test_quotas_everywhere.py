@@ -220,3 +220,31 @@ def test_a_calendar_period_misspelt_or_where_only_windows_go_says_how_a_quota_is
         code_policy("misspelt", action="*", origin="@ratelimit", rate=rate)
     with pytest.raises(ImproperlyConfigured, match=said):  # django-ratelimit's door counts windows only
         get_usage(caller(), group="g", key="ip", rate="5/month", increment=True)
+
+
+# --- what the operator reads -------------------------------------------------------------------------------
+
+
+def test_the_tester_the_live_page_and_the_cli_name_a_quotas_calendar_period_not_its_31_days(admin_client, capsys):
+    from django.core.management import call_command
+    from django.urls import reverse
+
+    from ratelimit_app.models import Plan, PlanAssignment, PlanLimit
+
+    row = make_policy(name="search-month", action="demo:search", strategy="calendar_quota", period="month",
+                      time_zone="Europe/Paris", limit=100, window=1, key="ip")
+    pro = Plan.objects.create(name="pro")
+    PlanLimit.objects.create(plan=pro, policy=row, limit=1000)
+    PlanAssignment.objects.create(plan=pro, kind="ip", network="203.0.113.9")
+    month = "calendar month (Europe/Paris)"
+    tester = admin_client.post(reverse("admin:ratelimit_app_policy_tester"),
+                               {"method": "GET", "path": "/demo/search/", "ip": "203.0.113.9"}).content.decode()
+    assert f"<td>1000 / {month}</td>" in tester
+    live = admin_client.get(reverse("admin:ratelimit_app_policy_live", args=[row.pk])).content.decode()
+    assert f"pro</a>: 1000 / {month}" in live
+    call_command("ratelimit", "test", "GET", "/demo/search/", "--ip", "203.0.113.9")
+    call_command("ratelimit", "status")
+    call_command("ratelimit", "top", "search-month")
+    out = capsys.readouterr().out
+    assert f"1000 / {month}" in out and f"100 / {month}" in out and f"search-month: 100 / {month}, " in out
+    assert "/ 31 d" not in tester + live + out and "2678400 s" not in tester + live + out
