@@ -248,3 +248,47 @@ def test_the_tester_the_live_page_and_the_cli_name_a_quotas_calendar_period_not_
     out = capsys.readouterr().out
     assert f"1000 / {month}" in out and f"100 / {month}" in out and f"search-month: 100 / {month}, " in out
     assert "/ 31 d" not in tester + live + out and "2678400 s" not in tester + live + out
+
+
+# --- resets -----------------------------------------------------------------------------------------------
+
+
+def monthly_per_key(limit: int = 10) -> Policy:
+    return make_policy(name="api-month", action="api", strategy="calendar_quota", period="month", time_zone="UTC",
+                       limit=limit, window=1, key="header:x-api-key")
+
+
+def used_now(key: str = KEY) -> int:
+    return ratelimit_app.hit(caller(key), "api").decisions[0].count
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reset_subject_starts_the_period_afresh_until_redis_loses_its_counter(redis_client):
+    from ratelimit_app import operations
+    from ratelimit_app.models import QuotaUsage
+
+    row = monthly_per_key()
+    assert [used_now() for _ in range(5)] == [1, 2, 3, 4, 5]
+    quotas.saver.save()
+    shown, had = operations.reset_subject(row, f"header:X-Api-Key={KEY}")
+    assert had
+    assert used_now() == 1  # not the saved 5 taken back: the reset holds
+    quotas.saver.save()
+    assert QuotaUsage.objects.get().used == 5  # what was used stays for billing
+    quotas.saver.discard()
+    redis_client.flushall()  # a loss of Redis afterwards starts again from the saved usage
+    assert used_now() == 6
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reset_all_starts_every_subject_of_a_quota_afresh(redis_client):
+    from ratelimit_app import operations
+    from ratelimit_app.models import QuotaUsage
+
+    row = monthly_per_key()
+    assert [used_now("k-saved") for _ in range(4)][-1] == 4
+    quotas.saver.save()
+    assert [used_now("k-pending") for _ in range(3)][-1] == 3  # counted by this worker, not saved yet
+    operations.reset_all(row)
+    assert [used_now("k-saved"), used_now("k-pending"), used_now("k-new")] == [1, 1, 1]
+    assert sorted(QuotaUsage.objects.values_list("used", flat=True)) == [3, 4]  # billing keeps them
