@@ -292,3 +292,13 @@ def test_reset_all_starts_every_subject_of_a_quota_afresh(redis_client):
     operations.reset_all(row)
     assert [used_now("k-saved"), used_now("k-pending"), used_now("k-new")] == [1, 1, 1]
     assert sorted(QuotaUsage.objects.values_list("used", flat=True)) == [3, 4]  # billing keeps them
+
+
+def test_usage_without_redis_raises_redis_unavailable(server, outage_forgotten):
+    from ratelimit_app.engine import RedisUnavailable
+
+    monthly_per_key()
+    assert [u.used for u in ratelimit_app.usage(caller()) if u.policy == "api-month"] == [0]
+    server.stop()
+    with pytest.raises(RedisUnavailable):
+        ratelimit_app.usage(caller())
