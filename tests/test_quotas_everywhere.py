@@ -302,3 +302,26 @@ def test_usage_without_redis_raises_redis_unavailable(server, outage_forgotten):
     server.stop()
     with pytest.raises(RedisUnavailable):
         ratelimit_app.usage(caller())
+
+
+# --- RATELIMIT_POLICIES ------------------------------------------------------------------------------------
+
+
+def test_a_quota_in_the_settings_counts_by_its_zones_calendar_and_a_bad_zone_is_reported_by_the_checks(settings):
+    from django.core.checks import run_checks
+
+    from ratelimit_app.registry.declarations import settings_policies
+
+    per_key = {"action": "api", "key": "header:x-api-key"}
+    settings.RATELIMIT_POLICIES = [
+        {"name": "api-month", "rate": "1000/month", "time_zone": "Asia/Tokyo", **per_key},
+        {"name": "api-week", "rate": "50/week", "time_zone": "Mars/Olympus", **per_key},
+    ]
+    [declared] = settings_policies([])
+    assert {k: declared.values[k] for k in ("strategy", "period", "time_zone", "limit")} == {
+        "strategy": "calendar_quota", "period": "month", "time_zone": "Asia/Tokyo", "limit": 1000
+    }
+    [error] = [m for m in run_checks() if m.id == "ratelimit_app.E010"]
+    assert "RATELIMIT_POLICIES[1] (api-week)" in error.msg and "'Mars/Olympus' is not a time zone" in error.msg
+    [decision] = ratelimit_app.hit(caller(), "api").decisions
+    assert (decision.policy.name, decision.policy.time_zone, decision.count) == ("api-month", "Asia/Tokyo", 1)
