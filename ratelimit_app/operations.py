@@ -27,7 +27,11 @@ def reset_all(policy: Policy) -> None:
     policy.generation += 1
     policy.save(update_fields=["generation", "updated"])
     if policy.period:
-        _empty_quota(compile_policy(policy))
+        try:
+            compiled = compile_policy(policy)
+        except ValidationError:
+            return  # an invalid row is not enforced: it has no counters to empty
+        _empty_quota(compiled)
 
 
 def _empty_quota(compiled: CompiledPolicy, batch: int = 1000) -> None:

@@ -325,3 +325,15 @@ def test_a_quota_in_the_settings_counts_by_its_zones_calendar_and_a_bad_zone_is_
     assert "RATELIMIT_POLICIES[1] (api-week)" in error.msg and "'Mars/Olympus' is not a time zone" in error.msg
     [decision] = ratelimit_app.hit(caller(), "api").decisions
     assert (decision.policy.name, decision.policy.time_zone, decision.count) == ("api-month", "Asia/Tokyo", 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reset_all_of_an_invalid_quota_row_still_moves_its_generation_on(redis_client):
+    from ratelimit_app import operations
+
+    row = monthly_per_key()
+    Policy.objects.filter(pk=row.pk).update(time_zone="Europe/Atlantis")  # past the form
+    row.refresh_from_db()
+    operations.reset_all(row)
+    row.refresh_from_db()
+    assert row.generation == 1
