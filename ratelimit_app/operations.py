@@ -108,6 +108,17 @@ def subject_key_of(policy: CompiledPolicy, text: str) -> tuple[str, str]:
 
 
 
+def subject_key_for(policy_name: str, text: str) -> str:
+    """subject_key_of() for the policy called `policy_name`; ValueError saying what is wrong."""
+    row = Policy.objects.filter(name=policy_name).first()
+    if row is None:
+        raise ValueError(f"There is no policy {policy_name!r}.")
+    try:
+        return subject_key_of(compile_policy(row), text.strip())[0]
+    except ValidationError as error:
+        raise ValueError(" ".join(error.messages)) from None
+
+
 def trend_data(policy: Policy) -> list[dict]:
     """Allowed and denied per window, oldest first, for the live page's chart ([] when Redis cannot say)."""
     try:

@@ -337,3 +337,25 @@ def test_reset_all_of_an_invalid_quota_row_still_moves_its_generation_on(redis_c
     operations.reset_all(row)
     row.refresh_from_db()
     assert row.generation == 1
+
+
+# --- billing: finding a customer's rows ------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_subject_key_finds_the_saved_usage_of_an_api_key_shown_masked():
+    from ratelimit_app.models import QuotaUsage
+
+    monthly_per_key()
+    secret = "sk_live_0123456789abcdef"
+    for _ in range(3):
+        ratelimit_app.hit(caller(secret), "api")
+    ratelimit_app.hit(caller("sk_live_other"), "api")
+    quotas.saver.save()
+    found = ratelimit_app.subject_key("api-month", f"header:X-Api-Key={secret}")
+    row = QuotaUsage.objects.get(subject=found)
+    assert row.used == 3 and secret not in row.display
+    with pytest.raises(ValueError, match="no policy 'nowhere'"):
+        ratelimit_app.subject_key("nowhere", f"header:X-Api-Key={secret}")
+    with pytest.raises(ValueError):
+        ratelimit_app.subject_key("api-month", "ip:203.0.113.9")  # not the policy's key
