@@ -359,3 +359,19 @@ def test_subject_key_finds_the_saved_usage_of_an_api_key_shown_masked():
         ratelimit_app.subject_key("nowhere", f"header:X-Api-Key={secret}")
     with pytest.raises(ValueError):
         ratelimit_app.subject_key("api-month", "ip:203.0.113.9")  # not the policy's key
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_ausage_after_a_flushall_shows_what_was_saved(redis_client):
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
+    await sync_to_async(monthly_per_key)()
+    for _ in range(2):
+        assert (await ratelimit_app.ahit(caller(), "api")).allowed
+    assert await sync_to_async(quotas.saver.save)() == 1
+    quotas.saver.discard()
+    redis_client.flushall()
+    [shown] = [u for u in await ratelimit_app.ausage(caller()) if u.policy == "api-month"]
+    assert (shown.used, shown.remaining) == (2, 8)
+    await sync_to_async(connections.close_all)()  # the executor thread's, or PostgreSQL keeps the test database
