@@ -4,7 +4,8 @@ For code that is not a view: `ratelimit_app.check(request, action)` tells what w
 without counting; `ratelimit_app.hit(request, action)` counts the request. Both take `cost=N` for a
 request worth N units (the admin's cost for the action wins) and return a Verdict;
 `acheck` and `ahit` are the same for async code. `ratelimit_app.usage(request)` (`ausage`) lists the
-caller's quotas and rate limits. `ratelimit_app.ratelimit` is the view decorator.
+caller's quotas and rate limits; `ratelimit_app.subject_key(policy, subject)` finds a subject's rows
+of saved usage. `ratelimit_app.ratelimit` is the view decorator.
 """
 
 from __future__ import annotations
@@ -63,3 +64,13 @@ async def ausage(request):
     from .caller_usage import ausage as ausage_of
 
     return await ausage_of(request)
+
+
+def subject_key(policy: str, subject: str) -> str:
+    """The key of a subject written as a person would (`header:X-Api-Key=sk_live_...`, `user:alice`,
+    `ip:203.0.113.7`) under the policy named `policy`: what the quota usage export's `subject_key`
+    column holds, to find a customer's rows when their subject is shown masked. ValueError when there
+    is no such policy or the subject does not fit its key."""
+    from .operations import subject_key_for
+
+    return subject_key_for(policy, subject)

@@ -102,34 +102,53 @@ def _load_costs() -> dict[str, int]:
     return costs
 
 
-def _valid(rows, exclude: list[str], described) -> list:
-    """The rows that pass validation (the relations are the loader's own); each other one is logged and skipped."""
+def _logged(described: str, error: ValidationError) -> None:
+    logger.error("ratelimit: %s is invalid and is skipped: %s", described, error)
+
+
+def _valid(rows, exclude: list[str], described, refused=_logged) -> list:
+    """The rows that pass validation (the relations are the loader's own); each other one is handed to
+    `refused` (logged) and skipped."""
     kept = []
     for row in rows:
         try:
             row.full_clean(exclude=exclude, validate_unique=False, validate_constraints=False)
             kept.append(row)
         except ValidationError as error:
-            logger.error("ratelimit: %s is invalid and is skipped: %s", described(row), error)
+            refused(described(row), error)
     return kept
 
 
+# the rows of each kind as the index reads them, what is left to the loader, and how a bad one is named
+OVERRIDES = (("policy", "user", "group"), lambda row: f"override id {row.pk} of policy {row.policy.name!r}")
+ASSIGNMENTS = (("plan", "user", "group"), lambda row: f"assignment id {row.pk} to plan {row.plan.name!r}")
+PLAN_LIMITS = (("plan", "policy"), lambda row: f"limit id {row.pk} of plan {row.plan.name!r}")
+
+
 def _load_overrides(policy_ids: set[int]) -> dict[int, PolicyOverrides]:
-    found = Override.objects.filter(policy_id__in=policy_ids).select_related("user", "group", "policy")
-    rows = _valid(found, ["policy", "user", "group"],
-                  lambda row: f"override id {row.pk} of policy {row.policy.name!r}")
+    found = Override.objects.filter(policy_id__in=policy_ids).select_related(*OVERRIDES[0])
+    rows = _valid(found, [*OVERRIDES[0]], OVERRIDES[1])
     return compile_overrides(rows, _members({row.group_id for row in rows if row.group_id}))
 
 
 def _load_plans(policy_ids: set[int]) -> PlanAssignments | None:
-    found = PlanAssignment.objects.select_related("user", "group", "plan").order_by("pk")
-    assignments = _valid(found, ["plan", "user", "group"],
-                         lambda row: f"assignment id {row.pk} to plan {row.plan.name!r}")
+    found = PlanAssignment.objects.select_related(*ASSIGNMENTS[0]).order_by("pk")
+    assignments = _valid(found, [*ASSIGNMENTS[0]], ASSIGNMENTS[1])
     if not assignments:
         return None  # most sites sell nothing: no plan limit is read either
-    found = PlanLimit.objects.filter(policy_id__in=policy_ids).select_related("plan").order_by("pk")
-    limits = _valid(found, ["plan", "policy"], lambda row: f"limit id {row.pk} of plan {row.plan.name!r}")
+    found = PlanLimit.objects.filter(policy_id__in=policy_ids).select_related(*PLAN_LIMITS[0]).order_by("pk")
+    limits = _valid(found, [*PLAN_LIMITS[0]], PLAN_LIMITS[1])
     return compile_plans(limits, assignments, _members({row.group_id for row in assignments if row.group_id}))
+
+
+def invalid_rows() -> list[tuple[str, ValidationError]]:
+    """The overrides, plan assignments and plan limits that reading the index skips, each named with
+    why (the system checks report them: a row written past the admin's validation matches nothing)."""
+    found: list[tuple[str, ValidationError]] = []
+    for model, (related, described) in ((Override, OVERRIDES), (PlanAssignment, ASSIGNMENTS), (PlanLimit, PLAN_LIMITS)):
+        rows = model.objects.select_related(*related).order_by("pk")
+        _valid(rows, [*related], described, lambda name, error: found.append((name, error)))
+    return found
 
 
 def _members(group_ids: set[int]) -> dict[int, frozenset[int]]:

@@ -4,16 +4,17 @@ of a policy, its trend, resetting subjects, finding a subject from what a person
 from __future__ import annotations
 
 import re
+import time
 
 from django.core.exceptions import ValidationError
 
-from . import live
+from . import live, quotas
 from .engine import RedisUnavailable, client
 from .engine.libraries import prune
 from .engine.scripts import scripts
 from .live import PolicyActivity, policy_activity, policy_trends  # noqa: F401  (the policy list's columns)
 from .loading import compile_policy
-from .models import Policy
+from .models import Policy, QuotaUsage
 from .subjects import SubjectTextError, subject_from_text
 from .values import CompiledPolicy
 
@@ -25,6 +26,29 @@ def reset_all(policy: Policy) -> None:
     """Start every subject of the policy afresh: counters carry the generation, old ones just expire."""
     policy.generation += 1
     policy.save(update_fields=["generation", "updated"])
+    if policy.period:
+        try:
+            compiled = compile_policy(policy)
+        except ValidationError:
+            return  # an invalid row is not enforced: it has no counters to empty
+        _empty_quota(compiled)
+
+
+def _empty_quota(compiled: CompiledPolicy, batch: int = 1000) -> None:
+    """A calendar quota's new counters would be absent, which reads as a loss of Redis: every subject
+    with saved usage in the current period gets an emptied one instead (this process's pending usage
+    saved first; what other workers had not saved yet can still come back, as after a loss)."""
+    quotas.saver.save()
+    start = quotas.as_datetime(quotas.periods(compiled, int(time.time() * 1000)).start)
+    rows = QuotaUsage.objects.filter(policy_id=compiled.id, period_start=start).values_list("subject", flat=True)
+    found: list[str] = []
+    for subject in rows.iterator(chunk_size=batch):
+        found.append(subject)
+        if len(found) == batch:
+            live.empty_quota_counters(compiled, found)
+            found = []
+    if found:
+        live.empty_quota_counters(compiled, found)
 
 
 def reset_subject(policy: Policy, text: str) -> tuple[str, bool]:
@@ -82,6 +106,17 @@ def subject_key_of(policy: CompiledPolicy, text: str) -> tuple[str, str]:
         raise ValidationError(str(error)) from None
     return subject.key, subject.display
 
+
+
+def subject_key_for(policy_name: str, text: str) -> str:
+    """subject_key_of() for the policy called `policy_name`; ValueError saying what is wrong."""
+    row = Policy.objects.filter(name=policy_name).first()
+    if row is None:
+        raise ValueError(f"There is no policy {policy_name!r}.")
+    try:
+        return subject_key_of(compile_policy(row), text.strip())[0]
+    except ValidationError as error:
+        raise ValueError(" ".join(error.messages)) from None
 
 
 def trend_data(policy: Policy) -> list[dict]:

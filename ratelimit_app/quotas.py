@@ -26,6 +26,7 @@ from .values import Check, CompiledPolicy
 
 logger = logging.getLogger("ratelimit_app")
 ABSENT = -3  # the retry a quota's script reports for a counter that is not there (lua/quota.lua)
+PACK = 1000000  # lua/calendar_quota.lua: a counter holds count * PACK + the number of its period
 
 _periods: dict[tuple[str, str], Periods] = {}  # (period, zone) -> the periods around the last instant asked
 
@@ -46,6 +47,14 @@ def bucket(policy: CompiledPolicy, now_ms: int, seed: tuple[int, int] | None) ->
     found = periods(policy, now_ms)
     text = f"{found.previous},{found.start},{found.end},{found.after}"
     return text if seed is None else f"{text},{seed[0]},{seed[1]}"
+
+
+def emptied(policy: CompiledPolicy, now_ms: int) -> tuple[str, int]:
+    """The value of a counter of the current period that has counted nothing, and when it ends (ms): what
+    a reset writes. A counter deleted instead would read as lost, and the next request would take the
+    saved usage back (lua/calendar_quota.lua numbers a period as here, never 0)."""
+    found = periods(policy, now_ms)
+    return str(found.start // 60000 % (PACK - 1) + 1), found.end
 
 
 class QuotaAbsent(Exception):

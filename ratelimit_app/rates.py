@@ -31,6 +31,12 @@ def parse_rate(rate: str | tuple[int, int]) -> tuple[int, int]:
     if match is None:
         raise ValueError(f"{_shown(rate)} is not a rate: write <requests>/<period>, {EXAMPLES}.")
     unit = match["unit"].lower()
+    if unit and unit not in UNITS and _calendar_word(unit):
+        raise ValueError(
+            f"{_shown(rate)}: unknown period {match['unit']!r} for a window of seconds (s, m, h or d). A calendar "
+            f"quota is written 10000/month, 500/week or 1000/calendar-day, where quotas are taken: @ratelimit, "
+            f"RATELIMIT_POLICIES, the admin and the import."
+        )
     if unit and unit not in UNITS:
         raise ValueError(
             f"{_shown(rate)}: unknown period {match['unit']!r}; use s, m, h or d (or sec, min, hour, day), {EXAMPLES}."
@@ -61,6 +67,11 @@ def parse_quota(rate: object) -> tuple[int, str] | None:
     return int(match["limit"]), next(name for name in ("day", "week", "month") if period.endswith(name))
 
 
+def _calendar_word(unit: str) -> bool:
+    """'month', 'weeks', 'mo', 'w': a calendar period written where a window of seconds was expected."""
+    return unit in ("w", "wk", "wks", "mo", "mos", "mon") or unit.rstrip("s") in ("week", "month", "calendar")
+
+
 def _shown(rate: str) -> str:
     """The rate as messages quote it: a long one cut, so an error never echoes a megabyte back."""
     return repr(rate if len(rate) <= 40 else rate[:37] + "...")
@@ -87,6 +98,14 @@ def format_rate(limit: int, window: int) -> str:
             count = window // size
             return f"{limit}/{'' if count == 1 else count}{unit}"
     return f"{limit}/{window}s"  # unreachable: every window divides by 1
+
+
+def human_per(window: int, period: str = "", time_zone: str = "") -> str:
+    """What a limit counts over, as people read it: '1 min', or a calendar quota's 'calendar month (UTC)'
+    (not its window, the longest period: '31 d' would say a month is 31 days from the first request)."""
+    if not period:
+        return human_window(window)
+    return f"calendar {period} ({time_zone})" if time_zone else f"calendar {period}"
 
 
 def human_window(seconds: int) -> str:

@@ -66,6 +66,9 @@ def test_the_plan_list_shows_its_limits_and_how_many_are_on_it(admin_client, sea
         ("10", False, {"kind": "header", "header": "X Api Key", "value": "k", "network": ""}, "is not an HTTP header name"),
         ("10", False, {"network": "10.0.0.300"}, "Enter an IP address or a network in CIDR form"),
         ("10", False, {"kind": "user", "network": ""}, "Required when it matches by user."),
+        # a user or group that does not exist (deleted meanwhile, or an id typed in): matches nothing
+        ("10", False, {"kind": "user", "user": "99999", "network": ""}, "Select a valid choice."),
+        ("10", False, {"kind": "group", "group": "99999", "network": ""}, "Select a valid choice."),
     ],
 )
 def test_bad_plans_are_refused_with_a_message_and_nothing_is_saved(admin_client, search, limit, exempt, assignment, message):
@@ -133,12 +136,40 @@ def test_a_plan_saved_in_the_admin_reaches_a_running_worker(tmp_path):
             assert fetch(server.url + url)[1]["RateLimit-Policy"] == '"search";q=1000;w=60'
         data = {k: v for k, v in plan_form(0, "5", network="127.0.0.1").items() if k != "limits-0-policy"}
         assert "saved" in manage(env, "shell", "-c", ADMIN_POST.replace("{DATA}", repr(data)))
-        for server in servers:
+        for number, server in enumerate(servers, 1):
             polls = 0
             while fetch(server.url + url)[1]["RateLimit-Policy"] != '"search";q=5;w=60':
                 polls += 1
                 time.sleep(0.01)
                 assert polls < 3000, "a worker never obeyed the plan"  # stops a loop that would never end
+            print(f"worker {number} answered with the plan's limit after {polls} requests with its old limit")
     finally:
         for server in servers:
             server.stop()
+
+
+# --- rows that reached the database without validation ----------------------------------------------------
+
+
+def test_overrides_and_plan_rows_that_match_nothing_are_reported_by_the_system_checks(search):
+    from django.core.checks import run_checks
+
+    from ratelimit_app.models import Override
+
+    plan = Plan.objects.create(name="pro")
+    PlanLimit.objects.create(plan=plan, policy=search, limit=10)
+    PlanAssignment.objects.create(plan=plan, kind="header", header="X-Api-Key", value="k")
+    Override.objects.create(policy=search, kind="ip", network=IP, limit=5)
+    assert [m for m in run_checks() if m.id == "ratelimit_app.W007"] == []
+    PlanAssignment.objects.update(value="")  # past the form: it matches no request
+    PlanLimit.objects.update(limit=0)
+    Override.objects.update(network="")
+    found = sorted(m.msg for m in run_checks() if m.id == "ratelimit_app.W007")
+    assert found == sorted([
+        f"The assignment id {PlanAssignment.objects.get().pk} to plan 'pro' is invalid and is ignored: "
+        "value: Required when it matches a header value.",
+        f"The limit id {PlanLimit.objects.get().pk} of plan 'pro' is invalid and is ignored: "
+        "limit: The limit must be at least 1 request per window. Give a limit, or tick exempt.",
+        f"The override id {Override.objects.get().pk} of policy 'search' is invalid and is ignored: "
+        "network: Required when it matches by ip.",
+    ])

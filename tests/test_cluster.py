@@ -225,6 +225,19 @@ def test_reset_of_several_subjects_of_one_shard(cluster):
     assert all(hit(check(limited, name)).allowed for name in same)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_calendar_quotas_subjects_reset_in_every_shard_start_the_period_from_zero(cluster):
+    from ratelimit_app import quotas
+
+    monthly = policy(save=True, strategy="calendar_quota", period="month", time_zone="UTC", window=1, limit=5)
+    names = who_in_other_shards(3)
+    for name in names:
+        assert [hit(check(monthly, name), now=None).allowed for _ in range(6)] == [True] * 5 + [False]
+    quotas.saver.save()  # the saved usage would give the 5 back to a counter found missing
+    assert sorted(live.reset_subjects(monthly, [subject(name).key for name in names])) == sorted(names)
+    assert [hit(check(monthly, name), now=None).decisions[0].count for name in names] == [1, 1, 1]
+
+
 def test_policy_version_is_read_and_bumped_on_the_cluster(cluster):
     before = version.current_version()
     assert before and hit(check(policy(limit=5)), version=True).version == before
@@ -426,6 +439,14 @@ def _costly(checks, start, results, attempts=100):
 def test_eight_processes_of_cost_3_admit_exactly_a_third_of_the_limit(cluster):
     limited = policy(strategy="sliding_window", limit=300, window=3600, bucket_size=60)
     assert sum(in_processes(_costly, ([check(limited)],))) == 100
+
+
+@pytest.mark.django_db
+def test_eight_processes_of_cost_3_on_a_calendar_quota_admit_exactly_a_third_of_the_limit(cluster):
+    """Every process meets the month's counter absent first: each reads the saved usage and asks again."""
+    monthly = policy(strategy="calendar_quota", period="month", time_zone="UTC", window=1, limit=300)
+    assert sum(in_processes(_costly, ([check(monthly)],))) == 100
+    assert engine.decide([check(monthly)], dry_run=True).decisions[0].count == 300
 
 
 def test_places_in_flight_are_taken_and_given_back_on_the_cluster(cluster):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import HttpResponseRedirect, JsonResponse
@@ -9,7 +10,7 @@ from django.urls import reverse
 
 from .. import operations, strategies
 from ..engine import RedisUnavailable
-from ..rates import human_window
+from ..rates import human_per, human_window
 from .pages import PolicyPage
 
 
@@ -30,6 +31,7 @@ class LivePage(PolicyPage):
             data=data,
             rate=self.model_admin.rate(policy),
             window=human_window(policy.window),
+            per=human_per(policy.window, policy.period, policy.time_zone or settings.TIME_ZONE),
             can_reset=self.model_admin.has_change_permission(request, policy),
             exempt=list(policy.overrides.filter(exempt=True).select_related("user", "group")),
             plans=list(policy.plan_limits.select_related("plan").order_by("plan__name")),

@@ -36,6 +36,27 @@ def check_policies(app_configs: object = None, **kwargs: object) -> list:
     return warnings
 
 
+@register(deploy=False)
+def check_subject_rows(app_configs: object = None, **kwargs: object) -> list:
+    """Overrides, plan assignments and plan limits that reached the database without validation."""
+    from ..loading import invalid_rows
+
+    try:
+        found = invalid_rows()
+    except DatabaseError:
+        return []  # not migrated yet: nothing to check
+    return [
+        Warning(
+            f"The {described} is invalid and is ignored: "
+            + "; ".join(f"{field}: {' '.join(messages)}" for field, messages in error.message_dict.items()),
+            hint="Fix it in the admin (the policy's or the plan's page); the requests it would match get the "
+            "limit they would have without it meanwhile.",
+            id="ratelimit_app.W007",
+        )
+        for described, error in found
+    ]
+
+
 RATELIMIT_MIDDLEWARE = "ratelimit_app.middleware.RateLimitMiddleware"
 AUTHENTICATION_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
 

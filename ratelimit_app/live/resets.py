@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Sequence
 
 import redis
 
+from .. import quotas
 from ..deny_cache import deny_cache
 from ..engine import admin_call, keys
 from ..engine.tally import tally
@@ -29,8 +31,7 @@ def reset_subjects(policy: CompiledPolicy, subject_keys: Sequence[str]) -> list[
 
     def reset(client: redis.Redis) -> None:
         with client.pipeline(transaction=False) as pipe:
-            for key in subject_keys:  # one key a DEL: a cluster pipeline refuses keys of several slots
-                pipe.delete(keys.counter_key(policy, key))
+            _forget(pipe, policy, subject_keys)
             for shard, entries in by_shard.items():
                 if entries:
                     pipe.zrem(keys.live_key(policy, shard), *entries)
@@ -42,6 +43,28 @@ def reset_subjects(policy: CompiledPolicy, subject_keys: Sequence[str]) -> list[
     deny_cache.clear()
     bump_version()
     return sorted({parse_live_member(member.decode())[3] for member in members})
+
+
+def empty_quota_counters(policy: CompiledPolicy, subject_keys: Sequence[str]) -> None:
+    """Give these subjects a calendar quota's counter of the current period that counted nothing."""
+    def write(client: redis.Redis) -> None:
+        with client.pipeline(transaction=False) as pipe:
+            _forget(pipe, policy, subject_keys)
+            pipe.execute()
+
+    admin_call(write)
+
+
+def _forget(pipe, policy: CompiledPolicy, subject_keys: Sequence[str]) -> None:
+    # one key a command: a cluster pipeline refuses a command on keys of several slots
+    if not policy.period:
+        for key in subject_keys:
+            pipe.delete(keys.counter_key(policy, key))
+        return
+    # a quota's counter is emptied, not deleted: a missing one is a loss, which the saved usage makes up for
+    value, ends = quotas.emptied(policy, int(time.time() * 1000))
+    for key in subject_keys:
+        pipe.set(keys.counter_key(policy, key), value, pxat=ends)
 
 
 def _index_entries(live_key: str, subject_key: str) -> list[bytes]:

@@ -9,13 +9,14 @@ import math
 
 import redis
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from ratelimit_app import operations
 from ratelimit_app.engine import RedisUnavailable
 from ratelimit_app.models import Mode, Policy
-from ratelimit_app.rates import human_window
+from ratelimit_app.rates import human_per
 from ratelimit_app.tester import TesterForm
 
 logger = logging.getLogger("ratelimit_app")
@@ -74,7 +75,7 @@ class Command(BaseCommand):
                 now = activity.get(row.pk)
                 would = " (would)" if now is not None and row.mode == Mode.SHADOW and now.denied else ""
                 table.append((
-                    row.name, row.action, f"{row.limit} / {human_window(row.window)}", row.strategy, row.key, row.mode,
+                    row.name, row.action, f"{row.limit} / {_per(row)}", row.strategy, row.key, row.mode,
                     "yes" if row.enabled else "no",
                     "?" if now is None else str(now.active),
                     "?" if now is None else f"{now.denied}{would}",
@@ -100,7 +101,7 @@ class Command(BaseCommand):
         verb = "would have denied" if row.mode == Mode.SHADOW else "denied"
         totals = data["totals"]
         self.stdout.write(
-            f"{row.name}: {row.limit} / {human_window(row.window)}, {row.strategy} per {row.key}, {row.mode}. "
+            f"{row.name}: {row.limit} / {_per(row)}, {row.strategy} per {row.key}, {row.mode}. "
             f"{data['active']} active, {data['blocked']} at the limit; this window {totals['allowed']} allowed, "
             f"{totals['denied']} {verb}."
         )
@@ -223,6 +224,11 @@ def _status_entry(row: Policy, activity: operations.PolicyActivity | None) -> di
     return entry
 
 
+def _per(row: Policy) -> str:
+    """A policy row's window, or its calendar period in its zone (blank: the site's)."""
+    return human_per(row.window, row.period, row.time_zone or settings.TIME_ZONE)
+
+
 def _explanation_row(item) -> tuple[str, ...]:
     """One line of the tester's answer, worded as the admin's tester page words it."""
     policy, planned, decision = item.policy, item.planned, item.decision
@@ -232,7 +238,7 @@ def _explanation_row(item) -> tuple[str, ...]:
     override = planned.override.description if planned.override else "none"
     if planned.limit is None:
         return (*named, planned.subject.display, override, item.limit_from, "exempt", "-", "allow (exempt)")
-    limit = f"{planned.limit} / {human_window(policy.window)}"
+    limit = f"{planned.limit} / {human_per(policy.window, policy.period, policy.time_zone)}"
     if decision is None:
         would = "unknown (Redis unreachable)"
     elif not decision.exceeded:
