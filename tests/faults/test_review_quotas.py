@@ -1,0 +1,92 @@
+"""Calendar quotas attacked as a hostile reviewer would: a worker whose clock has passed the period's end
+while Redis still counts the old period (the instant of every month's end, or a drifted host clock), a
+subject reset from the live page, odd subjects in the billing export. Real Redis, real database."""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import datetime, timezone
+
+import pytest
+
+from ratelimit_app import engine, quotas
+from ratelimit_app.engine import keys
+from ratelimit_app.models import QuotaUsage
+from ratelimit_app.periods import periods_at, zone
+from ratelimit_app.policies import compile_policy
+from tests.helpers import check, make_policy
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def monthly(limit: int = 3, **fields):
+    return compile_policy(make_policy(name="monthly", strategy="calendar_quota", period="month", time_zone="UTC",
+                                      limit=limit, window=1, **fields))
+
+
+def redis_month(redis_client) -> tuple[int, int]:
+    """The start and end (ms) of the month Redis's clock is in."""
+    seconds, micros = redis_client.time()
+    found = periods_at("month", zone("UTC"), seconds * 1000 + micros // 1000)
+    return found.start, found.end
+
+
+@pytest.fixture
+def worker_clock_at(monkeypatch):
+    """Set this process's clock (every `time.time` the app reads) to an instant of the test's choosing,
+    moving on from there: a worker whose clock disagrees with Redis's."""
+
+    def at(instant_ms: int) -> None:
+        real = time.time
+        offset = instant_ms / 1000 - real()
+
+        def skewed() -> float:
+            return real() + offset
+
+        for module in list(sys.modules.values()):
+            if getattr(module, "__name__", "").startswith("ratelimit_app") and getattr(module, "time", None) is real:
+                monkeypatch.setattr(module, "time", skewed)
+        monkeypatch.setattr(time, "time", skewed)
+
+    return at
+
+
+# --- a worker past the period's end while Redis is not -------------------------------------------------
+
+
+def test_a_refusal_answered_as_the_month_ends_waits_for_the_next_month_not_the_one_after(redis_client, worker_clock_at):
+    limited = monthly(limit=2)
+    start, end = redis_month(redis_client)
+    assert [engine.decide([check(limited)]).allowed for _ in range(3)] == [True, True, False]
+    worker_clock_at(end + 1)  # Redis refused just before the month's end; the reply is read just after it
+    [refused] = engine.decide([check(limited)]).decisions
+    redis_ms = int(redis_client.time()[0]) * 1000
+    assert not refused.allowed
+    assert refused.retry_after <= (end - redis_ms) / 1000 + 1  # was 31 days: the deny cache held the next month
+
+
+def test_the_usage_of_a_month_is_never_saved_as_the_next_months(redis_client, worker_clock_at):
+    limited = monthly(limit=3)
+    start, end = redis_month(redis_client)
+    assert engine.decide([check(limited)]).allowed
+    worker_clock_at(end + 1)
+    assert [engine.decide([check(limited)]).allowed for _ in range(3)] == [True, True, False]
+    quotas.saver.save()
+    saved = {(row.period_start, row.used) for row in QuotaUsage.objects.all()}
+    assert saved == {(quotas.as_datetime(start), 3)}  # was also (the next month, 3): billed twice
+    redis_client.delete(keys.counter_key(limited, check(limited).subject.key))  # the month's counter ends with the month
+    next_month = end / 1000 + 1
+    assert engine.decide([check(limited)], now=next_month).allowed  # was refused: the month began at 3
+
+
+def test_a_period_redis_lost_starts_from_the_usage_saved_for_it_by_redis_clock(redis_client, worker_clock_at):
+    limited = monthly(limit=10)
+    start, end = redis_month(redis_client)
+    assert engine.decide([check(limited)], cost=6).allowed
+    quotas.saver.save()
+    quotas.saver.discard()
+    redis_client.flushall()
+    worker_clock_at(end + 1)  # the first request after the loss is answered as the month ends
+    assert not engine.decide([check(limited)], cost=5).allowed  # was admitted: the month began at 0
+    assert engine.decide([check(limited)], cost=4).allowed
