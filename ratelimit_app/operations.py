@@ -4,16 +4,17 @@ of a policy, its trend, resetting subjects, finding a subject from what a person
 from __future__ import annotations
 
 import re
+import time
 
 from django.core.exceptions import ValidationError
 
-from . import live
+from . import live, quotas
 from .engine import RedisUnavailable, client
 from .engine.libraries import prune
 from .engine.scripts import scripts
 from .live import PolicyActivity, policy_activity, policy_trends  # noqa: F401  (the policy list's columns)
 from .loading import compile_policy
-from .models import Policy
+from .models import Policy, QuotaUsage
 from .subjects import SubjectTextError, subject_from_text
 from .values import CompiledPolicy
 
@@ -22,9 +23,14 @@ SUBJECT_KEY = re.compile(r"[0-9a-f]{16}")  # what values.Subject.key holds
 
 
 def reset_all(policy: Policy) -> None:
-    """Start every subject of the policy afresh: counters carry the generation, old ones just expire."""
+    """Start every subject of the policy afresh: counters carry the generation, old ones just expire. A
+    quota's saved usage of the current period goes too (the new counters would start from it), and what
+    workers counted before and save after is dropped by its generation."""
     policy.generation += 1
     policy.save(update_fields=["generation", "updated"])
+    if policy.period:
+        start = quotas.periods(compile_policy(policy), int(time.time() * 1000)).start
+        QuotaUsage.objects.filter(policy=policy, period_start=quotas.as_datetime(start)).delete()
 
 
 def reset_subject(policy: Policy, text: str) -> tuple[str, bool]:

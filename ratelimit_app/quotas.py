@@ -75,8 +75,9 @@ def saved(checks: Iterable[Check], now_ms: int) -> dict[tuple[int, str], tuple[i
             found[(policy_id, subject)] = (starts[(policy_id, subject)], used)
     except DatabaseError as error:  # the period starts from what Redis and this worker know
         logger.warning("ratelimit: the saved usage of a quota could not be read: %s", error)
+    generations = {check.policy.id: check.policy.generation for check in checks}
     for key, (start, used) in list(found.items()):
-        pending = saver.pending_used(key[0], key[1], start)
+        pending = saver.pending_used(key[0], key[1], start, generations[key[0]])
         if pending > used:
             found[key] = (start, pending)
     return found
@@ -88,6 +89,14 @@ def saved(checks: Iterable[Check], now_ms: int) -> dict[tuple[int, str], tuple[i
 class Usage(NamedTuple):
     display: str
     used: int
+    generation: int  # the policy's when counted: a reset of every subject makes earlier counts stale
+
+
+def fresh_counter(policy: CompiledPolicy, now_ms: int) -> tuple[int, int]:
+    """A quota counter of the period around `now_ms` that has counted nothing, and when it ends (ms): present,
+    so the period is not started again from the saved usage (lua/calendar_quota.lua packs it so)."""
+    found = periods(policy, now_ms)
+    return (found.start // 60000) % (1000000 - 1) + 1, found.end
 
 
 class Saver:
@@ -104,16 +113,16 @@ class Saver:
         key = (policy.id, subject_key, start_ms)
         with self._lock:
             known = self._pending.get(key)
-            if known is None or known.used < used:
-                self._pending[key] = Usage(display, used)
+            if known is None or (known.generation, known.used) < (policy.generation, used):
+                self._pending[key] = Usage(display, used, policy.generation)
             if self._timer is None:
                 self._timer = threading.Timer(get_setting("RATELIMIT_QUOTA_SAVE_SECONDS"), self._timed)
                 self._timer.daemon = True
                 self._timer.start()
 
-    def pending_used(self, policy_id: int, subject_key: str, start_ms: int) -> int:
+    def pending_used(self, policy_id: int, subject_key: str, start_ms: int, generation: int) -> int:
         known = self._pending.get((policy_id, subject_key, start_ms))
-        return known.used if known else 0
+        return known.used if known and known.generation >= generation else 0
 
     def _timed(self) -> None:
         try:
@@ -135,7 +144,7 @@ class Saver:
                 with self._lock:
                     for key, usage in pending.items():
                         known = self._pending.get(key)
-                        if known is None or known.used < usage.used:
+                        if known is None or (known.generation, known.used) < (usage.generation, usage.used):
                             self._pending[key] = usage
                 return 0
             return len(pending)
@@ -161,9 +170,14 @@ def _upsert(pending: dict[tuple[int, str, int], Usage]) -> None:
     table = connection.ops.quote_name(QuotaUsage._meta.db_table)
     larger = {"postgresql": "GREATEST", "mysql": "GREATEST"}.get(connection.vendor, "MAX")
     now = datetime.now(timezone.utc)
+    # a policy deleted meanwhile takes its usage with it; counts from before a reset of every subject are stale
+    generations = dict(
+        Policy.objects.using(alias).filter(pk__in={key[0] for key in pending}).values_list("pk", "generation")
+    )
     rows = [
         (policy_id, subject, usage.display[:100], as_datetime(start), usage.used, now)
         for (policy_id, subject, start), usage in pending.items()
+        if usage.generation >= generations.get(policy_id, usage.generation + 1)
     ]
     columns = "policy_id, subject, display, period_start, used, updated"
     if connection.vendor == "mysql":
@@ -176,9 +190,6 @@ def _upsert(pending: dict[tuple[int, str, int], Usage]) -> None:
             "ON CONFLICT (policy_id, subject, period_start) DO UPDATE SET "
             f"used = {larger}({table}.used, excluded.used), display = excluded.display, updated = excluded.updated"
         )
-    # a policy deleted meanwhile takes its usage with it
-    known = set(Policy.objects.using(alias).filter(pk__in={row[0] for row in rows}).values_list("pk", flat=True))
-    rows = [row for row in rows if row[0] in known]
     with connection.cursor() as cursor:
         for first in range(0, len(rows), BATCH):
             batch = rows[first : first + BATCH]

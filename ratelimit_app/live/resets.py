@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Sequence
 
 import redis
 
+from .. import quotas
 from ..deny_cache import deny_cache
 from ..engine import admin_call, keys
 from ..engine.tally import tally
@@ -27,10 +29,16 @@ def reset_subjects(policy: CompiledPolicy, subject_keys: Sequence[str]) -> list[
         by_shard.setdefault(shard, []).extend(_index_entries(keys.live_key(policy, shard), key))
     members = [member for entries in by_shard.values() for member in entries]
 
+    # a quota's counter is not deleted but emptied: an absent one starts its period from the saved usage
+    fresh = quotas.fresh_counter(policy, int(time.time() * 1000)) if policy.period else None
+
     def reset(client: redis.Redis) -> None:
         with client.pipeline(transaction=False) as pipe:
             for key in subject_keys:  # one key a DEL: a cluster pipeline refuses keys of several slots
-                pipe.delete(keys.counter_key(policy, key))
+                if fresh:
+                    pipe.set(keys.counter_key(policy, key), fresh[0], pxat=fresh[1])
+                else:
+                    pipe.delete(keys.counter_key(policy, key))
             for shard, entries in by_shard.items():
                 if entries:
                     pipe.zrem(keys.live_key(policy, shard), *entries)

@@ -10,9 +10,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from ratelimit_app import engine, quotas
+from ratelimit_app import engine, operations, quotas
 from ratelimit_app.engine import keys
-from ratelimit_app.models import QuotaUsage
+from ratelimit_app.models import Policy, QuotaUsage
 from ratelimit_app.periods import periods_at, zone
 from ratelimit_app.policies import compile_policy
 from tests.helpers import check, make_policy
@@ -90,3 +90,31 @@ def test_a_period_redis_lost_starts_from_the_usage_saved_for_it_by_redis_clock(r
     worker_clock_at(end + 1)  # the first request after the loss is answered as the month ends
     assert not engine.decide([check(limited)], cost=5).allowed  # was admitted: the month began at 0
     assert engine.decide([check(limited)], cost=4).allowed
+
+
+# --- a reset from the live page ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("saved", [True, False], ids=["saved", "pending"])
+def test_a_subject_reset_on_the_live_page_starts_its_month_afresh(saved):
+    limited = monthly(limit=3)
+    assert [engine.decide([check(limited)]).allowed for _ in range(4)] == [True, True, True, False]
+    if saved:
+        quotas.saver.save()
+    operations.reset_subject(Policy.objects.get(pk=limited.id), "ip:203.0.113.7")
+    limited = compile_policy(Policy.objects.get(pk=limited.id))
+    assert engine.decide([check(limited)]).allowed  # was refused: the saved usage came back at once
+    assert engine.decide([check(limited)], dry_run=True).decisions[0].count == 1
+
+
+def test_resetting_every_subject_of_a_quota_starts_their_month_afresh():
+    limited = monthly(limit=3)
+    assert all(engine.decide([check(limited, who)]).allowed for who in ("ip:1.1.1.1", "ip:2.2.2.2") for _ in range(3))
+    quotas.saver.save()
+    assert all(engine.decide([check(limited, "ip:3.3.3.3")]).allowed for _ in range(3))  # not saved yet
+    operations.reset_all(Policy.objects.get(pk=limited.id))
+    quotas.saver.save()  # what a worker counted before the reset and saves after it is stale
+    limited = compile_policy(Policy.objects.get(pk=limited.id))
+    assert all(engine.decide([check(limited, who)]).allowed for who in ("ip:1.1.1.1", "ip:2.2.2.2"))
+    quotas.saver.discard()
+    assert engine.decide([check(limited, "ip:3.3.3.3")]).allowed  # was refused: the stale count was saved
