@@ -98,6 +98,9 @@ class QuotaUsageAdmin(admin.ModelAdmin):
         which = request.GET.get("period")
         if which in ("current", "previous"):
             queryset = queryset.filter(period_starts(which))
+        queryset, duplicates = self.get_search_results(request, queryset, request.GET.get("q", ""))
+        if duplicates:
+            queryset = queryset.distinct()
         response = StreamingHttpResponse(csv_rows(queryset), content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = 'attachment; filename="quota-usage.csv"'
         return response

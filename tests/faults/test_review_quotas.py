@@ -4,17 +4,23 @@ subject reset from the live page, odd subjects in the billing export. Real Redis
 
 from __future__ import annotations
 
+import csv
+import io
 import sys
 import time
 from datetime import datetime, timezone
 
 import pytest
+from django.contrib.auth.models import AnonymousUser
+from django.test import RequestFactory
 
 from ratelimit_app import engine, operations, quotas
 from ratelimit_app.engine import keys
 from ratelimit_app.models import Policy, QuotaUsage
 from ratelimit_app.periods import periods_at, zone
 from ratelimit_app.policies import compile_policy
+from ratelimit_app.subjects import subject_for
+from ratelimit_app.values import Check
 from tests.helpers import check, make_policy
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -118,3 +124,33 @@ def test_resetting_every_subject_of_a_quota_starts_their_month_afresh():
     assert all(engine.decide([check(limited, who)]).allowed for who in ("ip:1.1.1.1", "ip:2.2.2.2"))
     quotas.saver.discard()
     assert engine.decide([check(limited, "ip:3.3.3.3")]).allowed  # was refused: the stale count was saved
+
+
+# --- the billing export ------------------------------------------------------------------------------
+
+
+def _customer(value: str):
+    request = RequestFactory().get("/api/", HTTP_X_CUSTOMER=value, REMOTE_ADDR="203.0.113.9")
+    request.user = AnonymousUser()
+    return request
+
+
+def test_the_csv_export_shows_what_the_search_finds_and_no_cell_a_spreadsheet_would_run(settings, admin_client):
+    settings.RATELIMIT_PLAIN_HEADERS = ["X-Customer"]
+    row = make_policy(name="monthly", strategy="calendar_quota", period="month", time_zone="UTC", limit=100,
+                      window=1, key="header:X-Customer")
+    limited = compile_policy(row)
+    hostile = ["=cmd|' /C calc'!A0", "+1,2\n3", "@SUM(1)", "-2+3", "ünï,\"quoted\"", "acme"]
+    for value in hostile:
+        who = subject_for(limited.key_spec, _customer(value))
+        assert engine.decide([Check(limited, who, limited.limit)]).allowed
+    quotas.saver.save()
+    exported = admin_client.get("/admin/ratelimit_app/quotausage/export.csv")
+    cells = list(csv.reader(io.StringIO(b"".join(exported.streaming_content).decode())))
+    assert len(cells) == 1 + len(hostile)
+    assert not [cell for line in cells for cell in line if cell[:1] in ("=", "+", "-", "@", "\t", "\r")]
+    found = admin_client.get("/admin/ratelimit_app/quotausage/?q=acme").content.decode()
+    assert "header:X-Customer=acme" in found and "calc" not in found
+    searched = admin_client.get("/admin/ratelimit_app/quotausage/export.csv?q=acme")
+    rows = list(csv.reader(io.StringIO(b"".join(searched.streaming_content).decode())))
+    assert [line[1] for line in rows[1:]] == ["header:X-Customer=acme"]  # was every row: the search was ignored
