@@ -14,9 +14,10 @@ import pytest
 from django.contrib.auth.models import AnonymousUser
 from django.test import RequestFactory
 
+import ratelimit_app
 from ratelimit_app import engine, operations, quotas
 from ratelimit_app.engine import keys
-from ratelimit_app.models import Policy, QuotaUsage
+from ratelimit_app.models import Plan, PlanAssignment, PlanLimit, Policy, QuotaUsage
 from ratelimit_app.periods import periods_at, zone
 from ratelimit_app.policies import compile_policy
 from ratelimit_app.subjects import subject_for
@@ -154,3 +155,56 @@ def test_the_csv_export_shows_what_the_search_finds_and_no_cell_a_spreadsheet_wo
     searched = admin_client.get("/admin/ratelimit_app/quotausage/export.csv?q=acme")
     rows = list(csv.reader(io.StringIO(b"".join(searched.streaming_content).decode())))
     assert [line[1] for line in rows[1:]] == ["header:X-Customer=acme"]  # was every row: the search was ignored
+
+
+# --- plans on a quota ------------------------------------------------------------------------------
+
+
+def _statuses(client, times: int) -> list:
+    return [client.get("/demo/search/?q=a", REMOTE_ADDR="203.0.113.7", HTTP_X_API_KEY=KEY) for _ in range(times)]
+
+
+KEY = "sk_live_0123456789abcdef"
+
+
+def test_a_plan_lowered_below_the_months_usage_then_deleted_leaves_its_customer_refused_until_the_1st(client,
+                                                                                                     redis_client):
+    row = make_policy(name="searches", action="demo:search", strategy="calendar_quota", period="month",
+                      time_zone="UTC", limit=2, window=1, key="header:X-Api-Key")
+    pro = Plan.objects.create(name="pro")
+    PlanLimit.objects.create(plan=pro, policy=row, limit=5)
+    PlanAssignment.objects.create(plan=pro, kind="header", header="X-Api-Key", value=KEY)
+    assert [answer.status_code for answer in _statuses(client, 4)] == [200] * 4
+    start, end = redis_month(redis_client)
+    limit = PlanLimit.objects.get(plan=pro)
+    limit.limit = 3
+    limit.save()
+    [lowered] = _statuses(client, 1)
+    assert (lowered.status_code, lowered["RateLimit-Policy"]) == (429, f'"searches";q=3;w={(end - start) // 1000}')
+    assert abs(int(lowered["Retry-After"]) - (end / 1000 - time.time())) <= 2
+    pro.delete()
+    [back] = _statuses(client, 1)
+    assert (back.status_code, back["RateLimit-Policy"].split(";")[1]) == (429, "q=2")
+    quotas.saver.save()
+    assert QuotaUsage.objects.get().used == 4  # the refusals counted nothing
+
+
+# --- usage() for the customer's dashboard ------------------------------------------------------------
+
+
+def test_usage_tells_when_an_unused_quota_starts_again_and_leaves_out_what_does_not_apply(redis_client):
+    monthly(limit=1000, key="header:X-Api-Key")
+    make_policy(name="per-user", strategy="calendar_quota", period="day", time_zone="UTC", limit=5, window=1,
+                key="user")
+    start, end = redis_month(redis_client)
+    [month] = ratelimit_app.usage(_keyed("k-1"))  # anonymous: no per-user
+    assert (month.policy, month.used, month.remaining) == ("monthly", 0, 1000)
+    assert month.resets_at == quotas.as_datetime(end)  # was now: an unused month "reset" at once
+    assert ratelimit_app.usage(_keyed("")) == []  # no key: no quota of the key applies
+
+
+def _keyed(value: str):
+    headers = {"HTTP_X_API_KEY": value} if value else {}
+    request = RequestFactory().get("/api/usage", REMOTE_ADDR="203.0.113.9", **headers)
+    request.user = AnonymousUser()
+    return request
