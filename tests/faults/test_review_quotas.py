@@ -9,8 +9,10 @@ import io
 import sys
 import time
 from datetime import datetime, timezone
+from zoneinfo import ZoneInfo
 
 import pytest
+import redis
 from django.contrib.auth.models import AnonymousUser
 from django.test import RequestFactory
 
@@ -22,7 +24,8 @@ from ratelimit_app.periods import periods_at, zone
 from ratelimit_app.policies import compile_policy
 from ratelimit_app.subjects import subject_for
 from ratelimit_app.values import Check
-from tests.helpers import check, make_policy
+from tests.helpers import check, make_policy, policy
+from tests.test_cluster import cluster, shared_cluster, who_in_other_shards  # noqa: F401 - the cluster fixtures
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -208,3 +211,41 @@ def _keyed(value: str):
     request = RequestFactory().get("/api/usage", REMOTE_ADDR="203.0.113.9", **headers)
     request.user = AnonymousUser()
     return request
+
+
+# --- on Redis Cluster ---------------------------------------------------------------------------------
+
+
+def test_on_a_cluster_a_request_across_shards_answered_as_the_month_ends_stays_in_its_month(cluster, worker_clock_at):
+    limited, minute = monthly(limit=2), policy(limit=100, window=60)
+    first, second = who_in_other_shards(2)
+    both = [check(limited, first), check(minute, second)]
+    assert [engine.decide(both).allowed for _ in range(2)] == [True, True]
+    node = redis.Redis.from_url(cluster.url)
+    start, end = redis_month(node)
+    worker_clock_at(end + 1)
+    refused = engine.decide(both)
+    assert not refused.allowed
+    assert refused.decisions[0].retry_after <= (end / 1000 - int(node.time()[0])) + 1  # was 31 days
+    quotas.saver.save()
+    assert {(row.period_start, row.used) for row in QuotaUsage.objects.all()} == {(quotas.as_datetime(start), 2)}
+
+
+# --- days that are not 24 hours -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, last_second, wait, next_day", [
+    ("America/Sao_Paulo", datetime(2019, 2, 16, 23, 59, 59), 3601, 86400),  # midnight came twice: a 25 h day
+    ("America/Sao_Paulo", datetime(2018, 11, 3, 23, 59, 59), 1, 82800),  # midnight never came: from 01:00
+    ("Pacific/Apia", datetime(2011, 12, 29, 23, 59, 59), 1, 86400),  # 30 December 2011 never was
+    ("Australia/Lord_Howe", datetime(2023, 9, 30, 23, 59, 59), 1, 84600),  # a half-hour change: 23.5 h
+])
+def test_a_day_quota_refused_at_its_last_second_waits_until_the_real_next_midnight(name, last_second, wait, next_day):
+    limited = compile_policy(make_policy(name="daily", strategy="calendar_quota", period="day", time_zone=name,
+                                         limit=1, window=1))
+    now = last_second.replace(tzinfo=ZoneInfo(name)).timestamp()
+    assert engine.decide([check(limited)], now=now).allowed
+    [refused] = engine.decide([check(limited)], now=now).decisions
+    assert (refused.allowed, refused.retry_after) == (False, wait)
+    [fresh] = engine.decide([check(limited)], now=now + wait).decisions
+    assert (fresh.allowed, fresh.count, fresh.window) == (True, 1, next_day)
