@@ -22,6 +22,7 @@ from ratelimit_app.engine import keys
 from ratelimit_app.models import Plan, PlanAssignment, PlanLimit, Policy, QuotaUsage
 from ratelimit_app.periods import periods_at, zone
 from ratelimit_app.policies import compile_policy
+from ratelimit_app.portable import ImportRefused, import_data
 from ratelimit_app.subjects import subject_for
 from ratelimit_app.values import Check
 from tests.helpers import check, make_policy, policy
@@ -249,3 +250,20 @@ def test_a_day_quota_refused_at_its_last_second_waits_until_the_real_next_midnig
     assert (refused.allowed, refused.retry_after) == (False, wait)
     [fresh] = engine.decide([check(limited)], now=now + wait).decisions
     assert (fresh.allowed, fresh.count, fresh.window) == (True, 1, next_day)
+
+
+# --- a rate of seconds on a calendar quota ---------------------------------------------------------------
+
+
+def test_a_rate_of_seconds_given_to_a_calendar_quota_is_refused_not_counted_per_month(admin_client):
+    row = make_policy(name="api-month", strategy="calendar_quota", period="month", time_zone="UTC", limit=10000,
+                      window=1)
+    answer = admin_client.post(f"/admin/ratelimit_app/policy/{row.pk}/change/", {
+        "name": "api-month", "action": "*", "rate": "100/m", "strategy": "calendar_quota", "period": "month",
+        "time_zone": "UTC", "key": "ip", "mode": "enforce", "enabled": "on",
+        "overrides-TOTAL_FORMS": "0", "overrides-INITIAL_FORMS": "0",
+    })
+    assert answer.status_code == 200 and "a window of seconds" in answer.content.decode()  # was 100 a month
+    with pytest.raises(ImportRefused, match="a window of seconds"):
+        import_data({"format": "ratelimit_app/1", "policies": [{"name": "api-month", "rate": "100/m"}]})
+    assert Policy.objects.values_list("limit", "period").get() == (10000, "month")
