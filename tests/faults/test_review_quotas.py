@@ -267,3 +267,14 @@ def test_a_rate_of_seconds_given_to_a_calendar_quota_is_refused_not_counted_per_
     with pytest.raises(ImportRefused, match="a window of seconds"):
         import_data({"format": "ratelimit_app/1", "policies": [{"name": "api-month", "rate": "100/m"}]})
     assert Policy.objects.values_list("limit", "period").get() == (10000, "month")
+
+
+def test_on_a_cluster_two_quotas_absent_in_two_shards_start_from_their_saved_usage(cluster):
+    month, day = monthly(limit=10), compile_policy(make_policy(
+        name="daily", strategy="calendar_quota", period="day", time_zone="UTC", limit=10, window=1))
+    first, second = who_in_other_shards(2)
+    both = [check(month, first), check(day, second)]
+    assert engine.decide(both, cost=3).allowed  # was an error: the second shard's absent counter was not asked again
+    quotas.saver.save()
+    cluster.flush()
+    assert [d.count for d in engine.decide(both, cost=3).decisions] == [6, 6]
