@@ -80,7 +80,7 @@ def test_the_usage_of_a_month_is_never_saved_as_the_next_months(redis_client, wo
     quotas.saver.save()
     saved = {(row.period_start, row.used) for row in QuotaUsage.objects.all()}
     assert saved == {(quotas.as_datetime(start), 3)}  # was also (the next month, 3): billed twice
-    redis_client.delete(keys.counter_key(limited, check(limited).subject.key))  # the month's counter ends with the month
+    redis_client.delete(keys.counter_key(limited, check(limited).subject.key))  # its counter ends with the month
     next_month = end / 1000 + 1
     assert engine.decide([check(limited)], now=next_month).allowed  # was refused: the month began at 3
 
