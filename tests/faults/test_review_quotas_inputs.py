@@ -1,14 +1,19 @@
 """Calendar quotas given odd input, as a hostile reviewer would: formula-like subjects and a search in the
-billing export, days of 23.5, 25 and 0 hours, a rate of seconds typed on a quota, shadow mode."""
+billing export, the export under ASGI, days of 23.5, 25 and 0 hours, a rate of seconds typed on a quota,
+shadow mode."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
+import tracemalloc
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
 import pytest
+from asgiref.sync import async_to_sync
+from django.core.asgi import get_asgi_application
 from django.contrib.auth.models import AnonymousUser
 from django.test import RequestFactory
 
@@ -97,3 +102,53 @@ def test_a_shadow_quota_never_refuses_nor_shows_and_saves_what_it_counted(client
     assert not [answer for answer in answers if "shadow-month" in answer.get("RateLimit-Policy", "")]
     quotas.saver.save()
     assert QuotaUsage.objects.get().used == 2  # at its limit it records what it would deny instead
+
+
+# --- the export under an ASGI server ---------------------------------------------------------------------
+
+
+async def _export_through_asgi(cookie: str) -> tuple[int, int]:
+    """The export as an ASGI server serves it (Django's ASGI handler): the lines sent and the peak memory."""
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+        "path": "/admin/ratelimit_app/quotausage/export.csv", "raw_path": b"/admin/ratelimit_app/quotausage/export.csv",
+        "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5000), "server": ("testserver", 80),
+        "headers": [(b"host", b"testserver"), (b"cookie", cookie.encode())],
+    }
+    asked, lines = [], [0]
+
+    async def receive() -> dict:
+        if asked:
+            await asyncio.Future()  # the client stays until the answer is whole
+        asked.append(1)
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        lines[0] += message.get("body", b"").count(b"\n")
+
+    tracemalloc.start()
+    await get_asgi_application()(scope, receive, send)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return lines[0], peak
+
+
+def _saved_rows(row, start_ms: int, count: int, first: int = 0) -> None:
+    QuotaUsage.objects.bulk_create(
+        [QuotaUsage(policy=row, subject=f"{n:016x}", display=f"header:x-api-key=k-{n}", period_start=quotas.as_datetime(
+            start_ms), used=n % 997) for n in range(first, first + count)], batch_size=5000)
+
+
+@pytest.mark.slow
+def test_under_asgi_the_csv_export_of_many_subjects_takes_the_memory_of_a_few(admin_client):
+    """5,000 and 50,000 rows through Django's ASGI handler: the same peak (50,000 rows held at once would
+    take over 10 MB)."""
+    row = make_policy(name="monthly", strategy="calendar_quota", period="month", time_zone="UTC", limit=1000, window=1)
+    cookie = f"sessionid={admin_client.cookies['sessionid'].value}"
+    _saved_rows(row, 0, 5_000)
+    lines, small = async_to_sync(_export_through_asgi)(cookie)
+    assert lines == 5_001
+    _saved_rows(row, 0, 45_000, first=5_000)
+    lines, large = async_to_sync(_export_through_asgi)(cookie)
+    assert lines == 50_001
+    assert large < small * 1.5 + 1_000_000, (small, large)  # was 5 times as much: the rows were listed whole
