@@ -99,6 +99,9 @@ def fresh_counter(policy: CompiledPolicy, now_ms: int) -> tuple[int, int]:
     return (found.start // 60000) % (1000000 - 1) + 1, found.end
 
 
+KEPT_WHILE_REFUSED = 100_000  # subjects' usage a worker keeps unsaved while the database refuses it (~40 MB)
+
+
 class Saver:
     """Usage to upsert, by (policy id, subject key, period start ms): the largest count seen wins, here
     and in the database (every worker sends what it saw; a count only grows within a period)."""
@@ -108,12 +111,15 @@ class Saver:
         self._lock = threading.Lock()
         self._saving = threading.Lock()
         self._timer: threading.Timer | None = None
+        self._refused = False  # the last save failed: what waits is bounded until one succeeds
 
     def record(self, policy: CompiledPolicy, subject_key: str, display: str, start_ms: int, used: int) -> None:
         key = (policy.id, subject_key, start_ms)
         with self._lock:
             known = self._pending.get(key)
-            if known is None or (known.generation, known.used) < (policy.generation, used):
+            if known is None and self._refused and len(self._pending) >= KEPT_WHILE_REFUSED:
+                pass  # the database is away: Redis still holds the count, the backup of it is bounded
+            elif known is None or (known.generation, known.used) < (policy.generation, used):
                 self._pending[key] = Usage(display, used, policy.generation)
             if self._timer is None:
                 self._timer = threading.Timer(get_setting("RATELIMIT_QUOTA_SAVE_SECONDS"), self._timed)
@@ -142,11 +148,15 @@ class Saver:
             except DatabaseError as error:
                 logger.warning("ratelimit: quota usage could not be saved yet: %s", error)
                 with self._lock:
+                    self._refused = True
                     for key, usage in pending.items():
                         known = self._pending.get(key)
+                        if known is None and len(self._pending) >= KEPT_WHILE_REFUSED:
+                            continue
                         if known is None or (known.generation, known.used) < (usage.generation, usage.used):
                             self._pending[key] = usage
                 return 0
+            self._refused = False
             return len(pending)
 
     def discard(self) -> None:
@@ -154,10 +164,11 @@ class Saver:
         with self._saving, self._lock:
             if self._timer is not None:
                 self._timer.cancel()
-            self._pending, self._timer = {}, None
+            self._pending, self._timer, self._refused = {}, None, False
 
     def _forked(self) -> None:
         self._pending, self._lock, self._saving, self._timer = {}, threading.Lock(), threading.Lock(), None
+        self._refused = False
 
 
 BATCH = 500  # rows per INSERT

@@ -11,6 +11,7 @@ import time
 import pytest
 import redis
 from django.contrib.auth.models import AnonymousUser
+from django.db import connection
 from django.test import RequestFactory
 
 import ratelimit_app
@@ -205,3 +206,24 @@ def test_on_a_cluster_two_quotas_absent_in_two_shards_start_from_their_saved_usa
     quotas.saver.save()
     cluster.flush()
     assert [d.count for d in engine.decide(both, cost=3).decisions] == [6, 6]
+
+
+# --- the database away ----------------------------------------------------------------------------------
+
+
+def test_while_the_database_refuses_usage_a_worker_keeps_a_bounded_backup_of_it(settings, monkeypatch):
+    settings.RATELIMIT_QUOTA_SAVE_SECONDS = 3600  # saved when the test says
+    monkeypatch.setattr(quotas, "KEPT_WHILE_REFUSED", 50, raising=False)
+    limited = monthly(limit=10)
+    table = QuotaUsage._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {table} RENAME TO refused_usage")
+    try:
+        assert all(engine.decide([check(limited, f"ip:10.0.0.{n}")]).allowed for n in range(80))
+        assert quotas.saver.save() == 0  # the database refuses: kept for the next time
+        assert all(engine.decide([check(limited, f"ip:10.0.1.{n}")]).allowed for n in range(120))
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE refused_usage RENAME TO {table}")
+    assert quotas.saver.save() == 50  # was 200: every subject seen while the database was away was held
+    assert engine.decide([check(limited, "ip:10.0.0.1")], dry_run=True).decisions[0].count == 1  # Redis holds it
