@@ -29,7 +29,10 @@ def reset_all(policy: Policy) -> None:
     policy.generation += 1
     policy.save(update_fields=["generation", "updated"])
     if policy.period:
-        start = quotas.periods(compile_policy(policy), int(time.time() * 1000)).start
+        try:
+            start = quotas.periods(compile_policy(policy), int(time.time() * 1000)).start
+        except ValidationError:  # a bad row counts nothing: nothing of it to start afresh
+            return
         QuotaUsage.objects.filter(policy=policy, period_start=quotas.as_datetime(start)).delete()
 
 

@@ -152,3 +152,11 @@ def test_under_asgi_the_csv_export_of_many_subjects_takes_the_memory_of_a_few(ad
     lines, large = async_to_sync(_export_through_asgi)(cookie)
     assert lines == 50_001
     assert large < small * 1.5 + 1_000_000, (small, large)  # was 5 times as much: the rows were listed whole
+
+
+def test_resetting_a_quota_whose_zone_went_bad_behind_the_admins_back_still_resets(admin_client):
+    row = make_policy(name="monthly", strategy="calendar_quota", period="month", time_zone="UTC", limit=10, window=1)
+    Policy.objects.filter(pk=row.pk).update(time_zone="Mars/Olympus")
+    answer = admin_client.post("/admin/ratelimit_app/policy/", {"action": "reset_counts", "_selected_action": [row.pk]})
+    assert answer.status_code == 302
+    assert Policy.objects.get(pk=row.pk).generation == row.generation + 1
