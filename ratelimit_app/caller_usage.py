@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import NamedTuple, Sequence
 
-from . import engine, policies
+from . import engine, policies, quotas
 from .conf import get_setting
 from .drivers import Io, Steps, arun, run
 from .limiter import loading
@@ -55,11 +55,17 @@ def _usage(checks: Sequence[Check], decisions: Sequence[Decision]) -> list[Usage
     return [
         Usage(
             check.policy.name, decision.count, decision.limit, decision.remaining,
-            (now + timedelta(seconds=decision.reset_in) if decision.count else now).replace(microsecond=0),
+            _resets_at(check, decision, now),
             check.policy.period, decision.window or check.policy.window, check.plan,
         )
         for check, decision in zip(checks, decisions)
     ]
+
+
+def _resets_at(check: Check, decision: Decision, now: datetime) -> datetime:
+    if check.policy.period:  # a quota starts again with its next period, used or not
+        return quotas.as_datetime(quotas.periods(check.policy, int(now.timestamp() * 1000)).end)
+    return (now + timedelta(seconds=decision.reset_in) if decision.count else now).replace(microsecond=0)
 
 
 def using(request) -> Steps[list[Usage]]:

@@ -7,6 +7,8 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
 from .doors import through_middleware
 from .drivers import arun, run
+from .engine import RedisUnavailable
+from .responses import service_unavailable
 
 
 class RateLimitMiddleware:
@@ -38,3 +40,10 @@ class RateLimitMiddleware:
         if self.is_async:
             return arun(through_middleware(request, self.get_response))
         return run(through_middleware(request, self.get_response))
+
+    def process_exception(self, request, exception):
+        # a view that asked Redis itself (usage() for a dashboard) and let the outage through: the app's 503
+        # with its Retry-After, never a 500 the app caused
+        if isinstance(exception, RedisUnavailable):
+            return service_unavailable(request)
+        return None

@@ -23,32 +23,17 @@ SUBJECT_KEY = re.compile(r"[0-9a-f]{16}")  # what values.Subject.key holds
 
 
 def reset_all(policy: Policy) -> None:
-    """Start every subject of the policy afresh: counters carry the generation, old ones just expire."""
+    """Start every subject of the policy afresh: counters carry the generation, old ones just expire. A
+    quota's saved usage of the current period goes too (the new counters would start from it), and what
+    workers counted before and save after is dropped by its generation."""
     policy.generation += 1
     policy.save(update_fields=["generation", "updated"])
     if policy.period:
         try:
-            compiled = compile_policy(policy)
-        except ValidationError:
-            return  # an invalid row is not enforced: it has no counters to empty
-        _empty_quota(compiled)
-
-
-def _empty_quota(compiled: CompiledPolicy, batch: int = 1000) -> None:
-    """A calendar quota's new counters would be absent, which reads as a loss of Redis: every subject
-    with saved usage in the current period gets an emptied one instead (this process's pending usage
-    saved first; what other workers had not saved yet can still come back, as after a loss)."""
-    quotas.saver.save()
-    start = quotas.as_datetime(quotas.periods(compiled, int(time.time() * 1000)).start)
-    rows = QuotaUsage.objects.filter(policy_id=compiled.id, period_start=start).values_list("subject", flat=True)
-    found: list[str] = []
-    for subject in rows.iterator(chunk_size=batch):
-        found.append(subject)
-        if len(found) == batch:
-            live.empty_quota_counters(compiled, found)
-            found = []
-    if found:
-        live.empty_quota_counters(compiled, found)
+            start = quotas.periods(compile_policy(policy), int(time.time() * 1000)).start
+        except ValidationError:  # a bad row counts nothing: nothing of it to start afresh
+            return
+        QuotaUsage.objects.filter(policy=policy, period_start=quotas.as_datetime(start)).delete()
 
 
 def reset_subject(policy: Policy, text: str) -> tuple[str, bool]:

@@ -84,8 +84,9 @@ def saved(checks: Iterable[Check], now_ms: int) -> dict[tuple[int, str], tuple[i
             found[(policy_id, subject)] = (starts[(policy_id, subject)], used)
     except DatabaseError as error:  # the period starts from what Redis and this worker know
         logger.warning("ratelimit: the saved usage of a quota could not be read: %s", error)
+    generations = {check.policy.id: check.policy.generation for check in checks}
     for key, (start, used) in list(found.items()):
-        pending = saver.pending_used(key[0], key[1], start)
+        pending = saver.pending_used(key[0], key[1], start, generations[key[0]])
         if pending > used:
             found[key] = (start, pending)
     return found
@@ -97,6 +98,10 @@ def saved(checks: Iterable[Check], now_ms: int) -> dict[tuple[int, str], tuple[i
 class Usage(NamedTuple):
     display: str
     used: int
+    generation: int  # the policy's when counted: a reset of every subject makes earlier counts stale
+
+
+KEPT_WHILE_REFUSED = 100_000  # subjects' usage a worker keeps unsaved while the database refuses it (~40 MB)
 
 
 class Saver:
@@ -108,21 +113,24 @@ class Saver:
         self._lock = threading.Lock()
         self._saving = threading.Lock()
         self._timer: threading.Timer | None = None
+        self._refused = False  # the last save failed: what waits is bounded until one succeeds
 
     def record(self, policy: CompiledPolicy, subject_key: str, display: str, start_ms: int, used: int) -> None:
         key = (policy.id, subject_key, start_ms)
         with self._lock:
             known = self._pending.get(key)
-            if known is None or known.used < used:
-                self._pending[key] = Usage(display, used)
+            if known is None and self._refused and len(self._pending) >= KEPT_WHILE_REFUSED:
+                pass  # the database is away: Redis still holds the count, the backup of it is bounded
+            elif known is None or (known.generation, known.used) < (policy.generation, used):
+                self._pending[key] = Usage(display, used, policy.generation)
             if self._timer is None:
                 self._timer = threading.Timer(get_setting("RATELIMIT_QUOTA_SAVE_SECONDS"), self._timed)
                 self._timer.daemon = True
                 self._timer.start()
 
-    def pending_used(self, policy_id: int, subject_key: str, start_ms: int) -> int:
+    def pending_used(self, policy_id: int, subject_key: str, start_ms: int, generation: int) -> int:
         known = self._pending.get((policy_id, subject_key, start_ms))
-        return known.used if known else 0
+        return known.used if known and known.generation >= generation else 0
 
     def _timed(self) -> None:
         try:
@@ -142,11 +150,15 @@ class Saver:
             except DatabaseError as error:
                 logger.warning("ratelimit: quota usage could not be saved yet: %s", error)
                 with self._lock:
+                    self._refused = True
                     for key, usage in pending.items():
                         known = self._pending.get(key)
-                        if known is None or known.used < usage.used:
+                        if known is None and len(self._pending) >= KEPT_WHILE_REFUSED:
+                            continue
+                        if known is None or (known.generation, known.used) < (usage.generation, usage.used):
                             self._pending[key] = usage
                 return 0
+            self._refused = False
             return len(pending)
 
     def discard(self) -> None:
@@ -154,10 +166,11 @@ class Saver:
         with self._saving, self._lock:
             if self._timer is not None:
                 self._timer.cancel()
-            self._pending, self._timer = {}, None
+            self._pending, self._timer, self._refused = {}, None, False
 
     def _forked(self) -> None:
         self._pending, self._lock, self._saving, self._timer = {}, threading.Lock(), threading.Lock(), None
+        self._refused = False
 
 
 BATCH = 500  # rows per INSERT
@@ -170,9 +183,14 @@ def _upsert(pending: dict[tuple[int, str, int], Usage]) -> None:
     table = connection.ops.quote_name(QuotaUsage._meta.db_table)
     larger = {"postgresql": "GREATEST", "mysql": "GREATEST"}.get(connection.vendor, "MAX")
     now = datetime.now(timezone.utc)
+    # a policy deleted meanwhile takes its usage with it; counts from before a reset of every subject are stale
+    generations = dict(
+        Policy.objects.using(alias).filter(pk__in={key[0] for key in pending}).values_list("pk", "generation")
+    )
     rows = [
         (policy_id, subject, usage.display[:100], as_datetime(start), usage.used, now)
         for (policy_id, subject, start), usage in pending.items()
+        if usage.generation >= generations.get(policy_id, usage.generation + 1)
     ]
     columns = "policy_id, subject, display, period_start, used, updated"
     if connection.vendor == "mysql":
@@ -185,9 +203,6 @@ def _upsert(pending: dict[tuple[int, str, int], Usage]) -> None:
             "ON CONFLICT (policy_id, subject, period_start) DO UPDATE SET "
             f"used = {larger}({table}.used, excluded.used), display = excluded.display, updated = excluded.updated"
         )
-    # a policy deleted meanwhile takes its usage with it
-    known = set(Policy.objects.using(alias).filter(pk__in={row[0] for row in rows}).values_list("pk", flat=True))
-    rows = [row for row in rows if row[0] in known]
     with connection.cursor() as cursor:
         for first in range(0, len(rows), BATCH):
             batch = rows[first : first + BATCH]

@@ -72,6 +72,14 @@ def _calendar_word(unit: str) -> bool:
     return unit in ("w", "wk", "wks", "mo", "mos", "mon") or unit.rstrip("s") in ("week", "month", "calendar")
 
 
+def not_a_period(rate: str) -> str:
+    """Why a rate of seconds ('100/m') is refused for a calendar quota, which would count it per its period."""
+    return (
+        f"{_shown(rate)} is a window of seconds, which a calendar quota does not count: write a calendar rate "
+        "such as 100/month, or choose another strategy."
+    )
+
+
 def _shown(rate: str) -> str:
     """The rate as messages quote it: a long one cut, so an error never echoes a megabyte back."""
     return repr(rate if len(rate) <= 40 else rate[:37] + "...")

@@ -7,7 +7,7 @@ from django import forms
 from .. import strategies
 from ..models import Mode
 from ..periods import PERIODS
-from ..rates import EXAMPLES, parse_quota, parse_rate
+from ..rates import EXAMPLES, not_a_period, parse_quota, parse_rate
 
 
 class PolicyListForm(forms.ModelForm):
@@ -54,6 +54,8 @@ class PolicyForm(forms.ModelForm):
                 return data
             self.errors.pop("limit", None)
             self.errors.pop("window", None)
+            if data.get("strategy") == strategies.calendar():  # it would set the window from the period
+                self.add_error("rate", not_a_period(rate))
             if data["limit"] < 1:
                 self.add_error("rate", "The limit must be at least 1 request per window.")
         else:

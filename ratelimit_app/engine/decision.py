@@ -53,11 +53,18 @@ def _deciding(checks: Sequence[Check], call: Ask, version: bool) -> Steps[Verdic
     """The decision as plain steps: the script's call, and once more from the usage the database saved
     when a quota's period is one Redis does not hold."""
     started = perf_counter()
-    try:
-        verdict = yield Io(_send, _asend, (checks, call, version))
-    except quotas.QuotaAbsent as absent:
-        seeds = yield Io(quotas.saved, sync_to_async(quotas.saved), (absent.checks, absent.now_ms))
-        verdict = yield Io(_send, _asend, (checks, call._replace(seeds=seeds), version))
+    seeds: dict = {}
+    while True:
+        try:
+            verdict = yield Io(_send, _asend, (checks, call, version))
+            break
+        except quotas.QuotaAbsent as absent:
+            # on a cluster each shard reports its own absent counters, one shard a call: ask until none is
+            # left (a counter given its saved usage is never absent again, so once per quota at most)
+            if all((check.policy.id, check.subject.key) in seeds for check in absent.checks):
+                raise
+            seeds.update((yield Io(quotas.saved, sync_to_async(quotas.saved), (absent.checks, absent.now_ms))))
+            call = call._replace(seeds=dict(seeds))
     hooks.decided(perf_counter() - started)
     return verdict
 

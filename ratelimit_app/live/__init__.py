@@ -13,7 +13,7 @@ from .activity import (
     policy_trends,
     trend_windows,
 )
-from .resets import empty_quota_counters, reset_subjects
+from .resets import reset_subjects
 from .usage import FIELD_BUDGET, LiveUsage, SubjectUsage, live_usage
 
 __all__ = [
@@ -27,7 +27,6 @@ __all__ = [
     "policy_totals",
     "policy_trend",
     "policy_trends",
-    "empty_quota_counters",
     "reset_subjects",
     "trend_windows",
 ]

@@ -45,16 +45,6 @@ def reset_subjects(policy: CompiledPolicy, subject_keys: Sequence[str]) -> list[
     return sorted({parse_live_member(member.decode())[3] for member in members})
 
 
-def empty_quota_counters(policy: CompiledPolicy, subject_keys: Sequence[str]) -> None:
-    """Give these subjects a calendar quota's counter of the current period that counted nothing."""
-    def write(client: redis.Redis) -> None:
-        with client.pipeline(transaction=False) as pipe:
-            _forget(pipe, policy, subject_keys)
-            pipe.execute()
-
-    admin_call(write)
-
-
 def _forget(pipe, policy: CompiledPolicy, subject_keys: Sequence[str]) -> None:
     # one key a command: a cluster pipeline refuses a command on keys of several slots
     if not policy.period:

@@ -22,22 +22,30 @@ do
     return tonumber(previous), tonumber(start), tonumber(finish), tonumber(after), tonumber(seed_at), tonumber(seed)
   end
 
-  -- the period containing the call's moment: its start and end, and its number (never 0: 0 marks an absent counter)
+  -- a period's number, from its start (never 0: 0 marks an absent counter)
+  local function number(start)
+    return math.floor(start / 60000) % (PACK - 1) + 1
+  end
+
+  -- the period containing the call's moment: its start and end, and its number
   local function current(bucket)
     local previous, start, finish, after = periods(bucket)
     local now = clock.ms()
     if now < start then start, finish = previous, start
     elseif now >= finish then start, finish = finish, after end
-    return start, finish, math.floor(start / 60000) % (PACK - 1) + 1
+    return start, finish, number(start)
   end
 
-  -- ms until the period ends, or -1 (the worker works it out) when the call has not read the clock
-  local function until_end(key, bucket)
-    local now = clock.known()
-    if not now then return -1 end
-    if not periods(bucket) then return redis.call('PTTL', key) end
+  -- ms until the period of the counter `stored` ends, or -1 (the worker works it out from its clock) when the
+  -- call has not read the clock and the counter is of the period the worker sent as current. A counter of
+  -- another period (the worker's clock passed an end Redis's has not, or the reverse) reads the clock: the
+  -- worker's would keep a refusal, and save the usage, a whole period off.
+  local function until_end(key, bucket, stored)
+    local previous, start = periods(bucket)
+    if not previous then return clock.known() and redis.call('PTTL', key) or -1 end
+    if not clock.known() and stored % PACK == number(start) then return -1 end
     local _, finish = current(bucket)
-    return finish - now
+    return finish - clock.ms()
   end
 
   -- whether a stored value counts the period of the call (by the server's clock, any counter left does)
@@ -52,15 +60,16 @@ do
     if not stored or not of_now(stored, bucket) then
       local _, _, _, _, seed_at, seed = periods(bucket)
       if not seed_at then
-        if periods(bucket) then return 0, ABSENT, 0, 1 end
-        return 0, 0, 0, 1
+        if not periods(bucket) then return 0, 0, 0, 1 end
+        clock.ms() -- the worker reads the usage saved for the period of Redis's clock, not of its own
+        return 0, ABSENT, 0, 1
       end
       local start, finish = current(bucket)
       local count = seed_at == start and seed or 0
       return count, count + cost > limit and finish - clock.ms() or 0, count > 0 and finish - clock.ms() or 0, 1
     end
     local count = math.floor(stored / PACK)
-    local ends = until_end(key, bucket)
+    local ends = until_end(key, bucket, stored)
     return count, count + cost > limit and ends or 0, count > 0 and ends or 0, 1
   end
 
@@ -77,6 +86,7 @@ do
         local _, _, _, _, seed_at, seed = periods(bucket)
         if not seed_at then
           redis.call('DEL', key)
+          clock.ms() -- as in look: the saved usage asked for is of Redis's period
           return false, 0, ABSENT, 0, -2
         end
         local start, finish, number = current(bucket)
@@ -95,10 +105,10 @@ do
       local count = math.floor(stored / PACK)
       if count > limit then
         redis.call('INCRBY', key, units(cost, -1))
-        local ends = until_end(key, bucket)
+        local ends = until_end(key, bucket, stored)
         return false, count - cost, ends, ends, -2
       end
-      return true, count - cost, 0, until_end(key, bucket), -2
+      return true, count - cost, 0, until_end(key, bucket, stored), -2
     end,
     refund = function(key, state, cost)
       redis.call('INCRBY', key, units(cost, -1))

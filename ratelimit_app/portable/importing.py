@@ -16,7 +16,7 @@ from django.utils.dateparse import parse_datetime
 from .. import strategies
 from ..models import ActionCost, Override, Plan, PlanAssignment, PlanLimit, Policy, SubjectMatch
 from ..periods import PERIODS
-from ..rates import parse_quota, parse_rate
+from ..rates import not_a_period, parse_quota, parse_rate
 from .shape import (
     COST_FIELDS,
     MATCH_FIELDS,
@@ -82,6 +82,9 @@ def _import_policies(entries: list[dict[str, Any]], written: list, problems: lis
                 policy.limit, policy.window = parse_rate(entry["rate"])
             except ValueError as error:
                 problems.append(f"{where}, field 'rate': {error}")
+                continue
+            if policy.strategy == strategies.calendar():  # it would set the window from the period
+                problems.append(f"{where}, field 'rate': {not_a_period(entry['rate'])}")
                 continue
         # whether its limit admits the costs is checked once the whole file is written
         if not _valid(policy, where, problems) or not _saved(policy, where, problems):
