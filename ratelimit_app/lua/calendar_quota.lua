@@ -1,6 +1,6 @@
 -- calendar_quota: a count per calendar period (a day, an ISO week or a month in a time zone). The worker works
 -- out the periods and sends them as `bucket`: "<previous start>,<start>,<end>,<after>[,<seed start>,<seed>]"
--- (ms); the call's moment picks [previous, start), [start, end) or [end, after). One integer per subject,
+-- (ms, in hex); the call's moment picks [previous, start), [start, end) or [end, after). One integer per subject,
 -- count * 1000000 + the period's number (from its start), written with SET ... PXAT <the period's end>
 -- by the period's first request: a counter that exists is the current period's, so a repeat request is
 -- one INCRBY and reads no clock. A counter that is absent is reported (retry ABSENT) unless the call
@@ -15,16 +15,18 @@ do
     return string.format('%.0f', sign * cost * PACK)
   end
 
-  local function periods(bucket)
+  local function periods(terms)
+    local _, bucket = contract.figures(terms)
     local previous, start, finish, after, seed_at, seed =
-      string.match(bucket, '^(%d+),(%d+),(%d+),(%d+),?(%d*),?(%d*)$')
+      string.match(bucket, '^(%x+),(%x+),(%x+),(%x+),?(%x*),?(%x*)$')
     if not previous then return nil end -- the live page sends no periods
-    return tonumber(previous), tonumber(start), tonumber(finish), tonumber(after), tonumber(seed_at), tonumber(seed)
+    return tonumber(previous, 16), tonumber(start, 16), tonumber(finish, 16), tonumber(after, 16),
+      tonumber(seed_at, 16), tonumber(seed, 16)
   end
 
   -- the period containing the call's moment: its start and end, and its number (never 0: 0 marks an absent counter)
-  local function current(bucket)
-    local previous, start, finish, after = periods(bucket)
+  local function current(terms)
+    local previous, start, finish, after = periods(terms)
     local now = clock.ms()
     if now < start then start, finish = previous, start
     elseif now >= finish then start, finish = finish, after end
@@ -32,59 +34,59 @@ do
   end
 
   -- ms until the period ends, or -1 (the worker works it out) when the call has not read the clock
-  local function until_end(key, bucket)
-    local now = clock.known()
+  local function until_end(key, terms)
+    local now = clock.known
     if not now then return -1 end
-    if not periods(bucket) then return redis.call('PTTL', key) end
-    local _, finish = current(bucket)
+    if not periods(terms) then return redis.call('PTTL', key) end
+    local _, finish = current(terms)
     return finish - now
   end
 
   -- whether a stored value counts the period of the call (by the server's clock, any counter left does)
-  local function of_now(stored, bucket)
-    if not clock.given() or not periods(bucket) then return true end -- the live page sends no periods
-    local _, _, number = current(bucket)
+  local function of_now(stored, terms)
+    if not clock.given or not periods(terms) then return true end -- the live page sends no periods
+    local _, _, number = current(terms)
     return stored % PACK == number
   end
 
-  local function look(key, limit, window, bucket, cost)
+  local function look(key, limit, terms, cost)
     local stored = tonumber(redis.call('GET', key))
-    if not stored or not of_now(stored, bucket) then
-      local _, _, _, _, seed_at, seed = periods(bucket)
+    if not stored or not of_now(stored, terms) then
+      local _, _, _, _, seed_at, seed = periods(terms)
       if not seed_at then
-        if periods(bucket) then return 0, ABSENT, 0, 1 end
+        if periods(terms) then return 0, ABSENT, 0, 1 end
         return 0, 0, 0, 1
       end
-      local start, finish = current(bucket)
+      local start, finish = current(terms)
       local count = seed_at == start and seed or 0
       return count, count + cost > limit and finish - clock.ms() or 0, count > 0 and finish - clock.ms() or 0, 1
     end
     local count = math.floor(stored / PACK)
-    local ends = until_end(key, bucket)
+    local ends = until_end(key, terms)
     return count, count + cost > limit and ends or 0, count > 0 and ends or 0, 1
   end
 
   strategies.calendar_quota = {
     look = look,
-    charge = function(key, limit, window, bucket, cost)
+    charge = function(key, limit, terms, cost)
       if cost > limit then
-        local count, retry, reset = look(key, limit, window, bucket, cost)
+        local count, retry, reset = look(key, limit, terms, cost)
         return false, count, retry, reset, -2
       end
       local stored = redis.call('INCRBY', key, units(cost, 1))
-      if stored % PACK == 0 or not of_now(stored, bucket) then
+      if stored % PACK == 0 or not of_now(stored, terms) then
         -- the period's first request here (no counter, or a caller's `now` in a later period)
-        local _, _, _, _, seed_at, seed = periods(bucket)
+        local _, _, _, _, seed_at, seed = periods(terms)
         if not seed_at then
           redis.call('DEL', key)
           return false, 0, ABSENT, 0, -2
         end
-        local start, finish, number = current(bucket)
+        local start, finish, number = current(terms)
         local now = clock.ms()
         local count = seed_at == start and seed or 0
         local taken = count + cost <= limit
         local value = string.format('%.0f', (taken and count + cost or count) * PACK + number)
-        if clock.given() then
+        if clock.given then
           redis.call('SET', key, value, 'PX', finish - now + 1000) -- the period's number tells it is over
         else
           redis.call('SET', key, value, 'PXAT', finish)
@@ -95,10 +97,10 @@ do
       local count = math.floor(stored / PACK)
       if count > limit then
         redis.call('INCRBY', key, units(cost, -1))
-        local ends = until_end(key, bucket)
+        local ends = until_end(key, terms)
         return false, count - cost, ends, ends, -2
       end
-      return true, count - cost, 0, until_end(key, bucket), -2
+      return true, count - cost, 0, until_end(key, terms), -2
     end,
     refund = function(key, state, cost)
       redis.call('INCRBY', key, units(cost, -1))
