@@ -8,7 +8,8 @@
 --   look(key, limit, terms, cost) -> count, retry, reset, fields
 --       reads only: the units counted; the ms until `cost` more fit (0: they fit now); the ms until
 --       every counted unit has left (0: none is counted); how many fields it read (the live page's
---       budget). A retry or reset of -1 means "when the fixed window ends", by the worker's clock.
+--       budget). A retry or reset of -1 means "when the fixed window ends", which the worker works out
+--       from the reply's now, or its own clock when the reply has none.
 --   charge(key, limit, terms, cost, lease, seen) -> taken, count, retry, reset, before, state
 --       takes `cost` units when there is room for all of them, in as few commands as the strategy can;
 --       count is the units counted before, reset as look's after the request, before the reset before
@@ -25,12 +26,25 @@
 -- figures passed in) is given the three functions above when the code loads (contract.adapt).
 local contract = {}
 do
-  -- the figures after the terms' first field: window (ms), the strategy's bucket (the text sent: ms,
-  -- a burst, a quota's periods; the strategy converts it), the totals bucket (ms)
+  -- The terms after their first field (13 hex digits and a space): the window, 9 hex digits at a fixed
+  -- place, then "<totals bucket> <bucket>". Base 16 throughout: tonumber() runs strtoul, not strtod.
+
+  -- the window (ms)
+  function contract.window(terms)
+    return tonumber(string.sub(terms, 15, 23), 16)
+  end
+
+  -- the window (ms) and the strategy's bucket (the text sent: ms or a burst in hex, a quota's periods;
+  -- the strategy converts it)
   function contract.figures(terms)
-    local window, totals_bucket, bucket = string.match(terms, '^%x+ (%x+) (%x+) (.*)$')
-    if not window then error('decide: unreadable terms ' .. terms) end
-    return tonumber(window, 16), bucket, tonumber(totals_bucket, 16) -- base 16: strtoul, not strtod
+    local bucket = string.match(terms, '^%x+ (.*)$', 25)
+    if not bucket then error('decide: unreadable terms ' .. terms) end
+    return tonumber(string.sub(terms, 15, 23), 16), bucket
+  end
+
+  -- the bucket of the policy's totals (ms): the live index's step
+  function contract.totals_bucket(terms)
+    return tonumber(string.match(terms, '^%x+', 25), 16)
   end
 
   function contract.look(strategy, key, limit, terms, cost)
@@ -44,8 +58,8 @@ do
   function contract.adapt(strategy)
     if strategy.charge then return end
     local function figures(terms)
-      local window, bucket, totals_bucket = contract.figures(terms)
-      return window, tonumber(bucket, 16) or bucket, totals_bucket
+      local window, bucket = contract.figures(terms)
+      return window, tonumber(bucket, 16) or bucket, contract.totals_bucket(terms)
     end
     strategy.look = function(key, limit, terms, cost)
       local now = clock.ms()

@@ -4,13 +4,14 @@
 -- KEYS[i]      the counter of (policy i, subject), i = 1..n
 -- KEYS[n + 1]  policy version, only when the caller wants it back (read only, piggy-backed for the
 --              workers' caches; never on Redis Cluster, where it lives in another slot)
--- ARGV[i]      policy i's terms: "<first> <window> <totals bucket> <bucket>", figures in hex: first,
---              13 digits, is limit * 256 + strategy code * 16 + enforce (4 or 0) + seen (0, 1 or 2)
---              (codes: by_code, from the Python half; seen: what the worker saw at the subject's last
---              decision: 1 refused, so its counter is read before anything is written (refusing it
---              again writes nothing to take back); 2 units counted before the request, which a strategy
---              may write for in fewer commands; 0 neither); window and totals bucket in ms; bucket the
---              strategy's own text (a bucket in ms or a burst, in hex; a quota's periods)
+-- ARGV[i]      policy i's terms: "<first> <window> <totals bucket> <bucket>", figures in hex. first, 13
+--              digits, is limit * 256 + strategy code * 16 + enforce (4 or 0) + seen (0, 1 or 2) (codes:
+--              by_code, from the Python half; seen: what the worker saw at the subject's last decision: 1
+--              refused, so its counter is read before anything is written (refusing it again writes
+--              nothing to take back); 2 units counted before the request, which a strategy may write for
+--              in fewer commands; 0 neither). window, 9 digits: ms. totals bucket: ms. bucket: the
+--              strategy's own text (a bucket in ms or a burst, in hex; a quota's periods). A fixed window's
+--              repeat request reads the first field alone, at a fixed place, without a pattern.
 -- The request is an ordinary one: decided by the server's TIME (read only if a strategy needs it),
 -- a cost of 1, no lease, counted.
 --
@@ -21,7 +22,8 @@
 -- Returns {now (ms; -1 when the call read no clock), then per policy three figures: the count (-1 -
 -- the count when the policy has no room: exceeded), reset (ms), and when exceeded the retry after
 -- (ms), else before (see contract.lua); then the version token ('' when Redis holds none) if it was
--- asked for}. One policy whose figures the worker's clock tells (no clock read, reset -1, before -2
--- or retry -1: a fixed window's repeat) is answered with its count alone, an integer.
+-- asked for}. One policy whose figures the worker tells by its own clock (reset -1; before -1 when the
+-- count is the cost alone, else -2; or, refused, retry -1: a fixed window's charge) is answered with its
+-- count alone, an integer, unless the caller gave the time or asked for the version.
 
 return decision(KEYS, ARGV, 1)

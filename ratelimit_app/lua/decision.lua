@@ -76,13 +76,17 @@ do
         result[at], result[at + 1], result[at + 2] = count, reset, -2
       end
     end
-    local now, version = clock.known, KEYS[n + 1]
+    local version = KEYS[n + 1]
     if n == 1 then
-      -- the common reply: one count, when the worker's clock tells the rest (a fixed window's repeat)
-      if not (now or version) and reset1 == -1 and third1 == (count1 < 0 and -1 or -2) then return count1 end
+      -- the common reply: the count alone, when the worker tells the rest by its clock (a fixed window's
+      -- charge: reset -1, before -1 when it counted the cost alone, else -2; retry -1 when refused)
+      if not (clock.given or version) and reset1 == -1
+          and third1 == (count1 >= 0 and count1 ~= cost and -2 or -1) then
+        return count1
+      end
       result = {0, count1, reset1, third1}
     end
-    result[1] = now or -1
+    result[1] = clock.known or -1
     if version then result[3 * n + 2] = redis.call('GET', version) or '' end
     return result
   end

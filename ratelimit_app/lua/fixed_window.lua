@@ -2,8 +2,9 @@
 -- the value in Redis' int encoding (under 100 bytes a subject). The window's first request writes it
 -- with SET ... PXAT <the window's end> (on the server's clock), so a counter that exists is the
 -- current window's: a repeat request is one INCRBY by its cost, reads no clock and no figure but the
--- limit; its reset is the window's end, which the worker's clock tells as well (-1 in the reply). The
--- window number in the low digits is checked only against a caller's `now` (tests move time on their own).
+-- limit. A charge's reset is the window's end, which the worker tells as well (-1: by the reply's now,
+-- or its own clock when the reply has none). The window number in the low digits is checked only
+-- against a caller's `now` (tests move time on their own).
 -- Times are integer milliseconds.
 do
   local PACK = 1000000
@@ -20,7 +21,7 @@ do
   -- a repeat request checks clock.given before it calls this)
   local function current(stored, terms)
     if not clock.given then return true end
-    local window = contract.figures(terms)
+    local window = contract.window(terms)
     return stored % PACK == math.floor(clock.ms() / window) % PACK
   end
 
@@ -28,7 +29,7 @@ do
   local function until_end(terms)
     local now = clock.known
     if not now then return -1 end
-    local window = contract.figures(terms)
+    local window = contract.window(terms)
     return window - now % window
   end
 
@@ -50,7 +51,7 @@ do
       local count = (stored - stored % PACK) / PACK -- math.floor's, without a call
       if count == cost or clock.given and not current(stored, terms) then
         -- the window's first request (no counter, or a caller's `now` in a later window)
-        local window = contract.figures(terms)
+        local window = contract.window(terms)
         local now = clock.ms()
         local period = math.floor(now / window)
         local ends = (period + 1) * window
@@ -60,7 +61,7 @@ do
         else
           redis.call('SET', key, value, 'PXAT', ends)
         end
-        return true, 0, 0, ends - now, -1
+        return true, 0, 0, -1, -1
       end
       if count > limit then
         redis.call('INCRBY', key, units(cost, -1)) -- no room: given back, nothing counted

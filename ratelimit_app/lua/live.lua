@@ -13,7 +13,7 @@
 clock.start(ARGV[1])
 local now = clock.ms() -- read once: a fixed window's reset is then known
 local strategy = strategies[ARGV[2]]
-local terms = '0 ' .. ARGV[3] -- the terms' first field is decide's alone
+local terms = '0000000000000 ' .. ARGV[3] -- the terms' first field (13 digits) is decide's alone
 local budget = tonumber(ARGV[4])
 
 local result = {now, 0}

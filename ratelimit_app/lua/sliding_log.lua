@@ -46,7 +46,7 @@ do
   strategies.sliding_log = {
     look = function(key, limit, terms, cost)
       local now = clock.ms()
-      local window = contract.figures(terms)
+      local window = contract.window(terms)
       local count = counted(key, now, window)
       return count, retry_in(key, now, window, limit, count, cost), empty_in(key, now, window, count), 2
     end,
@@ -55,7 +55,7 @@ do
     -- bucket may add; the others are two ZCOUNTs and one ZADD. The log so holds at most its window
     -- plus a bucket.
     charge = function(key, limit, terms, cost)
-      local window, _, totals_bucket = contract.figures(terms)
+      local window, totals_bucket = contract.window(terms), contract.totals_bucket(terms)
       local now = clock.ms()
       local count = counted(key, now, window)
       local retry = retry_in(key, now, window, limit, count, cost)
