@@ -8,7 +8,7 @@ do
     local now = clock.ms()
     local window, bucket = contract.figures(terms)
     bucket = tonumber(bucket, 16)
-    local count, here, newest, cleaned, fields = series.read(key, now, window, bucket)
+    local count, here, newest, cleaned, fields, name, cleaned_text = series.read(key, now, window, bucket)
     local reset = series.empty_in(count, newest, now, window, bucket)
     local retry = 0
     if count + cost > limit then
@@ -16,16 +16,17 @@ do
       local needed = count + cost - limit
       retry = math.max(1, cost > limit and reset or series.freed_in(key, cleaned, now, window, bucket, needed))
     end
-    return count, retry, reset, fields, here, newest, cleaned, window, bucket
+    return count, retry, reset, fields, here, newest, cleaned, window, bucket, name, cleaned_text
   end
 
   strategies.sliding_window = {
     look = look,
     charge = function(key, limit, terms, cost)
-      local count, retry, reset, _, here, newest, cleaned, window, bucket = look(key, limit, terms, cost)
+      local count, retry, reset, _, here, newest, cleaned, window, bucket, name, cleaned_text =
+        look(key, limit, terms, cost)
       if retry ~= 0 then return false, count, retry, reset, -2 end
       local now = clock.ms()
-      series.add(key, now, window, bucket, count, here, newest, cleaned, cost)
+      series.add(key, now, window, bucket, count, here, newest, cleaned, cost, name, cleaned_text)
       local current = math.floor(now / bucket)
       local after = current * bucket + window - now
       if newest ~= current then redis.call('PEXPIRE', key, after) end
