@@ -85,7 +85,7 @@ do
         local now = clock.ms()
         local count = seed_at == start and seed or 0
         local taken = count + cost <= limit
-        local value = string.format('%.0f', (taken and count + cost or count) * PACK + number)
+        local value = (taken and count + cost or count) * PACK + number -- Redis writes an integer's digits
         if clock.given then
           redis.call('SET', key, value, 'PX', finish - now + 1000) -- the period's number tells it is over
         else

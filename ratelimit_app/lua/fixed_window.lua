@@ -55,7 +55,7 @@ do
         local now = clock.ms()
         local period = math.floor(now / window)
         local ends = (period + 1) * window
-        local value = string.format('%.0f', cost * PACK + period % PACK)
+        local value = cost * PACK + period % PACK -- a number: Redis writes an integer's digits (%.17g, or exactly)
         if clock.given then
           redis.call('SET', key, value, 'PX', ends - now + 1000) -- the window number tells it is over
         else
