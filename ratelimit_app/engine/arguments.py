@@ -61,9 +61,7 @@ def script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[list
 def _quota_terms(policy: CompiledPolicy, subject: Subject, limit: int, seen: int, call: Ask) -> str:
     now_ms = int((time() if call.now is None else call.now) * 1000)
     seed = call.seeds.get((policy.id, subject.key)) if call.seeds else None
-    return f"{_first(policy, limit, seen)} {_window(policy)} {policy.totals_bucket_ms:x} " + quotas.bucket(
-        policy, now_ms, seed
-    )
+    return f"{_first(policy, limit, seen)} {figures(policy)} {quotas.bucket(policy, now_ms, seed)}"
 
 
 def _sent_cost(checks: Sequence[Check], cost: int) -> int:
@@ -115,16 +113,12 @@ def _first(policy: CompiledPolicy, limit: int, seen: int) -> str:
 
 
 def figures(policy: CompiledPolicy) -> str:
-    """The rest of a policy's terms, the same for every subject and limit: "<window> <totals bucket>
-    <bucket>" in hex (a quota's bucket, its periods, is made at each call instead)."""
-    return f"{_window(policy)} {policy.totals_bucket_ms:x} {policy.bucket_ms:x}"
-
-
-def _window(policy: CompiledPolicy) -> str:
-    """The window in ms, 9 hex digits (a year's fit): at a fixed place in the terms, read without a pattern."""
-    if policy.window_ms >= 16**9:
+    """The rest of a policy's terms, the same for every subject and limit: "<window> <bucket> <totals
+    bucket>" in hex, window and bucket 9 digits each (a year's ms fit), at fixed places that the Lua half
+    reads without a pattern; a quota's periods follow, made at each call (_quota_terms)."""
+    if max(policy.window_ms, policy.bucket_ms) >= 16**9:
         raise ValueError(f"a window of {policy.window_ms} ms is beyond what the engine counts")
-    return f"{policy.window_ms:09x}"
+    return f"{policy.window_ms:09x} {policy.bucket_ms:09x} {policy.totals_bucket_ms:x}"
 
 
 def live_member(subject: Subject, limit: int, policy: CompiledPolicy, plan: str = "") -> str:

@@ -1,6 +1,7 @@
--- calendar_quota: a count per calendar period (a day, an ISO week or a month in a time zone). The worker works
--- out the periods and sends them as `bucket`: "<previous start>,<start>,<end>,<after>[,<seed start>,<seed>]"
--- (ms, in hex); the call's moment picks [previous, start), [start, end) or [end, after). One integer per subject,
+-- calendar_quota: a count per calendar period (a day, an ISO week or a month in a time zone). The worker
+-- works out the periods and sends them after the terms' figures: "<previous start>,<start>,<end>,<after>
+-- [,<seed start>,<seed>]" (ms, in hex); the call's moment picks [previous, start), [start, end) or
+-- [end, after). One integer per subject,
 -- count * 1000000 + the period's number (from its start), written with SET ... PXAT <the period's end>
 -- by the period's first request: a counter that exists is the current period's, so a repeat request is
 -- one INCRBY and reads no clock. A counter that is absent is reported (retry ABSENT) unless the call
@@ -16,7 +17,8 @@ do
   end
 
   local function periods(terms)
-    local _, bucket = contract.figures(terms)
+    local bucket = contract.rest(terms)
+    if not bucket then return nil end -- the live page sends no periods
     local previous, start, finish, after, seed_at, seed =
       string.match(bucket, '^(%x+),(%x+),(%x+),(%x+),?(%x*),?(%x*)$')
     if not previous then return nil end -- the live page sends no periods

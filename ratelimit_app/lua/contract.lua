@@ -26,25 +26,28 @@
 -- figures passed in) is given the three functions above when the code loads (contract.adapt).
 local contract = {}
 do
-  -- The terms after their first field (13 hex digits and a space): the window, 9 hex digits at a fixed
-  -- place, then "<totals bucket> <bucket>". Base 16 throughout: tonumber() runs strtoul, not strtod.
+  -- The terms after their first field (13 hex digits and a space): "<window> <bucket> <totals bucket>"
+  -- in hex, window and bucket 9 digits each at fixed places, then a quota's periods. Base 16 throughout:
+  -- tonumber() runs strtoul, not strtod; the fixed places need no pattern.
 
   -- the window (ms)
   function contract.window(terms)
     return tonumber(string.sub(terms, 15, 23), 16)
   end
 
-  -- the window (ms) and the strategy's bucket (the text sent: ms or a burst in hex, a quota's periods;
-  -- the strategy converts it)
+  -- the window (ms) and the strategy's bucket (a bucket in ms, a burst: the strategy's own figure)
   function contract.figures(terms)
-    local bucket = string.match(terms, '^%x+ (.*)$', 25)
-    if not bucket then error('decide: unreadable terms ' .. terms) end
-    return tonumber(string.sub(terms, 15, 23), 16), bucket
+    return tonumber(string.sub(terms, 15, 23), 16), tonumber(string.sub(terms, 25, 33), 16)
   end
 
   -- the bucket of the policy's totals (ms): the live index's step
   function contract.totals_bucket(terms)
-    return tonumber(string.match(terms, '^%x+', 25), 16)
+    return tonumber(string.match(terms, '^%x+', 35), 16)
+  end
+
+  -- what follows the totals bucket (a quota's periods), or nil
+  function contract.rest(terms)
+    return string.match(terms, '^%x+ (.+)$', 35)
   end
 
   function contract.look(strategy, key, limit, terms, cost)
@@ -59,7 +62,7 @@ do
     if strategy.charge then return end
     local function figures(terms)
       local window, bucket = contract.figures(terms)
-      return window, tonumber(bucket, 16) or bucket, contract.totals_bucket(terms)
+      return window, bucket, contract.totals_bucket(terms)
     end
     strategy.look = function(key, limit, terms, cost)
       local now = clock.ms()

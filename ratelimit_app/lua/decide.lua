@@ -4,14 +4,14 @@
 -- KEYS[i]      the counter of (policy i, subject), i = 1..n
 -- KEYS[n + 1]  policy version, only when the caller wants it back (read only, piggy-backed for the
 --              workers' caches; never on Redis Cluster, where it lives in another slot)
--- ARGV[i]      policy i's terms: "<first> <window> <totals bucket> <bucket>", figures in hex. first, 13
---              digits, is limit * 256 + strategy code * 16 + enforce (4 or 0) + seen (0, 1 or 2) (codes:
---              by_code, from the Python half; seen: what the worker saw at the subject's last decision: 1
---              refused, so its counter is read before anything is written (refusing it again writes
---              nothing to take back); 2 units counted before the request, which a strategy may write for
---              in fewer commands; 0 neither). window, 9 digits: ms. totals bucket: ms. bucket: the
---              strategy's own text (a bucket in ms or a burst, in hex; a quota's periods). A fixed window's
---              repeat request reads the first field alone, at a fixed place, without a pattern.
+-- ARGV[i]      policy i's terms: "<first> <window> <bucket> <totals bucket>[ <periods>]", in hex. first,
+--              13 digits, is limit * 256 + strategy code * 16 + enforce (4 or 0) + seen (0, 1 or 2)
+--              (codes: by_code, from the Python half; seen: what the worker saw at the subject's last
+--              decision: 1 refused, so its counter is read before anything is written (refusing it again
+--              writes nothing to take back); 2 units counted before the request, which a strategy may
+--              write for in fewer commands; 0 neither). window (ms) and bucket (the strategy's own figure:
+--              a bucket in ms, a burst), 9 digits each; totals bucket (ms); a quota's periods. Fields at
+--              fixed places are read without a pattern: a fixed window's repeat reads the first alone.
 -- The request is an ordinary one: decided by the server's TIME (read only if a strategy needs it),
 -- a cost of 1, no lease, counted.
 --

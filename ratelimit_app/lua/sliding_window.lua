@@ -7,7 +7,6 @@ do
   local function look(key, limit, terms, cost)
     local now = clock.ms()
     local window, bucket = contract.figures(terms)
-    bucket = tonumber(bucket, 16)
     local count, here, newest, cleaned, fields, name, cleaned_text = series.read(key, now, window, bucket)
     local reset = series.empty_in(count, newest, now, window, bucket)
     local retry = 0

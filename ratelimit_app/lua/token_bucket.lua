@@ -13,7 +13,6 @@ do
   -- the interval T (us) and the capacity, from the policy's terms
   local function sizes(terms, limit)
     local window, bucket = contract.figures(terms)
-    bucket = tonumber(bucket, 16)
     local capacity = bucket > 0 and math.min(bucket, limit) or limit
     return math.ceil(window * 1000 / limit), capacity
   end
