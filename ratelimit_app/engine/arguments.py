@@ -101,15 +101,17 @@ def check_parts(
     return parts
 
 
-LARGEST_LIMIT = 2**44 - 1  # what the terms' first field holds (13 hex digits, 8 bits of flags; exact in Lua)
+# The largest limit the terms' first field holds (13 hex digits less 8 bits of flags, exact in Lua). A
+# larger one is sent as this: no count reaches either (a subject would need 500,000 requests a second
+# for a year), and the verdict reads the real one.
+LARGEST_LIMIT = 2**44 - 1
 
 
 def _first(policy: CompiledPolicy, limit: int, seen: int) -> str:
     """The first field of a policy's terms, all a fixed window's repeat request reads: limit, strategy,
     enforce and seen in one hex number of 13 digits (decide.lua's header)."""
-    if not 0 <= limit <= LARGEST_LIMIT:
-        raise ValueError(f"a limit of {limit} is beyond what the engine counts ({LARGEST_LIMIT})")
-    return f"{limit << 8 | STRATEGY_CODES[policy.strategy] | (4 if policy.enforce else 0) | seen:013x}"
+    flags = STRATEGY_CODES[policy.strategy] | (4 if policy.enforce else 0) | seen
+    return f"{min(limit, LARGEST_LIMIT) << 8 | flags:013x}"
 
 
 def figures(policy: CompiledPolicy) -> str:
