@@ -108,7 +108,7 @@ def main() -> None:
         options["SOCKET_TIMEOUT"] = options["SOCKET_CONNECT_TIMEOUT"] = 30
         from bench.common import server
         from bench.measure import command_stats
-        from ratelimit_app.tally import tally
+        from ratelimit_app.engine.tally import tally
 
         print(f"redis {server().info('server')['redis_version']} under callgrind; {SUBJECTS} subjects x {ROUNDS}")
         print(f"{'what':34} {'instr/decision':>15} {'above PING':>11} {'server cmds/decision':>21}")

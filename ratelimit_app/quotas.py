@@ -43,10 +43,11 @@ def periods(policy: CompiledPolicy, now_ms: int) -> Periods:
 
 
 def bucket(policy: CompiledPolicy, now_ms: int, seed: tuple[int, int] | None) -> str:
-    """The `bucket` of a quota's terms (lua/quota.lua): its periods, and the saved usage when asked again."""
+    """The `bucket` of a quota's terms (lua/calendar_quota.lua): its periods, and the saved usage when asked
+    again, in hex (the Lua half reads hex without strtod)."""
     found = periods(policy, now_ms)
-    text = f"{found.previous},{found.start},{found.end},{found.after}"
-    return text if seed is None else f"{text},{seed[0]},{seed[1]}"
+    text = f"{found.previous:x},{found.start:x},{found.end:x},{found.after:x}"
+    return text if seed is None else f"{text},{seed[0]:x},{seed[1]:x}"
 
 
 def emptied(policy: CompiledPolicy, now_ms: int) -> tuple[str, int]:

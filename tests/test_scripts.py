@@ -110,7 +110,7 @@ def pipelined(limited, who: list[str]) -> list[int]:
     client = engine.client()
     batch = [arguments.script_call([check(limited, subject)], arguments.Ask(T0, False, 1, ""), False) for subject in who]
     # decide.lua's reply: now, then the policy's count (-1 - count when exceeded), reset, retry or before
-    return [reply[1] for reply in run_each(client, scripts.get("decide", client), batch)]
+    return [reply[1] for reply in run_each(client, scripts.get("decide_with", client), batch)]  # a given time
 
 
 def test_a_pipeline_after_function_flush_loads_the_library_once_and_counts_once(server):
@@ -149,6 +149,7 @@ async def test_with_functions_off_an_async_decision_after_script_flush_counts_on
 def test_a_server_without_functions_is_asked_once_then_gets_evalsha(old_server):
     limited = policy(limit=5, window=86_400)
     assert count_of(engine.decide([check(limited)])) == 1  # FCALL: unknown command; EVALSHA, NOSCRIPT; loaded
+    assert pipelined(limited, ["ip:192.0.2.2"]) == [1]  # decide_with's script (a given time): NOSCRIPT; loaded
     reset_stats()
     with count_round_trips() as trips:
         assert count_of(engine.decide([check(limited)])) == 2

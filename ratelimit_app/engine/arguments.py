@@ -9,7 +9,7 @@ from typing import NamedTuple, Sequence
 from .. import quotas
 from ..values import Check, CompiledPolicy, Subject
 from . import keys
-from .scripts import now_arg
+from .scripts import STRATEGY_CODES, now_arg
 
 
 class Ask(NamedTuple):
@@ -24,12 +24,25 @@ class Ask(NamedTuple):
     seeds: dict | None = None
 
 
+def ordinary(call: Ask) -> bool:
+    """Whether the call is an ordinary request's (the server's clock, a cost of 1, no lease, counted),
+    which decide.lua takes with the policies' terms alone; any other goes to decide_with.lua."""
+    return call.now is None and not call.dry_run and call.cost == 1 and not call.lease
+
+
+def entry(call: Ask) -> str:
+    """The entry point (scripts.py) that takes this call."""
+    return "decide" if ordinary(call) else "decide_with"
+
+
 def script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[list[str], list[str]]:
-    """The KEYS and ARGV of decide.lua for these checks (`version`: bring the policy version back too;
-    never on a cluster, where the version lives in another slot)."""
+    """The KEYS and ARGV of the entry point for these checks, entry(call) (`version`: bring the policy
+    version back too; never on a cluster, where the version lives in another slot)."""
     key_prefix = keys.prefix()
     script_keys: list[str] = []
-    args = [("d" if call.dry_run else "") + now_arg(call.now), str(_sent_cost(checks, call.cost)), call.lease]
+    args = [] if ordinary(call) else [
+        ("d" if call.dry_run else "") + now_arg(call.now), str(_sent_cost(checks, call.cost)), call.lease
+    ]
     shard_count = keys.shards()  # part of the keys: a changed setting makes new parts
     for policy, subject, limit, plan in checks:
         parts = policy.script_parts.get((subject, limit, plan, key_prefix, shard_count))
@@ -48,11 +61,7 @@ def script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[list
 def _quota_terms(policy: CompiledPolicy, subject: Subject, limit: int, seen: int, call: Ask) -> str:
     now_ms = int((time() if call.now is None else call.now) * 1000)
     seed = call.seeds.get((policy.id, subject.key)) if call.seeds else None
-    enforce = "1" if policy.enforce else "0"
-    return (
-        f"{policy.strategy} {limit} {policy.window_ms} {quotas.bucket(policy, now_ms, seed)} {enforce} "
-        f"{policy.totals_bucket_ms} {seen}"
-    )
+    return f"{_first(policy, limit, seen)} {figures(policy)} {quotas.bucket(policy, now_ms, seed)}"
 
 
 def _sent_cost(checks: Sequence[Check], cost: int) -> int:
@@ -78,10 +87,10 @@ def check_parts(
     """What one check adds to decide.lua's call (its counter, its terms) and what the worker's tally
     writes for it (its live index entry, its shard), kept on the compiled policy for next time; with
     what its last decision here saw (SEEN_NOTHING, SEEN_REFUSED, SEEN_COUNTED), which picks the terms sent."""
-    terms = policy_terms(policy, limit)
+    rest = figures(policy)
     parts = [
         keys.counter_key(policy, subject.key, key_prefix),
-        (terms + " 0", terms + " 1", terms + " 2"),
+        tuple(f"{_first(policy, limit, seen)} {rest}" for seen in (SEEN_NOTHING, SEEN_REFUSED, SEEN_COUNTED)),
         live_member(subject, limit, policy, plan),
         keys.shard_of(subject.key),
         SEEN_NOTHING,
@@ -92,11 +101,26 @@ def check_parts(
     return parts
 
 
-def policy_terms(policy: CompiledPolicy, limit: int) -> str:
-    """A policy's terms as decide.lua reads them, but for the last (what the worker saw last): the same
-    for every subject at `limit`."""
-    enforce = "1" if policy.enforce else "0"
-    return f"{policy.strategy} {limit} {policy.window_ms} {policy.bucket_ms} {enforce} {policy.totals_bucket_ms}"
+# The largest limit the terms' first field holds (13 hex digits less 8 bits of flags, exact in Lua). A
+# larger one is sent as this: no count reaches either (a subject would need 500,000 requests a second
+# for a year), and the verdict reads the real one.
+LARGEST_LIMIT = 2**44 - 1
+
+
+def _first(policy: CompiledPolicy, limit: int, seen: int) -> str:
+    """The first field of a policy's terms, all a fixed window's repeat request reads: limit, strategy,
+    enforce and seen in one hex number of 13 digits (decide.lua's header)."""
+    flags = STRATEGY_CODES[policy.strategy] | (4 if policy.enforce else 0) | seen
+    return f"{min(limit, LARGEST_LIMIT) << 8 | flags:013x}"
+
+
+def figures(policy: CompiledPolicy) -> str:
+    """The rest of a policy's terms, the same for every subject and limit: "<window> <bucket> <totals
+    bucket>" in hex, window and bucket 9 digits each (a year's ms fit), at fixed places that the Lua half
+    reads without a pattern; a quota's periods follow, made at each call (_quota_terms)."""
+    if max(policy.window_ms, policy.bucket_ms) >= 16**9:
+        raise ValueError(f"a window of {policy.window_ms} ms is beyond what the engine counts")
+    return f"{policy.window_ms:09x} {policy.bucket_ms:09x} {policy.totals_bucket_ms:x}"
 
 
 def live_member(subject: Subject, limit: int, policy: CompiledPolicy, plan: str = "") -> str:

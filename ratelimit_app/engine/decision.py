@@ -13,7 +13,7 @@ from .. import quotas
 from ..drivers import Io, Steps, arun, run
 from ..values import NO_POLICIES, Check, Verdict
 from . import giveback, keys
-from .arguments import Ask, script_call
+from .arguments import Ask, entry, script_call
 from .circuit import breaker
 from .aclients import aclient
 from .clients import cluster_configured, is_cluster
@@ -78,7 +78,7 @@ def _decide(redis_client: redis.Redis, checks: Sequence[Check], call: Ask, versi
     if not is_cluster(redis_client):
         # a single server does not check slots: every shard's keys go in one call, with the version
         script_keys, args = script_call(checks, call, version)
-        return verdict_of(checks, scripts.get("decide", redis_client)(script_keys, args, redis_client), call)
+        return verdict_of(checks, scripts.get(entry(call), redis_client)(script_keys, args, redis_client), call)
     verdict = decide_on_cluster(redis_client, checks, call)
     if version:  # the version key lives in a slot of its own
         verdict = verdict._replace(version=redis_client.get(keys.version_key()) or b"")
@@ -87,6 +87,6 @@ def _decide(redis_client: redis.Redis, checks: Sequence[Check], call: Ask, versi
 
 async def _asend(checks: Sequence[Check], call: Ask, version: bool) -> Verdict:
     redis_client = aclient()
-    script = scripts.get("decide", redis_client)
+    script = scripts.get(entry(call), redis_client)
     script_keys, args = script_call(checks, call, version)
     return verdict_of(checks, await breaker.acall(lambda: script(script_keys, args, redis_client)), call)

@@ -26,9 +26,12 @@ from ..strategies import STRATEGIES
 from .clients import is_cluster
 from .decision_connection import execute
 
-LIBRARY_FILES = ("clock.lua", "series.lua", "activity.lua", "contract.lua")
+LIBRARY_FILES = ("clock.lua", "series.lua", "activity.lua", "contract.lua", "decision.lua")
 STRATEGY_FILES = tuple(strategy.lua for strategy in STRATEGIES.values())
-ENTRY_POINTS = ("decide", "live", "totals", "trend", "tally")  # release.lua stands alone (giveback.py)
+ENTRY_POINTS = ("decide", "decide_with", "live", "totals", "trend", "tally")  # release.lua stands alone (giveback.py)
+# what a policy's terms name its strategy by (decide.lua): 16 * its place, the bits above enforce and seen
+STRATEGY_CODES = {name: 16 * place for place, name in enumerate(STRATEGIES)}
+assert len(STRATEGY_CODES) <= 16, "the terms' first field has 4 bits for the strategy"
 _NAME = "@NAME@"  # stands for the library's name until the source is hashed
 
 
@@ -37,9 +40,12 @@ def _lua(name: str) -> str:
 
 
 def _shared() -> list[str]:
-    # each strategy's largest cost is the Python half's figure, so the two halves cannot disagree
+    # each strategy's largest cost and its code are the Python half's figures, so the halves cannot disagree
     most = [f"strategies.{s.name}.most = {s.most}" for s in STRATEGIES.values() if s.most]
-    return ["local strategies = {}"] + [_lua(name) for name in LIBRARY_FILES + STRATEGY_FILES] + most
+    codes = [f"by_code[{code}] = strategies.{name}" for name, code in STRATEGY_CODES.items()]
+    adapted = [f"contract.adapt(strategies.{name})" for name in STRATEGIES]  # once, as the code loads
+    files = [_lua(name) for name in LIBRARY_FILES + STRATEGY_FILES]
+    return ["local strategies, by_code = {}, {}"] + files + most + codes + adapted
 
 
 def _assemble(entry: str) -> str:

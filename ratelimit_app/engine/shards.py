@@ -7,7 +7,7 @@ from typing import Sequence
 
 from ..values import Check, Held, Verdict
 from . import giveback, keys
-from .arguments import Ask, script_call
+from .arguments import Ask, entry, script_call
 from .batches import run_each
 from .scripts import scripts
 from .verdicts import verdict_of
@@ -63,7 +63,7 @@ def _refused_holds_nothing(redis_client, verdicts: dict[int, Verdict], call: Ask
 
 def _pipelined(redis_client, groups: dict[int, list[Check]], call: Ask) -> dict[int, Verdict]:
     """One decide call per shard group, sent in one pipeline (on a cluster: to each node at once)."""
-    script = scripts.get("decide", redis_client)
+    script = scripts.get(entry(call), redis_client)
     calls = [script_call(group, call, False) for group in groups.values()]
     replies = run_each(redis_client, script, calls)
     return {shard: verdict_of(group, reply, call) for (shard, group), reply in zip(groups.items(), replies)}

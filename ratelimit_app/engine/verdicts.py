@@ -13,7 +13,9 @@ from .arguments import SEEN_COUNTED, SEEN_NOTHING, SEEN_REFUSED, Ask, check_part
 from .tally import BLOCKED, tally
 
 
-def verdict_of(checks: Sequence[Check], reply: list, call: Ask) -> Verdict:
+def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask) -> Verdict:
+    if type(reply) is int:  # one policy's count, the rest told by the worker's clock (decide.lua)
+        reply = [-1, reply, -1, -1 if reply < 0 or reply == call.cost else -2]
     now_ms, cost = reply[0], call.cost
     if now_ms < 0:  # the call read no clock (a fixed window's repeat): its window ends by this worker's
         now_ms = int(time() * 1000)

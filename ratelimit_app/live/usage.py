@@ -11,6 +11,7 @@ from redis.commands.core import Script
 from .. import strategies
 from ..conf import get_setting
 from ..engine import admin_call, admin_client, keys
+from ..engine.arguments import figures
 from ..engine.batches import run_each
 from ..engine.scripts import scripts
 from ..engine.tally import BLOCKED
@@ -108,7 +109,7 @@ def _read_counters(
     for the next round.
     """
     script = scripts.get("live", admin_client())
-    args = [str(now_ms), policy.strategy, policy.window_ms, policy.bucket_ms, FIELD_BUDGET]
+    args = [str(now_ms), policy.strategy, figures(policy), FIELD_BUDGET]
     counts: dict[int, tuple[int, int]] = {}
     size = _batch_size(policy)
     # a token bucket's count depends on the subject's rate: its limits go with its keys

@@ -1,6 +1,7 @@
--- calendar_quota: a count per calendar period (a day, an ISO week or a month in a time zone). The worker works
--- out the periods and sends them as `bucket`: "<previous start>,<start>,<end>,<after>[,<seed start>,<seed>]"
--- (ms); the call's moment picks [previous, start), [start, end) or [end, after). One integer per subject,
+-- calendar_quota: a count per calendar period (a day, an ISO week or a month in a time zone). The worker
+-- works out the periods and sends them after the terms' figures: "<previous start>,<start>,<end>,<after>
+-- [,<seed start>,<seed>]" (ms, in hex); the call's moment picks [previous, start), [start, end) or
+-- [end, after). One integer per subject,
 -- count * 1000000 + the period's number (from its start), written with SET ... PXAT <the period's end>
 -- by the period's first request: a counter that exists is the current period's, so a repeat request is
 -- one INCRBY and reads no clock. A counter that is absent is reported (retry ABSENT) unless the call
@@ -15,11 +16,14 @@ do
     return string.format('%.0f', sign * cost * PACK)
   end
 
-  local function periods(bucket)
+  local function periods(terms)
+    local bucket = contract.rest(terms)
+    if not bucket then return nil end -- the live page sends no periods
     local previous, start, finish, after, seed_at, seed =
-      string.match(bucket, '^(%d+),(%d+),(%d+),(%d+),?(%d*),?(%d*)$')
+      string.match(bucket, '^(%x+),(%x+),(%x+),(%x+),?(%x*),?(%x*)$')
     if not previous then return nil end -- the live page sends no periods
-    return tonumber(previous), tonumber(start), tonumber(finish), tonumber(after), tonumber(seed_at), tonumber(seed)
+    return tonumber(previous, 16), tonumber(start, 16), tonumber(finish, 16), tonumber(after, 16),
+      tonumber(seed_at, 16), tonumber(seed, 16)
   end
 
   -- a period's number, from its start (never 0: 0 marks an absent counter)
@@ -28,8 +32,8 @@ do
   end
 
   -- the period containing the call's moment: its start and end, and its number
-  local function current(bucket)
-    local previous, start, finish, after = periods(bucket)
+  local function current(terms)
+    local previous, start, finish, after = periods(terms)
     local now = clock.ms()
     if now < start then start, finish = previous, start
     elseif now >= finish then start, finish = finish, after end
@@ -40,61 +44,61 @@ do
   -- call has not read the clock and the counter is of the period the worker sent as current. A counter of
   -- another period (the worker's clock passed an end Redis's has not, or the reverse) reads the clock: the
   -- worker's would keep a refusal, and save the usage, a whole period off.
-  local function until_end(key, bucket, stored)
-    local previous, start = periods(bucket)
-    if not previous then return clock.known() and redis.call('PTTL', key) or -1 end
-    if not clock.known() and stored % PACK == number(start) then return -1 end
-    local _, finish = current(bucket)
+  local function until_end(key, terms, stored)
+    local previous, start = periods(terms)
+    if not previous then return clock.known and redis.call('PTTL', key) or -1 end
+    if not clock.known and stored % PACK == number(start) then return -1 end
+    local _, finish = current(terms)
     return finish - clock.ms()
   end
 
   -- whether a stored value counts the period of the call (by the server's clock, any counter left does)
-  local function of_now(stored, bucket)
-    if not clock.given() or not periods(bucket) then return true end -- the live page sends no periods
-    local _, _, number = current(bucket)
+  local function of_now(stored, terms)
+    if not clock.given or not periods(terms) then return true end -- the live page sends no periods
+    local _, _, number = current(terms)
     return stored % PACK == number
   end
 
-  local function look(key, limit, window, bucket, cost)
+  local function look(key, limit, terms, cost)
     local stored = tonumber(redis.call('GET', key))
-    if not stored or not of_now(stored, bucket) then
-      local _, _, _, _, seed_at, seed = periods(bucket)
+    if not stored or not of_now(stored, terms) then
+      local _, _, _, _, seed_at, seed = periods(terms)
       if not seed_at then
-        if not periods(bucket) then return 0, 0, 0, 1 end
+        if not periods(terms) then return 0, 0, 0, 1 end
         clock.ms() -- the worker reads the usage saved for the period of Redis's clock, not of its own
         return 0, ABSENT, 0, 1
       end
-      local start, finish = current(bucket)
+      local start, finish = current(terms)
       local count = seed_at == start and seed or 0
       return count, count + cost > limit and finish - clock.ms() or 0, count > 0 and finish - clock.ms() or 0, 1
     end
     local count = math.floor(stored / PACK)
-    local ends = until_end(key, bucket, stored)
+    local ends = until_end(key, terms, stored)
     return count, count + cost > limit and ends or 0, count > 0 and ends or 0, 1
   end
 
   strategies.calendar_quota = {
     look = look,
-    charge = function(key, limit, window, bucket, cost)
+    charge = function(key, limit, terms, cost)
       if cost > limit then
-        local count, retry, reset = look(key, limit, window, bucket, cost)
+        local count, retry, reset = look(key, limit, terms, cost)
         return false, count, retry, reset, -2
       end
       local stored = redis.call('INCRBY', key, units(cost, 1))
-      if stored % PACK == 0 or not of_now(stored, bucket) then
+      if stored % PACK == 0 or not of_now(stored, terms) then
         -- the period's first request here (no counter, or a caller's `now` in a later period)
-        local _, _, _, _, seed_at, seed = periods(bucket)
+        local _, _, _, _, seed_at, seed = periods(terms)
         if not seed_at then
           redis.call('DEL', key)
           clock.ms() -- as in look: the saved usage asked for is of Redis's period
           return false, 0, ABSENT, 0, -2
         end
-        local start, finish, number = current(bucket)
+        local start, finish, number = current(terms)
         local now = clock.ms()
         local count = seed_at == start and seed or 0
         local taken = count + cost <= limit
-        local value = string.format('%.0f', (taken and count + cost or count) * PACK + number)
-        if clock.given() then
+        local value = (taken and count + cost or count) * PACK + number -- Redis writes an integer's digits
+        if clock.given then
           redis.call('SET', key, value, 'PX', finish - now + 1000) -- the period's number tells it is over
         else
           redis.call('SET', key, value, 'PXAT', finish)
@@ -105,10 +109,10 @@ do
       local count = math.floor(stored / PACK)
       if count > limit then
         redis.call('INCRBY', key, units(cost, -1))
-        local ends = until_end(key, bucket, stored)
+        local ends = until_end(key, terms, stored)
         return false, count - cost, ends, ends, -2
       end
-      return true, count - cost, 0, until_end(key, bucket, stored), -2
+      return true, count - cost, 0, until_end(key, terms, stored), -2
     end,
     refund = function(key, state, cost)
       redis.call('INCRBY', key, units(cost, -1))

@@ -1,63 +1,89 @@
 -- contract: what decide.lua and live.lua ask of a strategy (lua/<name>.lua defines strategies.<name>).
 -- Times in ms; the call's moment comes from clock.lua, read only when the strategy needs it.
 --
---   look(key, limit, window, bucket, cost) -> count, retry, reset, fields
+-- `terms` is the policy's terms as sent (decide.lua's header says how they read): a strategy takes
+-- the figures it needs from them with contract.figures(terms), and only when it needs them, so a
+-- fixed window's repeat request parses nothing but its limit.
+--
+--   look(key, limit, terms, cost) -> count, retry, reset, fields
 --       reads only: the units counted; the ms until `cost` more fit (0: they fit now); the ms until
 --       every counted unit has left (0: none is counted); how many fields it read (the live page's
---       budget). A retry or reset of -1 means "when the fixed window ends", by the worker's clock.
---   charge(key, limit, window, bucket, cost, lease, totals_bucket, seen) -> taken, count, retry, reset, before, state
+--       budget). A retry or reset of -1 means "when the fixed window ends", which the worker works out
+--       from the reply's now, or its own clock when the reply has none.
+--   charge(key, limit, terms, cost, lease, seen) -> taken, count, retry, reset, before, state
 --       takes `cost` units when there is room for all of them, in as few commands as the strategy can;
 --       count is the units counted before, reset as look's after the request, before the reset before
 --       it (-1: nothing was counted; -2: the same bucket of the live index as after), state what
 --       refund needs. A cost above the capacity, or above `strategy.most` (the largest cost one
---       request may take, set from the Python half), never fits: charge refuses it like any other.
---       `seen` is '2' when the worker saw units counted at the subject's last decision: a hint for the
+--       request may take, set from the Python half), never fits: charge refuses it like any other
+--       (decide.lua refuses a cost above `most` before calling it).
+--       `seen` is 2 when the worker saw units counted at the subject's last decision: a hint for the
 --       order of commands, never for the outcome.
 --   refund(key, state, cost)  gives back what charge took (another policy refused the request)
--- `bucket` is the strategy's own figure from the policy's terms (a bucket, a burst, a quota's periods), and
--- it and totals_bucket come as the text sent (or a number): a strategy converts what it reads, so a
--- decision converts (with strtod) only the figures it uses.
 -- A retry of -3 from charge means the quota's counter is absent: nothing counts, the worker asks again.
 --
--- A strategy written for the earlier contract (peek / take / undo / reset, with the time passed in)
--- is called through the same three functions here.
+-- A strategy written for the earlier contract (peek / take / undo / reset, with the time and the
+-- figures passed in) is given the three functions above when the code loads (contract.adapt).
 local contract = {}
 do
-  local function looked(strategy, key, limit, window, bucket, cost)
-    if strategy.look then return strategy.look(key, limit, window, bucket, cost) end
-    local now = clock.ms()
-    bucket = tonumber(bucket) or bucket
-    local count, retry, state = strategy.peek(key, now, window, bucket, limit, clock.us(), cost)
-    local reset = count > 0 and strategy.reset(key, now, window, bucket, count, state) or 0
-    if count + cost > limit and retry == 0 then retry = 1 end
-    return count, retry, reset, 2
+  -- The terms after their first field (13 hex digits and a space): "<window> <bucket> <totals bucket>"
+  -- in hex, window and bucket 9 digits each at fixed places, then a quota's periods. Base 16 throughout:
+  -- tonumber() runs strtoul, not strtod; the fixed places need no pattern.
+
+  -- the window (ms)
+  function contract.window(terms)
+    return tonumber(string.sub(terms, 15, 23), 16)
   end
 
-  function contract.look(strategy, key, limit, window, bucket, cost)
-    local count, retry, reset, fields = looked(strategy, key, limit, window, bucket, cost)
+  -- the window (ms) and the strategy's bucket (a bucket in ms, a burst: the strategy's own figure)
+  function contract.figures(terms)
+    return tonumber(string.sub(terms, 15, 23), 16), tonumber(string.sub(terms, 25, 33), 16)
+  end
+
+  -- the bucket of the policy's totals (ms): the live index's step
+  function contract.totals_bucket(terms)
+    return tonumber(string.match(terms, '^%x+', 35), 16)
+  end
+
+  -- what follows the totals bucket (a quota's periods), or nil
+  function contract.rest(terms)
+    return string.match(terms, '^%x+ (.+)$', 35)
+  end
+
+  function contract.look(strategy, key, limit, terms, cost)
+    local count, retry, reset, fields = strategy.look(key, limit, terms, cost)
     -- a cost above the strategy's bound never fits, as charge says: a look (check()) says so too
     if retry == 0 and strategy.most and cost > strategy.most then retry = 1 end
     return count, retry, reset, fields
   end
 
-  function contract.charge(strategy, key, limit, window, bucket, cost, lease, totals_bucket, seen)
-    if strategy.most and cost > strategy.most then -- refused before the strategy writes a unit of it
-      local count, retry, reset = contract.look(strategy, key, limit, window, bucket, cost)
-      return false, count, math.max(1, retry), reset, -2
+  -- look, charge and refund for a strategy of the earlier contract; run once, as the code loads
+  function contract.adapt(strategy)
+    if strategy.charge then return end
+    local function figures(terms)
+      local window, bucket = contract.figures(terms)
+      return window, bucket, contract.totals_bucket(terms)
     end
-    if strategy.charge then return strategy.charge(key, limit, window, bucket, cost, lease, totals_bucket, seen) end
-    local now = clock.ms()
-    bucket = tonumber(bucket) or bucket
-    local count, retry, state, _, taken, reset, before =
-      strategy.take(key, now, window, bucket, limit, clock.us(), tonumber(totals_bucket), cost, lease)
-    if not taken then
-      return false, count, math.max(1, retry), strategy.reset(key, now, window, bucket, count, state), -2
+    strategy.look = function(key, limit, terms, cost)
+      local now = clock.ms()
+      local window, bucket = figures(terms)
+      local count, retry, state = strategy.peek(key, now, window, bucket, limit, clock.us(), cost)
+      local reset = count > 0 and strategy.reset(key, now, window, bucket, count, state) or 0
+      if count + cost > limit and retry == 0 then retry = 1 end
+      return count, retry, reset, 2
     end
-    return true, count, 0, reset, before or -1, state
-  end
-
-  function contract.refund(strategy, key, state, cost)
-    if strategy.refund then return strategy.refund(key, state, cost) end
-    strategy.undo(key, clock.ms(), state, cost)
+    strategy.charge = function(key, limit, terms, cost, lease)
+      local now = clock.ms()
+      local window, bucket, totals_bucket = figures(terms)
+      local count, retry, state, _, taken, reset, before =
+        strategy.take(key, now, window, bucket, limit, clock.us(), totals_bucket, cost, lease)
+      if not taken then
+        return false, count, math.max(1, retry), strategy.reset(key, now, window, bucket, count, state), -2
+      end
+      return true, count, 0, reset, before or -1, state
+    end
+    strategy.refund = function(key, state, cost)
+      strategy.undo(key, clock.ms(), state, cost)
+    end
   end
 end

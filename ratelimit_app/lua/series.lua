@@ -25,32 +25,38 @@ do
   end
 
   -- -> requests in the window ending at now, the current bucket's requests, then the 'n' and 'c' fields
-  -- as stored (nil: no series) for series.add / series.freed_in, and how many fields the read cost
+  -- as stored (nil: no series) for series.add / series.freed_in, how many fields the read cost, and for
+  -- series.add the current bucket's field name and the 'c' field's text: a number argument to a command
+  -- is formatted at every command (~3k instructions), so each figure is made text once, or reused as read
   function series.read(key, now, window, bucket)
     local current = math.floor(now / bucket)
+    local name = tostring(current) -- as Redis formats an integer below 10^14: the same field
     local oldest = current - window / bucket + 1
-    local v = redis.call('HMGET', key, 't', 'c', 'n', current)
-    local total, cleaned, newest, here = tonumber(v[1]) or 0, tonumber(v[2]), tonumber(v[3]), tonumber(v[4]) or 0
-    if newest == nil or newest < oldest then return 0, here, newest, cleaned, 4 end -- (everything left the window)
-    if cleaned >= oldest then return total, here, newest, cleaned, 4 end
+    local v = redis.call('HMGET', key, 't', 'c', 'n', name)
+    local total, cleaned, here = tonumber(v[1]) or 0, tonumber(v[2]), tonumber(v[4]) or 0
+    local newest = v[3] == name and current or tonumber(v[3]) -- the same bucket again: no strtod
+    if newest == nil or newest < oldest then return 0, here, newest, cleaned, 4, name, v[2] end -- (everything left)
+    if cleaned >= oldest then return total, here, newest, cleaned, 4, name, v[2] end
     local left, live = oldest - cleaned, newest - oldest + 1
     if left <= live then
       total = total - sum(key, cleaned, oldest - 1)
     else -- fewer buckets are left in the window than have left it: add those up instead
       total = sum(key, oldest, newest)
     end
-    return total, here, newest, cleaned, math.min(left, live)
+    return total, here, newest, cleaned, math.min(left, live), name, v[2]
   end
 
-  -- count `delta` more requests in the current bucket (one HSET, plus an HDEL when buckets left)
-  function series.add(key, now, window, bucket, count, here, newest, cleaned, delta)
+  -- count `delta` more requests in the current bucket (one HSET, plus an HDEL when buckets left); `name`
+  -- and `cleaned_text` as series.read gave them
+  function series.add(key, now, window, bucket, count, here, newest, cleaned, delta, name, cleaned_text)
     local current = math.floor(now / bucket)
     local oldest = current - window / bucket + 1
     if cleaned and cleaned < oldest then -- buckets left the window: their fields go
       redis.call('HDEL', key, unpack(names(cleaned, math.min(newest, oldest - 1))))
     end
     local first = (newest and newest >= oldest) and math.max(cleaned, oldest) or current
-    redis.call('HSET', key, current, here + delta, 't', count + delta, 'c', first, 'n', current)
+    first = first == cleaned and cleaned_text or first == current and name or first
+    redis.call('HSET', key, name, here + delta, 't', count + delta, 'c', first, 'n', name)
   end
 
   -- ms until `needed` of the counted requests have left the window (reads the live buckets: only

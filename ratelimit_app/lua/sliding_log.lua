@@ -44,8 +44,9 @@ do
   end
 
   strategies.sliding_log = {
-    look = function(key, limit, window, bucket, cost)
+    look = function(key, limit, terms, cost)
       local now = clock.ms()
+      local window = contract.window(terms)
       local count = counted(key, now, window)
       return count, retry_in(key, now, window, limit, count, cost), empty_in(key, now, window, count), 2
     end,
@@ -53,8 +54,8 @@ do
     -- index's step) trims what left the window and moves the key's expiry past every request that
     -- bucket may add; the others are two ZCOUNTs and one ZADD. The log so holds at most its window
     -- plus a bucket.
-    charge = function(key, limit, window, bucket, cost, lease, totals_bucket)
-      totals_bucket = tonumber(totals_bucket)
+    charge = function(key, limit, terms, cost)
+      local window, totals_bucket = contract.window(terms), contract.totals_bucket(terms)
       local now = clock.ms()
       local count = counted(key, now, window)
       local retry = retry_in(key, now, window, limit, count, cost)

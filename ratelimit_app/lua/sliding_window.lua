@@ -4,10 +4,10 @@
 -- fields + 3. Times are integer milliseconds.
 do
   -- look's figures, then what series.read found (series.add takes it on)
-  local function look(key, limit, window, bucket, cost)
+  local function look(key, limit, terms, cost)
     local now = clock.ms()
-    bucket = tonumber(bucket)
-    local count, here, newest, cleaned, fields = series.read(key, now, window, bucket)
+    local window, bucket = contract.figures(terms)
+    local count, here, newest, cleaned, fields, name, cleaned_text = series.read(key, now, window, bucket)
     local reset = series.empty_in(count, newest, now, window, bucket)
     local retry = 0
     if count + cost > limit then
@@ -15,17 +15,17 @@ do
       local needed = count + cost - limit
       retry = math.max(1, cost > limit and reset or series.freed_in(key, cleaned, now, window, bucket, needed))
     end
-    return count, retry, reset, fields, here, newest, cleaned
+    return count, retry, reset, fields, here, newest, cleaned, window, bucket, name, cleaned_text
   end
 
   strategies.sliding_window = {
     look = look,
-    charge = function(key, limit, window, bucket, cost)
-      bucket = tonumber(bucket)
-      local count, retry, reset, _, here, newest, cleaned = look(key, limit, window, bucket, cost)
+    charge = function(key, limit, terms, cost)
+      local count, retry, reset, _, here, newest, cleaned, window, bucket, name, cleaned_text =
+        look(key, limit, terms, cost)
       if retry ~= 0 then return false, count, retry, reset, -2 end
       local now = clock.ms()
-      series.add(key, now, window, bucket, count, here, newest, cleaned, cost)
+      series.add(key, now, window, bucket, count, here, newest, cleaned, cost, name, cleaned_text)
       local current = math.floor(now / bucket)
       local after = current * bucket + window - now
       if newest ~= current then redis.call('PEXPIRE', key, after) end

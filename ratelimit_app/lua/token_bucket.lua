@@ -10,8 +10,9 @@
 -- requests pass at once, then one every T. The burst in use is ceil((TAT - now) / T), so "at the
 -- limit" reads count >= B. Times in and out are integer milliseconds; microseconds only inside.
 do
-  local function sizes(window, bucket, limit)
-    bucket = tonumber(bucket)
+  -- the interval T (us) and the capacity, from the policy's terms
+  local function sizes(terms, limit)
+    local window, bucket = contract.figures(terms)
     local capacity = bucket > 0 and math.min(bucket, limit) or limit
     return math.ceil(window * 1000 / limit), capacity
   end
@@ -48,7 +49,7 @@ do
     local moved = redis.call('INCRBY', key, step)
     local tat = moved - step
     if tat <= now_us then
-      redis.call('SET', key, string.format('%.0f', fresh), 'PX', lifetime(fresh, now_us, interval, capacity))
+      redis.call('SET', key, fresh, 'PX', lifetime(fresh, now_us, interval, capacity))
       if tat == 0 then return true, 0, 0, whole_ms(fresh - now_us), -1 end -- no key: INCRBY made one
       return true, 0, 0, whole_ms(fresh - now_us), whole_ms(tat - now_us), tat
     end
@@ -63,8 +64,8 @@ do
     return true, count, 0, whole_ms(moved - now_us), whole_ms(tat - now_us), tat
   end
 
-  local function look(key, limit, window, bucket, cost)
-    local interval, capacity = sizes(window, bucket, limit)
+  local function look(key, limit, terms, cost)
+    local interval, capacity = sizes(terms, limit)
     local now_us = clock.us()
     local tat = math.max(tonumber(redis.call('GET', key)) or now_us, now_us)
     local count, retry = in_use(tat - now_us, interval, capacity, cost)
@@ -76,17 +77,18 @@ do
     -- One SET ... GET writes now + N * T, as if the bucket were full, and reads the TAT stored: all
     -- a subject within its rate costs. A subject using its burst costs one more SET (to the stored
     -- TAT + N * T, or back to it when the burst has no room), unless the worker saw it using its
-    -- burst last time (seen '2'): then one INCRBY does, and a filled bucket costs one more SET.
-    charge = function(key, limit, window, bucket, cost, lease, totals_bucket, seen)
-      local interval, capacity = sizes(window, bucket, limit)
+    -- burst last time (seen 2): then one INCRBY does, and a filled bucket costs one more SET.
+    charge = function(key, limit, terms, cost, lease, seen)
+      local interval, capacity = sizes(terms, limit)
       if cost > capacity then
-        local count, retry, reset = look(key, limit, window, bucket, cost)
+        local count, retry, reset = look(key, limit, terms, cost)
         return false, count, retry, reset, -2
       end
       local now_us = clock.us()
       local fresh = now_us + interval * cost
-      if seen == '2' then return charge_busy(key, now_us, interval, capacity, cost, fresh) end
-      local stored = redis.call('SET', key, string.format('%.0f', fresh),
+      if seen == 2 then return charge_busy(key, now_us, interval, capacity, cost, fresh) end
+      -- TATs as numbers: Redis writes an integer's digits (%.17g, or exactly), cheaper than string.format
+      local stored = redis.call('SET', key, fresh,
         'PX', lifetime(fresh, now_us, interval, capacity), 'GET')
       local tat = tonumber(stored)
       if not tat or tat <= now_us then -- the bucket was full: the guess held
@@ -98,7 +100,7 @@ do
         return false, count, retry, whole_ms(tat - now_us), -2
       end
       local moved = tat + interval * cost
-      redis.call('SET', key, string.format('%.0f', moved), 'PX', lifetime(moved, now_us, interval, capacity))
+      redis.call('SET', key, moved, 'PX', lifetime(moved, now_us, interval, capacity))
       return true, count, 0, whole_ms(moved - now_us), whole_ms(tat - now_us), stored
     end,
     -- give back what charge admitted (another policy refused the request): the TAT it found (text or a number)
