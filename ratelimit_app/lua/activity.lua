@@ -25,14 +25,17 @@ local function trend_windows(window)
 end
 activity.trend_windows = trend_windows
 
+-- outlives every counter of the policy: the one that lives longest, a token bucket's, ends at most three
+-- fill times (each at most window + bucket ms) ahead: its TAT one ahead, the key up to two past it
+local LIFE = 3
+
 local function expire(key, window, bucket)
-  -- outlives every counter of the policy (at most window + bucket ms ahead)
-  redis.call('PEXPIRE', key, 2 * (window + bucket))
+  redis.call('PEXPIRE', key, LIFE * (window + bucket))
 end
 
 local function expire_totals(key, window, bucket)
   -- and the totals outlive the trend too
-  redis.call('PEXPIRE', key, math.max(2 * (window + bucket), (trend_windows(window) + 1) * window))
+  redis.call('PEXPIRE', key, math.max(LIFE * (window + bucket), (trend_windows(window) + 1) * window))
 end
 
 -- add the values of buckets leaving the window to their window's trend field, and forget the
