@@ -241,8 +241,8 @@ def deciding(request, state: RequestState, index: policies.PolicyIndex | None = 
         if call.holding:
             asking(state, call)
         try:
-            outcome = yield Io(engine.decide, engine.adecide, (call.checks,), {
-                "now": now, "version": policies.version_due(), "cost": call.cost, "lease": call.lease})
+            outcome = yield from engine.deciding(call.checks, now=now, version=policies.version_due(), cost=call.cost,
+                                                 lease=call.lease)
         except engine.RedisUnavailable as error:
             outcome = error
         conclude(request, state, call, outcome)
