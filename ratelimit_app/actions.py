@@ -7,7 +7,7 @@ from typing import Iterable, NamedTuple, Sequence
 
 from . import engine, policies
 from .conf import get_setting
-from .drivers import Io, Steps, arun, run
+from .drivers import Steps, arun, run
 from .doors import state_of
 from .limiter import Cost, RequestState, deciding, loading, request_cost
 from .overrides import CompiledOverride, matching_override
@@ -59,7 +59,7 @@ def checks_for(planned: Iterable[Planned]) -> list[Check]:
 
 def looking(checks: Sequence[Check], *, now: float | None = None, cost: int = 1) -> Steps[Verdict]:
     """What Redis would answer to `checks`, counting nothing (raises RedisUnavailable)."""
-    verdict = yield Io(engine.decide, engine.adecide, (checks,), {"now": now, "dry_run": True, "cost": cost})
+    verdict = yield from engine.deciding(checks, now=now, dry_run=True, cost=cost)
     policies.observe_version(verdict.version)
     return verdict
 

@@ -8,7 +8,7 @@ from typing import NamedTuple, Sequence
 
 from . import engine, policies, quotas
 from .conf import get_setting
-from .drivers import Io, Steps, arun, run
+from .drivers import Steps, arun, run
 from .limiter import loading
 from .overrides import matching_override
 from .plans import limit_in_effect, plan_of
@@ -74,7 +74,7 @@ def using(request) -> Steps[list[Usage]]:
     if not get_setting("RATELIMIT_ENABLED"):
         return []
     checks = _checks(request, (yield from loading(request)))
-    verdict = yield Io(engine.decide, engine.adecide, (checks,), {"dry_run": True})
+    verdict = yield from engine.deciding(checks, dry_run=True)
     return _usage(checks, verdict.decisions)
 
 

@@ -108,7 +108,9 @@ def around_view(request, view: Io, turn: Steps[RequestState | None]) -> Steps:
         response = yield view
         if state is None:
             state = _state(request)  # made inside the view: by a door, or hit()
-        if state is not None and state.awaiting:  # the door inside never ran (DRF refused first): decide now
+            if state is None:  # most requests of a site: no policy met them, nothing to answer for or give back
+                return response
+        if state.awaiting:  # the door inside never ran (DRF refused first): decide now
             yield from entering(request, (), last=True)
         return (yield from leaving(request, answer(request, response, state), state))
     except GeneratorExit:  # dropped unfinished, which no driver does: nothing to give back from here

@@ -234,15 +234,16 @@ def loading(request, index: policies.PolicyIndex | None = None) -> Steps[policie
 def deciding(request, state: RequestState, index: policies.PolicyIndex | None = None, *, extra: Sequence[Check] = (),
              pending: bool = True, now: float | None = None, cost: Cost | None = None) -> Steps[RequestState]:
     """Decide every pending policy of the request (and `extra`) in one Redis call, none when nothing applies."""
-    index = yield from loading(request, index)
+    if index is None or index.needs_user:  # the doors pass the index they matched with: most often no step left
+        index = yield from loading(request, index)
     denied_before = len(state.denied)
     call = prepare(request, state, index, extra, pending, now, cost)
     if call is not None:
         if call.holding:
             asking(state, call)
         try:
-            outcome = yield Io(engine.decide, engine.adecide, (call.checks,), {
-                "now": now, "version": policies.version_due(), "cost": call.cost, "lease": call.lease})
+            outcome = yield from engine.deciding(call.checks, now=now, version=policies.version_due(), cost=call.cost,
+                                                 lease=call.lease)
         except engine.RedisUnavailable as error:
             outcome = error
         conclude(request, state, call, outcome)

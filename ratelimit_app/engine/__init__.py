@@ -9,13 +9,13 @@ from .arguments import live_member
 from .circuit import RedisCommandError, RedisUnavailable, breaker
 from .aclients import aclient
 from .clients import client, cluster_configured, is_cluster
-from .decision import adecide, decide
+from .decision import adecide, decide, deciding
 from .decision_connection import decision_client
 from .giveback import arelease, release
 from .hooks import hooks
 
 __all__ = [
     "Check", "Decision", "Verdict", "NO_POLICIES", "RedisUnavailable", "RedisCommandError", "decide", "adecide",
-    "release", "arelease", "live_member", "client", "aclient", "decision_client", "admin_client", "admin_call",
-    "is_cluster", "cluster_configured", "breaker", "hooks",
+    "deciding", "release", "arelease", "live_member", "client", "aclient", "decision_client", "admin_client",
+    "admin_call", "is_cluster", "cluster_configured", "breaker", "hooks",
 ]

@@ -29,9 +29,7 @@ def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool =
     """Decide every check in one Redis round trip (one per shard on a cluster); nothing counts if an enforcing
     policy denies. `lease` names a request's in-flight places, `now` replaces Redis' clock (tests), `dry_run`
     counts nothing, `version` brings the policy version back too. Raises RedisUnavailable."""
-    if not checks:
-        return NO_POLICIES
-    return run(_deciding(checks, Ask(now, dry_run, cost, lease), version))
+    return run(deciding(checks, now=now, dry_run=dry_run, version=version, cost=cost, lease=lease))
 
 
 async def adecide(
@@ -39,19 +37,19 @@ async def adecide(
     cost: int = 1, lease: str = "",
 ) -> Verdict:
     """decide() for async code: the same steps, through redis-py's asyncio client. On Redis Cluster,
-    decide() runs in a worker thread with the cluster client (no asyncio cluster client is kept)."""
+    the call runs in a worker thread with the cluster client (no asyncio cluster client is kept)."""
+    return await arun(deciding(checks, now=now, dry_run=dry_run, version=version, cost=cost, lease=lease))
+
+
+def deciding(checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False, version: bool = False,
+             cost: int = 1, lease: str = "") -> Steps[Verdict]:
+    """decide() as plain steps, for a door's steps to `yield from`: the request's one driver runs them (a
+    driver of its own per decision cost every request a generator, a loop and a StopIteration more).
+    The script's call, and once more from the usage the database saved when a quota's period is one
+    Redis does not hold."""
     if not checks:
         return NO_POLICIES
-    if cluster_configured():
-        return await sync_to_async(decide, thread_sensitive=False)(
-            checks, now=now, dry_run=dry_run, version=version, cost=cost, lease=lease
-        )
-    return await arun(_deciding(checks, Ask(now, dry_run, cost, lease), version))
-
-
-def _deciding(checks: Sequence[Check], call: Ask, version: bool) -> Steps[Verdict]:
-    """The decision as plain steps: the script's call, and once more from the usage the database saved
-    when a quota's period is one Redis does not hold."""
+    call = Ask(now, dry_run, cost, lease)
     started = perf_counter()
     seeds: dict = {}
     while True:
@@ -86,6 +84,8 @@ def _decide(redis_client: redis.Redis, checks: Sequence[Check], call: Ask, versi
 
 
 async def _asend(checks: Sequence[Check], call: Ask, version: bool) -> Verdict:
+    if cluster_configured():
+        return await sync_to_async(_send, thread_sensitive=False)(checks, call, version)
     redis_client = aclient()
     script = scripts.get(entry(call), redis_client)
     script_keys, args = script_call(checks, call, version)

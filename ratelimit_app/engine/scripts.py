@@ -168,22 +168,26 @@ class Entry:
     def sha(self) -> str:
         return self.script.sha
 
-    def _fcall(self, keys: Sequence, args: Sequence, client: Any) -> Steps:
+    def _fcall(self, keys: Sequence, args: Sequence, client: Any) -> tuple[tuple, dict]:
+        """The FCALL command and its options."""
         # a cluster client would otherwise ask a node COMMAND GETKEYS to find FCALL's keys
         options = {"target_nodes": client.get_node_from_key(keys[0])} if keys and is_cluster(client) else {}
-        command = ("FCALL", self.function, len(keys), *keys, *args)
-        try:
-            return (yield _command(client, command, options))
-        except ResponseError as error:
-            if not _to_load(error, client):
-                return EVALSHA
-        if not (yield from _loading(client, self.library, options)):
+        return ("FCALL", self.function, len(keys), *keys, *args), options
+
+    def _refused(self, error: ResponseError, client: Any, command: tuple, options: dict) -> Steps:
+        """After the FCALL was refused: load the library and send it again, as steps; EVALSHA when the
+        server has no Functions (any other error is raised)."""
+        if not _to_load(error, client) or not (yield from _loading(client, self.library, options)):
             return EVALSHA
         return (yield _command(client, command, options))
 
     def __call__(self, keys: Sequence = (), args: Sequence = (), client: Any = None) -> Any:
         if uses_functions(client):
-            reply = run(self._fcall(keys, args, client))
+            command, options = self._fcall(keys, args, client)
+            try:  # the first call is a plain one, not steps: it is every decision's
+                return execute(client, *command, **options)
+            except ResponseError as error:
+                reply = run(self._refused(error, client, command, options))
             if reply is not EVALSHA:
                 return reply
         return self.script(keys, args, client)
@@ -193,8 +197,12 @@ class AsyncEntry(Entry):
     """Entry for redis-py's asyncio client (pass the client of the running loop at call time)."""
 
     async def __call__(self, keys: Sequence = (), args: Sequence = (), client: Any = None) -> Any:
-        if uses_functions(client):
-            reply = await arun(self._fcall(keys, args, client))
+        if uses_functions(client):  # Entry.__call__'s twin: its first call awaited
+            command, options = self._fcall(keys, args, client)
+            try:
+                return await client.execute_command(*command, **options)
+            except ResponseError as error:
+                reply = await arun(self._refused(error, client, command, options))
             if reply is not EVALSHA:
                 return reply
         return await self.script(keys, args, client)
