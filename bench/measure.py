@@ -96,13 +96,14 @@ def interleaved_latencies(operations: dict[str, Callable[[], object]], count: in
 
 
 def _command_calls() -> list[tuple[object, str]]:
-    """Where a command call starts: redis-py's execute_command (sync and asyncio clients), and the
-    engine's own call on a thread's kept connection (ratelimit_app.engine.decision_connection.execute, also as the
-    scripts module imported it), which sends through the connection without execute_command."""
-    from ratelimit_app.engine import decision_connection, scripts
+    """Where a command call starts: redis-py's execute_command (sync and asyncio clients), the engine's
+    own call on a thread's kept connection (ratelimit_app.engine.decision_connection.execute, also as the
+    scripts module imported it), which sends through the connection without execute_command, and the
+    asyncio client of decisions (aclients.SentOnce), whose execute_command writes on a connection itself."""
+    from ratelimit_app.engine import aclients, decision_connection, scripts
 
     return [(redis.Redis, "execute_command"), (redis.asyncio.Redis, "execute_command"), (decision_connection, "execute"),
-            (scripts, "execute")]
+            (scripts, "execute"), (aclients.SentOnce, "execute_command")]
 
 
 @contextlib.contextmanager
