@@ -3,6 +3,7 @@ the test session's Redis, free loopback ports, always stopped."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 from project.devredis import free_port
 
@@ -83,3 +85,13 @@ class Server:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+
+
+@contextlib.contextmanager
+def serving(database: Path, settings: str, asgi: bool = False, workers: int = 0, **extra: str) -> Iterator[Server]:
+    """A server of the site in `database` under the settings module `settings` (see Server), stopped at the end."""
+    server = Server(site_env(database, DJANGO_SETTINGS_MODULE=settings, **extra), workers=workers, asgi=asgi)
+    try:
+        yield server
+    finally:
+        server.stop()

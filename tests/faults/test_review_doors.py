@@ -5,10 +5,8 @@ every request ended, no place is held; every answer says what the user must know
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
-import time
 
 import django
 import pytest
@@ -17,7 +15,8 @@ import urllib.error
 import urllib.request
 
 from tests.faults.test_inflight import places_held, until
-from tests.servers import Server, migrated_site, site_env
+from tests import servers
+from tests.servers import migrated_site
 
 SETTINGS = "tests.faults.review_doors_settings"
 POLICIES = """
@@ -39,13 +38,8 @@ def site_database(tmp_path_factory):
     return migrated_site(tmp_path_factory.mktemp("review_doors"), SETTINGS, POLICIES)
 
 
-@contextlib.contextmanager
-def serving(database, asgi: bool = False, workers: int = 0, **extra: str):
-    server = Server(site_env(database, DJANGO_SETTINGS_MODULE=SETTINGS, **extra), workers=workers, asgi=asgi)
-    try:
-        yield server
-    finally:
-        server.stop()
+def serving(database, **options):
+    return servers.serving(database, SETTINGS, **options)
 
 
 def leave_mid_body(port: int, path: str, method: str = "GET", read: int = 70000) -> None:

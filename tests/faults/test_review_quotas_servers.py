@@ -14,7 +14,8 @@ from project.devredis import PrivateRedis
 from ratelimit_app.periods import periods_at, zone
 from tests.cluster import wait_for
 from tests.faults.test_review_doors import status
-from tests.servers import Server, migrated_site, site_env
+from tests import servers
+from tests.servers import migrated_site
 
 pytestmark = pytest.mark.slow
 SETTINGS = "tests.faults.review_quotas_settings"
@@ -33,13 +34,8 @@ def site_database(tmp_path):
     return migrated_site(tmp_path, SETTINGS, POLICIES)
 
 
-@contextlib.contextmanager
-def serving(database, asgi: bool = False, workers: int = 0, **extra: str):
-    server = Server(site_env(database, DJANGO_SETTINGS_MODULE=SETTINGS, **extra), workers=workers, asgi=asgi)
-    try:
-        yield server
-    finally:
-        server.stop()
+def serving(database, **options):
+    return servers.serving(database, SETTINGS, **options)
 
 
 def saved_usage(database) -> int:
