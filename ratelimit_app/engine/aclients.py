@@ -131,9 +131,23 @@ class SentOnce(redis.asyncio.Redis):
         return reply
 
     async def take(self) -> redis.asyncio.Connection:
-        """A connection with nothing unread: one kept from an earlier command, else the pool's."""
-        if self.kept:
-            return self.kept.pop()
+        """A connection with nothing unread and not closed by Redis: one kept from an earlier command,
+        else the pool's. One closed (its end of file read by the loop) is opened anew by its next write."""
+        connection = self.kept.pop() if self.kept else await self._checkout()
+        try:
+            # the pool does not always check (not with RESP3's maintenance notifications), nor does keep():
+            # a give-back written to a kept connection Redis closed while at rest would be lost, then owed
+            if connection.is_connected and await connection.can_read():
+                await connection.disconnect(nowait=True)
+        except redis.ConnectionError:
+            pass  # can_read disconnected it
+        except BaseException:
+            await connection.disconnect(nowait=True)
+            await self.connection_pool.release(connection)
+            raise
+        return connection
+
+    async def _checkout(self) -> redis.asyncio.Connection:
         pool, attempt = self.connection_pool, 1
         while True:
             self.waiting += 1
@@ -158,10 +172,6 @@ class SentOnce(redis.asyncio.Redis):
             self.kept.append(connection)
 
     async def _once(self, connection: redis.asyncio.Connection, args: tuple) -> object:
-        # closed by Redis while at rest (its end of file read by the loop): the pool does not always
-        # check (not with RESP3's maintenance notifications), so it is checked here, before writing
-        if connection.is_connected and await connection.can_read():
-            await connection.disconnect()
         message = connection.pack_command(*args)
         for attempt in range(1, WRITE_ATTEMPTS + 1):
             try:

@@ -1,0 +1,165 @@
+"""The asyncio client of decisions keeps a connection read to the end for its loop's next command:
+such a kept connection closed by Redis (CLIENT KILL, an idle timeout), a command cancelled while its
+reply is unread, a pool of one shared by many tasks, a loop closing with connections kept. The
+promises: every decision and give-back counted exactly, none failing open, no socket left open."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+
+from ratelimit_app import engine
+from ratelimit_app.engine import aclient, giveback
+from ratelimit_app.values import Held
+from tests.faults.test_connections import QUEUED, use_server
+from tests.helpers import check
+from tests.helpers import policy as any_policy
+
+pytestmark = pytest.mark.django_db
+
+
+def _normal_clients(port: int) -> int:
+    admin = redis.Redis(port=port)
+    try:
+        return len(admin.client_list(_type="normal")) - 1  # without this one
+    finally:
+        admin.close()
+
+
+def _held(inflight, who) -> int:
+    return engine.decide([check(inflight, who)], dry_run=True).decisions[0].count
+
+
+async def _read_give_backs() -> None:
+    await asyncio.gather(*list(giveback._reading), return_exceptions=True)
+
+
+def _kill_all(port: int) -> None:
+    admin = redis.Redis(port=port)
+    admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    admin.close()
+
+
+@pytest.mark.parametrize("close", ["kill", "idle"])
+def test_a_give_back_on_a_kept_connection_redis_closed_is_taken_at_once(settings, private, close):
+    """A kept connection closed by Redis (CLIENT KILL, or `timeout 1` idle): the next give-back is
+    written on a connection that is open, so Redis takes it then, not a second later from the owed."""
+    use_server(settings, private.url, max_connections=2)
+    inflight = any_policy(strategy="concurrency", limit=10, window=600)
+    who = check(inflight, "ip:203.0.113.9")
+
+    async def run() -> tuple[int, int]:
+        assert (await engine.adecide([who], lease="a")).allowed
+        assert aclient().kept  # the decision's connection is kept
+        if close == "kill":
+            _kill_all(private.port)
+        else:
+            redis.Redis(port=private.port).config_set("timeout", 1)
+        await asyncio.sleep(0.3 if close == "kill" else 2.5)
+        await engine.arelease([Held(who.policy, who.subject, "a", 1)])
+        await _read_give_backs()
+        return _held(inflight, "ip:203.0.113.9"), len(giveback.owed.places)
+
+    held, owed = asyncio.run(run())
+    assert (held, owed) == (0, 0)
+
+
+def test_a_decision_cancelled_with_its_reply_unread_leaves_the_next_its_own_reply(settings, private):
+    """CLIENT PAUSE holds a decision's reply; it is cancelled. The next decisions read their own replies
+    (counts 2, 3, ...), never the cancelled one's, and nothing is kept with a reply unread."""
+    use_server(settings, private.url, timeouts=QUEUED, max_connections=1)
+    limits = any_policy(strategy="sliding_log", limit=100, window=3600)
+    who = check(limits, "ip:203.0.113.10")
+    admin = redis.Redis(port=private.port)
+
+    async def run() -> list[int]:
+        assert (await engine.adecide([who])).decisions[0].count == 1
+        admin.execute_command("CLIENT", "PAUSE", 300, "ALL")
+        task = asyncio.ensure_future(engine.adecide([who]))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.4)  # unpaused: the cancelled command's reply is on its way, or read
+        counts = [(await engine.adecide([who])).decisions[0].count for _ in range(3)]
+        return counts
+
+    counts = asyncio.run(run())
+    admin.close()
+    first = counts[0]
+    assert first in (2, 3) and counts == [first, first + 1, first + 2]
+    assert _held(limits, "ip:203.0.113.10") == first + 2
+
+
+def test_a_pool_of_one_shared_by_many_tasks_deciding_and_giving_back(settings, private):
+    """max_connections=1, 60 tasks each taking a place and giving it back 5 times: none fails open
+    (PoolFull), and every place is given back once the replies were read."""
+    use_server(settings, private.url, timeouts=QUEUED, max_connections=1)
+    inflight = any_policy(strategy="concurrency", limit=1000, window=600)
+
+    async def one(n: int) -> int:
+        who = check(inflight, f"ip:10.0.{n // 250}.{n % 250}")
+        allowed = 0
+        for r in range(5):
+            allowed += (await engine.adecide([who], lease=f"{n}-{r}")).allowed
+            await engine.arelease([Held(who.policy, who.subject, f"{n}-{r}", 1)])
+        return allowed
+
+    async def run() -> int:
+        allowed = sum(await asyncio.gather(*(one(n) for n in range(60))))
+        await _read_give_backs()
+        return allowed
+
+    allowed = asyncio.run(run())
+    assert allowed == 300
+    assert sum(_held(inflight, f"ip:10.0.{n // 250}.{n % 250}") for n in range(60)) == 0
+    assert giveback.owed.places == []
+
+
+def test_a_loop_closing_with_kept_connections_closes_their_sockets(settings, private):
+    """20 loops, each deciding with 3 connections kept when it ends: none of their sockets stays open."""
+    use_server(settings, private.url, max_connections=4)
+    limits = any_policy(strategy="sliding_log", limit=10000, window=3600)
+    who = check(limits, "ip:203.0.113.11")
+    engine.decide([who])  # the sync client's connection, and the library loaded
+    before = _normal_clients(private.port)
+
+    async def run() -> int:
+        await asyncio.gather(*(engine.adecide([who]) for _ in range(3)))
+        return len(aclient().kept)
+
+    kept = [asyncio.run(run()) for _ in range(20)]
+    assert max(kept) >= 2
+    for _ in range(40):  # Redis sees the closes as it gets to them
+        if _normal_clients(private.port) == before:
+            break
+    assert _normal_clients(private.port) == before
+
+
+def test_a_wrongtype_reply_leaves_the_connection_clean(settings, private):
+    """Another program wrote a string where a decision's sorted set lives: that decision fails, and the
+    next ones (on the same loop, one connection) read their own replies."""
+    use_server(settings, private.url, timeouts=QUEUED, max_connections=1)
+    limits = any_policy(strategy="sliding_log", limit=100, window=3600)
+    good, bad = check(limits, "ip:203.0.113.12"), check(limits, "ip:203.0.113.13")
+    engine.decide([bad], dry_run=True)
+    admin = redis.Redis(port=private.port)
+
+    async def run() -> list[int]:
+        await engine.adecide([good])
+        for key in admin.scan_iter(match="*203.0.113.13*"):
+            admin.delete(key)
+        keys = set(admin.scan_iter(match="*203.0.113.12*"))
+        for key in keys:
+            admin.set(key.replace(b"203.0.113.12", b"203.0.113.13"), "x")
+        try:
+            await engine.adecide([bad])
+        except Exception:  # noqa: BLE001 - a failed decision, whatever the app makes of it
+            pass
+        return [(await engine.adecide([good])).decisions[0].count for _ in range(3)]
+
+    counts = asyncio.run(run())
+    admin.close()
+    assert counts == [2, 3, 4]
