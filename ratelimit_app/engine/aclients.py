@@ -125,7 +125,7 @@ class SentOnce(redis.asyncio.Redis):
             reply = await self._once(connection, args)
         except BaseException:
             await connection.disconnect(nowait=True)  # cancelled or failed with a reply unread
-            await self.connection_pool.release(connection)
+            await self.to_pool(connection)
             raise
         await self.keep(connection)
         return reply
@@ -143,7 +143,7 @@ class SentOnce(redis.asyncio.Redis):
             pass  # can_read disconnected it
         except BaseException:
             await connection.disconnect(nowait=True)
-            await self.connection_pool.release(connection)
+            await self.to_pool(connection)
             raise
         return connection
 
@@ -167,9 +167,14 @@ class SentOnce(redis.asyncio.Redis):
     async def keep(self, connection: redis.asyncio.Connection) -> None:
         """Take back a connection from take() whose replies were all read."""
         if self.waiting:
-            await self.connection_pool.release(connection)
+            await self.to_pool(connection)
         else:
             self.kept.append(connection)
+
+    async def to_pool(self, connection: redis.asyncio.Connection) -> None:
+        """Give `connection` back to the pool, even if the caller is cancelled while the pool's lock is
+        busy: lost there, it would stay checked out for ever (a pool of one then refuses every command)."""
+        await asyncio.shield(self.connection_pool.release(connection))
 
     async def _once(self, connection: redis.asyncio.Connection, args: tuple) -> object:
         message = connection.pack_command(*args)

@@ -69,7 +69,7 @@ async def arelease(held: Sequence[Held]) -> None:
         try:
             await connection.send_packed_command(connection.pack_commands(commands))
         except BaseException:
-            await redis_client.connection_pool.release(connection)
+            await redis_client.to_pool(connection)
             raise
         written = True
         task = asyncio.ensure_future(_aread_replies(redis_client, connection, len(commands), held))
@@ -109,7 +109,7 @@ async def _aread_replies(redis_client, connection, count: int, held: Sequence[He
         else:
             owed.add(held)
             await connection.disconnect(nowait=True)
-            await redis_client.connection_pool.release(connection)
+            await redis_client.to_pool(connection)
 
 
 class Owed:

@@ -6,12 +6,13 @@ promises: every decision and give-back counted exactly, none failing open, no so
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import redis
 
 from ratelimit_app import engine
-from ratelimit_app.engine import aclient, giveback
+from ratelimit_app.engine import RedisCommandError, RedisUnavailable, aclient, giveback
 from ratelimit_app.values import Held
 from tests.faults.test_connections import QUEUED, use_server
 from tests.helpers import check
@@ -34,6 +35,21 @@ def _held(inflight, who) -> int:
 
 async def _read_give_backs() -> None:
     await asyncio.gather(*list(giveback._reading), return_exceptions=True)
+
+
+def _restart(private) -> None:
+    admin = redis.Redis(port=private.port)
+    try:
+        admin.execute_command("DEBUG", "RESTART")
+    except redis.ConnectionError:
+        pass  # it closed this connection too
+    admin.close()
+    for _ in range(100):
+        try:
+            redis.Redis(port=private.port).ping()
+            return
+        except redis.ConnectionError:
+            time.sleep(0.05)
 
 
 def _kill_all(port: int) -> None:
@@ -132,9 +148,10 @@ def test_a_loop_closing_with_kept_connections_closes_their_sockets(settings, pri
 
     kept = [asyncio.run(run()) for _ in range(20)]
     assert max(kept) >= 2
-    for _ in range(40):  # Redis sees the closes as it gets to them
+    for _ in range(100):  # Redis sees the closes as it gets to them
         if _normal_clients(private.port) == before:
             break
+        time.sleep(0.05)
     assert _normal_clients(private.port) == before
 
 
@@ -163,3 +180,92 @@ def test_a_wrongtype_reply_leaves_the_connection_clean(settings, private):
     counts = asyncio.run(run())
     admin.close()
     assert counts == [2, 3, 4]
+
+
+def test_decisions_after_a_restart_of_redis_with_connections_kept_do_not_fail_open(settings, private):
+    """Redis restarts while the loop keeps 2 connections: the next decisions reconnect, none fails open,
+    and each counts once."""
+    use_server(settings, private.url, timeouts=QUEUED, max_connections=2)
+    limits = any_policy(strategy="sliding_log", limit=100, window=3600)
+    who = check(limits, "ip:203.0.113.14")
+
+    async def run() -> list:
+        await asyncio.gather(*(engine.adecide([who]) for _ in range(2)))
+        _restart(private)
+        await asyncio.sleep(0.1)  # the loop reads the ends of file of the connections it keeps
+        return await asyncio.gather(*(engine.adecide([who]) for _ in range(4)), return_exceptions=True)
+
+    verdicts = asyncio.run(run())
+    assert [getattr(verdict, "allowed", verdict) for verdict in verdicts] == [True] * 4
+    assert _held(limits, "ip:203.0.113.14") == 4  # the restarted Redis, without the first 2 (no persistence)
+
+
+@pytest.mark.parametrize("functions", [True, False])
+def test_many_tasks_cancelled_under_a_paused_redis_on_a_pool_of_two(settings, private, functions):
+    """60 tasks deciding and giving back on a pool of 2; CLIENT PAUSE, then half of them cancelled: once
+    the rest ended and what was owed is sent, none failed open and no place stays held."""
+    use_server(settings, private.url, timeouts=QUEUED, max_connections=2)
+    settings.RATELIMIT_REDIS_FUNCTIONS = functions
+    inflight = any_policy(strategy="concurrency", limit=1000, window=600)
+    admin = redis.Redis(port=private.port)
+
+    async def one(n: int) -> int:
+        who = check(inflight, f"ip:10.1.{n // 250}.{n % 250}")
+        failed = 0
+        for r in range(4):
+            try:
+                await engine.adecide([who], lease=f"{n}-{r}")
+            except (RedisUnavailable, RedisCommandError):
+                failed += 1  # failed open (the place, if taken, is given back all the same)
+            await engine.arelease([Held(who.policy, who.subject, f"{n}-{r}", 1)])
+            await asyncio.sleep(0)
+        return failed
+
+    async def run() -> int:
+        tasks = [asyncio.ensure_future(one(n)) for n in range(60)]
+        await asyncio.sleep(0.01)
+        admin.execute_command("CLIENT", "PAUSE", 300, "ALL")
+        await asyncio.sleep(0.1)
+        for task in tasks[::2]:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        await _read_give_backs()
+        return sum(r for r in results if isinstance(r, int))
+
+    failed = asyncio.run(run())
+    assert failed == 0
+    for _ in range(50):  # the owed are sent by a timer within a second
+        if not giveback.owed.places and giveback.owed._timer is None:
+            break
+        asyncio.run(asyncio.sleep(0.1))
+    admin.close()
+    assert sum(_held(inflight, f"ip:10.1.{n // 250}.{n % 250}") for n in range(60)) == 0
+
+
+def test_a_decision_cancelled_while_giving_its_connection_to_a_waiting_one_does_not_lose_it(settings, private):
+    """A pool of one: a decision read its reply and gives its connection to one waiting for the pool,
+    but must wait for the pool's lock (held here, as by a busy checkout), and is cancelled there (its
+    request's client left). The connection still reaches the pool: the waiting decision and the next
+    one are answered (no PoolFull, failing open), and each counted once."""
+    use_server(settings, private.url, max_connections=1)
+    limits = any_policy(strategy="sliding_log", limit=100, window=3600)
+    who = check(limits, "ip:203.0.113.15")
+
+    async def run() -> list:
+        await engine.adecide([who])  # the loop's one connection, kept
+        lock = aclient().connection_pool._condition
+        await lock.acquire()
+        first = asyncio.ensure_future(engine.adecide([who]))
+        await asyncio.sleep(0)
+        waiting = asyncio.ensure_future(engine.adecide([who]))
+        await asyncio.sleep(0.1)  # the first read its reply, and waits for the lock to give its connection
+        assert aclient().waiting == 1 and not first.done()
+        first.cancel()
+        await asyncio.sleep(0)
+        lock.release()
+        answered = await asyncio.gather(waiting, return_exceptions=True)
+        return [*answered, await engine.adecide([who])]
+
+    verdicts = asyncio.run(run())
+    assert [getattr(verdict, "allowed", verdict) for verdict in verdicts] == [True, True]
+    assert _held(limits, "ip:203.0.113.15") == 4
