@@ -53,26 +53,26 @@ def _sendable(held: Sequence[Held]) -> tuple:
 
 async def arelease(held: Sequence[Held]) -> None:
     """release() for async code: only the write is awaited; its reply is read by a task of its own
-    (the sync twin leaves it for its connection's next use, which an asyncio pool cannot do)."""
+    (the sync twin leaves it for its connection's next use), which then keeps the connection."""
     if cluster_configured():
         return await sync_to_async(release, thread_sensitive=False)(held)
     held = _sendable(held)
     if not held:
         return
-    pool = aclient().connection_pool
+    redis_client = aclient()
     commands = [command for _, command, _ in _release_commands(held, None)]
     written = False
 
     async def send():
         nonlocal written
-        connection = await pool.get_connection()
+        connection = await redis_client.take()
         try:
             await connection.send_packed_command(connection.pack_commands(commands))
         except BaseException:
-            await pool.release(connection)
+            await redis_client.to_pool(connection)
             raise
         written = True
-        task = asyncio.ensure_future(_aread_replies(pool, connection, len(commands), held))
+        task = asyncio.ensure_future(_aread_replies(redis_client, connection, len(commands), held))
         _reading.add(task)  # the loop keeps tasks weakly
         task.add_done_callback(_reading.discard)
 
@@ -89,9 +89,10 @@ async def arelease(held: Sequence[Held]) -> None:
 _reading: set[asyncio.Future] = set()
 
 
-async def _aread_replies(pool, connection, count: int, held: Sequence[Held]) -> None:
-    """Read the give-back's replies, then lend the connection again. Until Redis answered, it may not
-    have run (a connection closed with it unread, CLIENT KILL): then it is owed, and sent again."""
+async def _aread_replies(redis_client, connection, count: int, held: Sequence[Held]) -> None:
+    """Read the give-back's replies, then keep the connection for the client's next command. Until Redis
+    answered, it may not have run (a connection closed with it unread, CLIENT KILL): then it is owed,
+    and sent again."""
     answered = False
     try:
         for _ in range(count):
@@ -103,10 +104,12 @@ async def _aread_replies(pool, connection, count: int, held: Sequence[Held]) -> 
     except (redis.RedisError, OSError):
         pass
     finally:  # also when the loop ends first (its tasks are cancelled): sent again from a thread
-        if not answered:
+        if answered:
+            await redis_client.keep(connection)
+        else:
             owed.add(held)
             await connection.disconnect(nowait=True)
-        await pool.release(connection)
+            await redis_client.to_pool(connection)
 
 
 class Owed:
