@@ -171,9 +171,11 @@ def test_a_sliding_window_decision_reads_a_few_fields_whatever_the_buckets(redis
     limited = policy(strategy="sliding_window", limit=100_000, window=600, bucket_size=1)
     for second in range(500):  # 500 filled buckets
         hit(check(limited), now=T0 + second)
-    redis_client.config_resetstat()
-    hit(check(limited), now=T0 + 500)
-    calls = {name: stats["calls"] for name, stats in redis_client.info("commandstats").items()}
+    tally.flush()
+    with tally._flushing:  # the worker's background flush of the totals is no decision's work
+        redis_client.config_resetstat()
+        hit(check(limited), now=T0 + 500)
+        calls = {name: stats["calls"] for name, stats in redis_client.info("commandstats").items()}
     assert "cmdstat_hgetall" not in calls and "cmdstat_hvals" not in calls
     assert calls.get("cmdstat_hmget", 0) <= 3  # the subject's total; the totals bucket leaving the window, rolled into the trend
 
@@ -313,10 +315,12 @@ def test_a_repeat_decision_runs_few_commands_and_leaves_the_live_index_alone(red
     moments = iter(T0 + 0.01 * i for i in range(100))
     for _ in range(20):  # then counts 21 to 30: no power of two, where the index records a busier subject
         policies.observe_version(hit(check(limited), now=next(moments)).version)  # as the doors do
-    redis_client.config_resetstat()
-    for _ in range(10):
-        policies.observe_version(hit(check(limited), now=next(moments)).version)
-    stats = redis_client.info("commandstats")
+    tally.flush()
+    with tally._flushing:  # the worker's background flush of the totals is no decision's work
+        redis_client.config_resetstat()
+        for _ in range(10):
+            policies.observe_version(hit(check(limited), now=next(moments)).version)
+        stats = redis_client.info("commandstats")
     calls = {name[len("cmdstat_"):]: s["calls"] for name, s in stats.items() if not name.startswith(("cmdstat_evalsha", "cmdstat_fcall", "cmdstat_config"))}
     assert calls == {name: 10 * count for name, count in budget.items()}
 
