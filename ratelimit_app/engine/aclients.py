@@ -123,9 +123,8 @@ class SentOnce(redis.asyncio.Redis):
         connection = await self.take()
         try:
             reply = await self._once(connection, args)
-        except BaseException:
-            await connection.disconnect(nowait=True)  # cancelled or failed with a reply unread
-            await self.to_pool(connection)
+        except BaseException:  # cancelled or failed with a reply unread
+            await self.discard(connection)
             raise
         await self.keep(connection)
         return reply
@@ -142,8 +141,7 @@ class SentOnce(redis.asyncio.Redis):
         except redis.ConnectionError:
             pass  # can_read disconnected it
         except BaseException:
-            await connection.disconnect(nowait=True)
-            await self.to_pool(connection)
+            await self.discard(connection)
             raise
         return connection
 
@@ -170,6 +168,11 @@ class SentOnce(redis.asyncio.Redis):
             await self.to_pool(connection)
         else:
             self.kept.append(connection)
+
+    async def discard(self, connection: redis.asyncio.Connection) -> None:
+        """Close a connection that may hold a reply unread, and give it back to the pool."""
+        await connection.disconnect(nowait=True)
+        await self.to_pool(connection)
 
     async def to_pool(self, connection: redis.asyncio.Connection) -> None:
         """Give `connection` back to the pool, even if the caller is cancelled while the pool's lock is

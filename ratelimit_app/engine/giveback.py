@@ -108,8 +108,7 @@ async def _aread_replies(redis_client, connection, count: int, held: Sequence[He
             await redis_client.keep(connection)
         else:
             owed.add(held)
-            await connection.disconnect(nowait=True)
-            await redis_client.to_pool(connection)
+            await redis_client.discard(connection)
 
 
 class Owed:
