@@ -17,7 +17,11 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import get_setting
 from .circuit import PoolFull, ReplyLost, describe
-from .clients import DEFAULT_POOL_WAIT, WRITE_ATTEMPTS, client
+from .clients import DEFAULT_POOL_WAIT, MAX_PACKED, WRITE_ATTEMPTS, client
+
+# the commands whose packing a client keeps: the decisions' own, whose arguments are text and counts (a
+# command with a float equal to an int, 1.0 and 1, would otherwise find the other's packing)
+PACKED_KEPT = frozenset({"FCALL", "EVALSHA"})
 
 # asyncio connections belong to the event loop that opened them: one client per running loop, closed
 # with it. An async view under a WSGI server runs in a new loop per request: kept past their loops,
@@ -116,6 +120,7 @@ class SentOnce(redis.asyncio.Redis):
         super().__init__(*args, **kwargs)
         self.kept: list[redis.asyncio.Connection] = []
         self.waiting = 0  # commands waiting for the pool: a connection read to the end goes to them
+        self.packed: dict[tuple, list[bytes]] = {}  # decisions as packed before (decision_connection._packed)
 
     async def execute_command(self, *args: object, **options: object) -> object:
         if options:
@@ -180,20 +185,66 @@ class SentOnce(redis.asyncio.Redis):
         await asyncio.shield(self.connection_pool.release(connection))
 
     async def _once(self, connection: redis.asyncio.Connection, args: tuple) -> object:
-        message = connection.pack_command(*args)
+        message = self._packed(connection, args)
         for attempt in range(1, WRITE_ATTEMPTS + 1):
             try:
-                await connection.send_packed_command(message, check_health=False)
+                await write(connection, message)
                 break
             except redis.ConnectionError:  # nothing reached Redis whole: safe to send anew
                 await connection.disconnect()
                 if attempt == WRITE_ATTEMPTS:
                     raise
         try:
-            return await self.parse_response(connection, args[0])
+            reply = await connection.read_response()  # under the socket timeout
         except redis.ConnectionError as error:
             raise ReplyLost(f"the connection closed before Redis answered ({describe(error)}); the call may "
                             "have counted, and is not sent again") from error
+        parse = self.response_callbacks.get(args[0])
+        if parse is None:  # a decision's reply (FCALL, EVALSHA) has no parser: parse_response's steps cost it
+            return reply
+        reply = parse(reply)
+        return await reply if inspect.isawaitable(reply) else reply
+
+    def _packed(self, connection: redis.asyncio.Connection, args: tuple) -> list[bytes]:
+        # a subject's repeat request sends the same command as before: packed once, then sent as it was
+        if args[0] not in PACKED_KEPT:
+            return connection.pack_command(*args)
+        packed = self.packed
+        message = packed.get(args)
+        if message is None:
+            message = connection.pack_command(*args)
+            if len(message) == 1:  # a large command (over redis-py's buffer cutoff) is not kept
+                if len(packed) >= MAX_PACKED:
+                    packed.clear()
+                packed[args] = message
+        return message
+
+
+async def write(connection: redis.asyncio.Connection, message: list[bytes]) -> None:
+    """connection.send_packed_command(message, check_health=False) without the task and timer it makes
+    per write (asyncio.wait_for): a decision fits the transport's buffer, so the write waits, under the
+    socket timeout, only when the transport holds data back (Redis stalled, or the connection lost)."""
+    if not connection.is_connected:
+        return await connection.send_packed_command(message, check_health=False)  # connects first
+    writer = connection._writer
+    try:
+        writer.writelines(message)
+        transport = writer.transport
+        if transport.get_write_buffer_size() or transport.is_closing():
+            # drain() raises for a lost connection, and waits while the transport is paused
+            if connection.socket_timeout:
+                await asyncio.wait_for(writer.drain(), connection.socket_timeout)
+            else:
+                await writer.drain()
+    except TimeoutError:  # wait_for timed out: before OSError, whose subclass it is
+        await connection.disconnect(nowait=True)
+        raise redis.TimeoutError("Timeout writing to socket") from None
+    except OSError as error:
+        await connection.disconnect(nowait=True)
+        raise redis.ConnectionError(f"Error while writing to socket: {describe(error)}") from error
+    except BaseException:  # cancelled with the command maybe part written: the connection cannot be used
+        await connection.disconnect(nowait=True)
+        raise
 
 
 def _async_connection_kwargs(connection_class: type, kwargs: dict) -> dict:

@@ -141,6 +141,10 @@ def connect_cluster(url: str, options: dict) -> RedisCluster:
 DEFAULT_POOL_WAIT = 1.0  # seconds a call waits for a connection of a full pool without a socket timeout
 # a connection closed by Redis while being opened or written to (nothing of the command ran): tried anew
 WRITE_ATTEMPTS = 3
+# packed commands a thread (or an asyncio client) keeps: a subject's repeat requests send the same command.
+# As many as a policy keeps script parts for (arguments.MAX_PARTS), so a site with thousands of active
+# subjects still finds them, not one packing per request; at most about 2.5 MB each
+MAX_PACKED = 4096
 
 
 def forget_clients() -> None:

@@ -13,19 +13,13 @@ from redis.cluster import RedisCluster
 from redis.exceptions import MaxConnectionsError
 
 from .circuit import PoolFull, ReplyLost, breaker, describe
-from .clients import DEFAULT_POOL_WAIT, WRITE_ATTEMPTS, client, is_cluster
+from .clients import DEFAULT_POOL_WAIT, MAX_PACKED, WRITE_ATTEMPTS, client, is_cluster
 
 
 class _Pinned(threading.local):
     generation = -1  # the _generation the client was made in
     client: redis.Redis | RedisCluster | None = None
     packed: dict = {}  # commands sent through the kept connection, as redis-py packed them (each _pin makes its own)
-
-
-# packed commands a thread keeps (a subject's repeat requests send the same command): as many as a
-# policy keeps script parts for (arguments.MAX_PARTS), so a site with thousands of active subjects still
-# finds them, not one packing per request; at most about 2.5 MB a thread
-MAX_PACKED = 4096
 
 
 _pinned = _Pinned()
