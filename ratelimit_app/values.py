@@ -23,7 +23,9 @@ class KeyPart(NamedTuple):
 KeySpec = tuple[KeyPart, ...]
 
 
-@dataclass(frozen=True, slots=True)
+# eq=False: a snapshot is itself, compared and hashed by identity in C; the worker's tallies and caches,
+# keyed by policy for every request, spare a Python-level __hash__ (one load's snapshots are shared)
+@dataclass(frozen=True, slots=True, eq=False)
 class CompiledPolicy:
     """A validated, immutable snapshot of one Policy row, with what the hot path needs precomputed."""
 
@@ -52,11 +54,6 @@ class CompiledPolicy:
     period: str = ""  # a calendar quota's period (day, week, month), '' for a window of seconds
     time_zone: str = ""  # where a calendar quota's days begin (a zoneinfo name)
     most: int | None = None  # the largest cost one request may take (the strategy's bound); None: any
-
-    def __hash__(self) -> int:
-        # equal policies share their id: this spares hashing every field, for every policy of every
-        # request (the worker's tallies and caches are keyed by policy)
-        return self.id
 
     def applies_to_method(self, method: str) -> bool:
         return not self.methods or method in self.methods
