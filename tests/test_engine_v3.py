@@ -48,7 +48,7 @@ def decide_fresh_subjects(url: str, limited, first: int, count: int, functions: 
     for start in range(first, first + count, 1000):
         with client.pipeline(transaction=False) as pipe:
             for n in range(start, min(start + 1000, first + count)):
-                script_keys, args = script_call([check(limited, f"user:{n}")], Ask(None, False, 1, ""), False)
+                script_keys, args, _ = script_call([check(limited, f"user:{n}")], Ask(None, False, 1, ""), False)
                 if functions:
                     pipe.execute_command("FCALL", decide.function, len(script_keys), *script_keys, *args)
                 else:

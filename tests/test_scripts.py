@@ -108,7 +108,8 @@ async def test_an_async_decision_after_function_flush_loads_the_library_and_coun
 
 def pipelined(limited, who: list[str]) -> list[int]:
     client = engine.client()
-    batch = [arguments.script_call([check(limited, subject)], arguments.Ask(T0, False, 1, ""), False) for subject in who]
+    given = arguments.Ask(T0, False, 1, "")
+    batch = [arguments.script_call([check(limited, subject)], given, False)[:2] for subject in who]
     # decide.lua's reply: now, then the policy's count (-1 - count when exceeded), reset, retry or before
     return [reply[1] for reply in run_each(client, scripts.get("decide_with", client), batch)]  # a given time
 

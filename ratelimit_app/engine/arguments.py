@@ -35,19 +35,22 @@ def entry(call: Ask) -> str:
     return "decide" if ordinary(call) else "decide_with"
 
 
-def script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[list[str], list[str]]:
+def script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[list[str], list[str], list[list]]:
     """The KEYS and ARGV of the entry point for these checks, entry(call) (`version`: bring the policy
-    version back too; never on a cluster, where the version lives in another slot)."""
+    version back too; never on a cluster, where the version lives in another slot), and each check's
+    parts (check_parts), which the verdict reads again."""
     key_prefix = keys.prefix()
     script_keys: list[str] = []
     args = [] if ordinary(call) else [
         ("d" if call.dry_run else "") + now_arg(call.now), str(_sent_cost(checks, call.cost)), call.lease
     ]
     shard_count = keys.shards()  # part of the keys: a changed setting makes new parts
+    found = []
     for policy, subject, limit, plan in checks:
         parts = policy.script_parts.get((subject, limit, plan, key_prefix, shard_count))
         if parts is None:
             parts = check_parts(policy, subject, limit, plan, key_prefix, shard_count)
+        found.append(parts)
         script_keys.append(parts[0])
         if policy.period:  # a calendar quota's terms carry its periods, which move on
             args.append(_quota_terms(policy, subject, limit, parts[4], call))
@@ -55,7 +58,7 @@ def script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[list
             args.append(parts[1][parts[4]])
     if version:
         script_keys.append(keys.version_key(key_prefix))
-    return script_keys, args
+    return script_keys, args, found
 
 
 def _quota_terms(policy: CompiledPolicy, subject: Subject, limit: int, seen: int, call: Ask) -> str:

@@ -75,8 +75,8 @@ def _send(checks: Sequence[Check], call: Ask, version: bool) -> Verdict:
 def _decide(redis_client: redis.Redis, checks: Sequence[Check], call: Ask, version: bool) -> Verdict:
     if not is_cluster(redis_client):
         # a single server does not check slots: every shard's keys go in one call, with the version
-        script_keys, args = script_call(checks, call, version)
-        return verdict_of(checks, scripts.get(entry(call), redis_client)(script_keys, args, redis_client), call)
+        script_keys, args, parts = script_call(checks, call, version)
+        return verdict_of(checks, scripts.get(entry(call), redis_client)(script_keys, args, redis_client), call, parts)
     verdict = decide_on_cluster(redis_client, checks, call)
     if version:  # the version key lives in a slot of its own
         verdict = verdict._replace(version=redis_client.get(keys.version_key()) or b"")
@@ -88,5 +88,5 @@ async def _asend(checks: Sequence[Check], call: Ask, version: bool) -> Verdict:
         return await sync_to_async(_send, thread_sensitive=False)(checks, call, version)
     redis_client = aclient()
     script = scripts.get(entry(call), redis_client)
-    script_keys, args = script_call(checks, call, version)
-    return verdict_of(checks, await breaker.acall(lambda: script(script_keys, args, redis_client)), call)
+    script_keys, args, parts = script_call(checks, call, version)
+    return verdict_of(checks, await breaker.acall(lambda: script(script_keys, args, redis_client)), call, parts)

@@ -65,8 +65,9 @@ def _pipelined(redis_client, groups: dict[int, list[Check]], call: Ask) -> dict[
     """One decide call per shard group, sent in one pipeline (on a cluster: to each node at once)."""
     script = scripts.get(entry(call), redis_client)
     calls = [script_call(group, call, False) for group in groups.values()]
-    replies = run_each(redis_client, script, calls)
-    return {shard: verdict_of(group, reply, call) for (shard, group), reply in zip(groups.items(), replies)}
+    replies = run_each(redis_client, script, [(script_keys, args) for script_keys, args, _ in calls])
+    return {shard: verdict_of(group, reply, call, parts)
+            for (shard, group), reply, (_, _, parts) in zip(groups.items(), replies, calls)}
 
 
 def _merged(checks: Sequence[Check], groups: dict[int, list[Check]], verdicts: dict[int, Verdict]) -> Verdict:

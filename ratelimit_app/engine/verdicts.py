@@ -8,27 +8,29 @@ from typing import Sequence
 
 from .. import quotas
 from ..values import Check, Decision, Verdict
-from . import keys
-from .arguments import SEEN_COUNTED, SEEN_NOTHING, SEEN_REFUSED, Ask, check_parts
+from .arguments import SEEN_COUNTED, SEEN_NOTHING, SEEN_REFUSED, Ask
 from .tally import BLOCKED, tally
 
 
-def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask) -> Verdict:
+def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Sequence[list]) -> Verdict:
+    """The verdict decide.lua's `reply` says for `checks`, whose script parts (check_parts) were sent."""
+    cost = call.cost
     if type(reply) is int:  # one policy's count, the rest told by the worker's clock (decide.lua)
-        reply = [-1, reply, -1, -1 if reply < 0 or reply == call.cost else -2]
-    now_ms, cost = reply[0], call.cost
+        reply = (-1, reply, -1, -1 if reply < 0 or reply == cost else -2)
+    now_ms = reply[0]
     if now_ms < 0:  # the call read no clock (a fixed window's repeat): its window ends by this worker's
         now_ms = int(time() * 1000)
+    if quotas.ABSENT in reply[3::3]:  # a quota without its counter: refused (a negative count), retry ABSENT
+        absent = [check for i, check in enumerate(checks) if reply[1 + 3 * i] < 0 and reply[3 + 3 * i] == quotas.ABSENT]
+        if absent:
+            raise quotas.QuotaAbsent(absent, now_ms)
     decisions = []
-    # the script leaves the totals and the live index to the worker (tally.py)
-    seen = []
+    seen = []  # the script leaves the totals and the live index to the worker (tally.py)
     denied = False
-    # a quota without its counter: refused (a negative count) with the retry ABSENT
-    absent = [check for i, check in enumerate(checks) if reply[1 + 3 * i] < 0 and reply[3 + 3 * i] == quotas.ABSENT]
-    if absent:
-        raise quotas.QuotaAbsent(absent, now_ms)
-    for i, (policy, subject, limit, plan) in enumerate(checks):
-        count, reset_ms, third = reply[1 + 3 * i : 4 + 3 * i]
+    at = 1
+    for policy, subject, limit, plan in checks:
+        count, reset_ms, third = reply[at], reply[at + 1], reply[at + 2]
+        at += 3
         exceeded = count < 0  # then -1 - count, and the third figure is the retry time, else the reset before
         if exceeded:
             count, retry_ms, before_ms = -1 - count, third, -2
@@ -46,26 +48,25 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask) -> Verdict
         capacity = policy.capacity(limit)  # a token bucket's count is compared with its burst
         retry_after = retry_ms / 1000 if exceeded and cost <= policy.largest_cost(limit) else None  # None: never fits
         # positional: this runs for every policy of every request
-        decisions.append(
-            Decision(
-                policy, subject, allowed, bool(exceeded), count, limit,
-                capacity - count if count < capacity else 0, reset_ms / 1000, retry_after, cost,
-            )
+        decision = Decision(
+            policy, subject, allowed, exceeded, count, limit,
+            capacity - count if count < capacity else 0, reset_ms / 1000, retry_after, cost,
         )
         if policy.period:  # the period the counter ends with: its length for `w`, its start for the database
             period = quotas.periods(policy, now_ms + max(reset_ms, retry_ms, 1) - 1)
-            decisions[-1] = decisions[-1]._replace(window=(period.end - period.start) // 1000)
+            decision = decision._replace(window=(period.end - period.start) // 1000)
             if not call.dry_run:
                 quotas.saver.record(policy, subject.key, subject.display, period.start, count)
+        decisions.append(decision)
         if not call.dry_run:
-            seen.append((policy, subject, limit, plan, exceeded, count, reset_ms, before_ms))
+            seen.append((policy, exceeded, count, reset_ms, before_ms))
     if seen:
-        _tally(seen, denied, now_ms, cost)
+        _tally(seen, parts, denied, now_ms, cost)
     asked = 1 + 3 * len(checks)  # the version follows the figures when it was asked for
     return Verdict(not denied, tuple(decisions), reply[asked] if len(reply) > asked else None)
 
 
-def _tally(seen: list, denied: bool, now_ms: int, cost: int) -> None:
+def _tally(seen: list, parts: Sequence[list], denied: bool, now_ms: int, cost: int) -> None:
     """Hand the worker's tally what the decision counted and refused (the totals), where each subject
     stands (the live index) and where its counter now empties (the count of active subjects).
 
@@ -73,18 +74,14 @@ def _tally(seen: list, denied: bool, now_ms: int, cost: int) -> None:
     totals bucket, the subject is refused or admitted again after a refusal, or its count reaches
     2, 4, 8, ... (log2 of the limit writes a window), so a busy subject costs the index little."""
     counts, entries, moves = [], [], []
-    key_prefix, shard_count = keys.prefix(), keys.shards()
-    for policy, subject, limit, plan, exceeded, count, reset_ms, before_ms in seen:
-        parts = policy.script_parts.get((subject, limit, plan, key_prefix, shard_count))
-        if parts is None:
-            parts = check_parts(policy, subject, limit, plan, key_prefix, shard_count)
-        refused_before = parts[4] == SEEN_REFUSED
-        parts[4] = SEEN_REFUSED if exceeded else SEEN_COUNTED if count > cost else SEEN_NOTHING  # sent next
+    for (policy, exceeded, count, reset_ms, before_ms), sent in zip(seen, parts):
+        refused_before = sent[4] == SEEN_REFUSED
+        sent[4] = SEEN_REFUSED if exceeded else SEEN_COUNTED if count > cost else SEEN_NOTHING  # sent next
         # a policy over its limit refuses (a shadow one: would have) even when another denied first;
         # every policy below its limit counted the request unless one denied it
         if denied and not exceeded:
             continue
-        member, shard = parts[2], parts[3]
+        member, shard = sent[2], sent[3]
         bucket = policy.totals_bucket_ms
         counts.append((policy, shard, "d" if exceeded else "a", now_ms // bucket))
         after = -(-(now_ms + reset_ms) // bucket)  # the totals bucket in which the counter empties
