@@ -147,7 +147,8 @@ class _Attempt:
     __slots__ = ("circuit", "probing")
 
     def __init__(self, circuit: CircuitBreaker) -> None:
-        self.circuit, self.probing = circuit, circuit._admit()
+        # the closed circuit (every call but those after an outage) is told by one attribute read
+        self.circuit, self.probing = circuit, bool(circuit.open_until) and circuit._admit()
 
     def __enter__(self) -> None:
         pass
@@ -159,7 +160,7 @@ class _Attempt:
         finally:
             if self.probing:
                 self.circuit._probe.release()
-        if error is None:
+        if error is None and self.circuit.open_until:
             self.circuit._closed()
 
 
