@@ -49,14 +49,12 @@ def _policy_item(name: str, q: int, window: int, limit: int, in_flight: bool) ->
     return f"{_quoted(name)};{_quota(q, window, limit)}"
 
 
-def policy_header(decisions: Sequence[Decision]) -> str:
-    return ", ".join([_policy_item(d.policy.name, d.policy.capacity(d.limit), d.window or d.policy.window, d.limit,
-                                   d.policy.holds)
-                      for d in decisions])
+def _policy_item_of(d: Decision) -> str:
+    return _policy_item(d.policy.name, d.policy.capacity(d.limit), d.window or d.policy.window, d.limit, d.policy.holds)
 
 
-def ratelimit_header(decisions: Sequence[Decision]) -> str:
-    return ", ".join([f"{_quoted(d.policy.name)};r={d.remaining};t={seconds_left(d)}" for d in decisions])
+def _item_of(d: Decision) -> str:
+    return f"{_quoted(d.policy.name)};r={d.remaining};t={seconds_left(d)}"
 
 
 def retry_after(denied: Sequence[Decision]) -> int | None:
@@ -69,10 +67,15 @@ def retry_after(denied: Sequence[Decision]) -> int | None:
 
 def apply(response, decisions: Sequence[Decision], denied: Sequence[Decision] = ()) -> None:
     """Set the headers of the enforced policies; shadow policies never show to clients."""
-    decisions = [d for d in decisions if d.policy.enforce]
-    if decisions:
-        response.headers["RateLimit-Policy"] = policy_header(decisions)
-        response.headers["RateLimit"] = ratelimit_header(decisions)
+    if len(decisions) == 1:  # most responses: no list to filter or join
+        if decisions[0].policy.enforce:
+            response.headers["RateLimit-Policy"] = _policy_item_of(decisions[0])
+            response.headers["RateLimit"] = _item_of(decisions[0])
+    else:
+        shown = [d for d in decisions if d.policy.enforce]
+        if shown:
+            response.headers["RateLimit-Policy"] = ", ".join(map(_policy_item_of, shown))
+            response.headers["RateLimit"] = ", ".join(map(_item_of, shown))
     wait = retry_after(denied) if denied else None
     if wait is not None:
         response.headers["Retry-After"] = str(wait)
