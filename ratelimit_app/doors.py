@@ -129,10 +129,13 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, route: Rou
     index = policies.fresh_index()
     if index is None:
         index = yield Io(policies.get_index, policies.aget_index)
-    if not index:
+    if not index.policies:
         return None
-    if route is not None and not index.matching(path=request.path_info, names=names, method=request.method):
-        return None
+    matched = None
+    if route is not None:
+        matched = index.matching(path=request.path_info, names=names, method=request.method)
+        if not matched:
+            return None
     state = state_of(request, names)
     if route is not None:
         state.json_api = route.json_api
@@ -140,7 +143,9 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, route: Rou
         state.cost = cost
     state.awaiting = not last  # an outer door leaves the call to the door inside
     if last:
-        yield from deciding(request, state, index)
+        if len(state.names) != len(names):  # a door before gathered other names: matched anew
+            matched = None
+        yield from deciding(request, state, index, matched=matched)
         state.refused = bool(state.denied) or state.unavailable
     return state
 

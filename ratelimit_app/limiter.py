@@ -17,7 +17,7 @@ from .drivers import Io, Steps, nothing
 from .overrides import matching_override
 from .plans import limit_in_effect, plan_of
 from .subjects import subject_for
-from .values import Check, Decision, Held, Verdict
+from .values import Check, CompiledPolicy, Decision, Held, Verdict
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -76,18 +76,22 @@ class RequestState:
                 self.names.append(name)
 
 
-def pending_checks(request, state: RequestState, index: policies.PolicyIndex | None = None) -> list[Check]:
-    """The checks of every policy this request meets (by path and gathered names) not decided yet.
+def pending_checks(request, state: RequestState, index: policies.PolicyIndex | None = None,
+                   matched: Sequence[CompiledPolicy] | None = None) -> list[Check]:
+    """The checks of every policy this request meets (by path and gathered names) not decided yet;
+    `matched`: the policies a door found for the state's names already.
 
     plan() made into checks, without its Planned values: this runs on every request.
     """
     index = policies.get_index() if index is None else index
     checks: list[Check] = []
-    if not index:
+    if not index.policies:
         return checks
     decided, overrides = state.decided, index.overrides
     on_plan = plan_of(index.plans, request) if index.plans else None
-    for policy in index.matching(path=request.path_info, names=state.names, method=request.method):
+    if matched is None:
+        matched = index.matching(path=request.path_info, names=state.names, method=request.method)
+    for policy in matched:
         if policy.id in decided:
             continue
         subject = subject_for(policy.key_spec, request)
@@ -159,12 +163,13 @@ class Call(NamedTuple):
 
 
 def prepare(request, state: RequestState, index: policies.PolicyIndex | None, extra: Sequence[Check] = (),
-            pending: bool = True, now: float | None = None, cost: Cost | None = None) -> Call | None:
+            pending: bool = True, now: float | None = None, cost: Cost | None = None,
+            matched: Sequence[CompiledPolicy] | None = None) -> Call | None:
     """Plan -> overrides and plans -> cost -> deny cache: the call to make, or None when Redis need not be asked
     (no policy applies, or memory refuses the request). `extra`: checks a door computed itself
     (compat); `cost`: the code's cost for this call, in place of the doors'."""
     index = policies.get_index() if index is None else index
-    checks = pending_checks(request, state, index) if pending else []
+    checks = pending_checks(request, state, index, matched) if pending else []
     checks += extra
     if not checks:
         return None
@@ -232,12 +237,14 @@ def loading(request, index: policies.PolicyIndex | None = None) -> Steps[policie
 
 
 def deciding(request, state: RequestState, index: policies.PolicyIndex | None = None, *, extra: Sequence[Check] = (),
-             pending: bool = True, now: float | None = None, cost: Cost | None = None) -> Steps[RequestState]:
-    """Decide every pending policy of the request (and `extra`) in one Redis call, none when nothing applies."""
+             pending: bool = True, now: float | None = None, cost: Cost | None = None,
+             matched: Sequence[CompiledPolicy] | None = None) -> Steps[RequestState]:
+    """Decide every pending policy of the request (and `extra`) in one Redis call, none when nothing applies;
+    `matched`: the policies the door matched the state's names with (pending_checks)."""
     if index is None or index.needs_user:  # the doors pass the index they matched with: most often no step left
         index = yield from loading(request, index)
     denied_before = len(state.denied)
-    call = prepare(request, state, index, extra, pending, now, cost)
+    call = prepare(request, state, index, extra, pending, now, cost, matched)
     if call is not None:
         if call.holding:
             asking(state, call)
