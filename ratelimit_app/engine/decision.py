@@ -14,7 +14,7 @@ from ..drivers import Io, Steps, arun, run
 from ..values import NO_POLICIES, Check, Verdict
 from . import giveback, keys
 from .arguments import Ask, entry, script_call
-from .circuit import breaker
+from .circuit import Attempt, breaker
 from .aclients import aclient
 from .clients import cluster_configured, is_cluster
 from .decision_connection import decision_client
@@ -68,8 +68,9 @@ def deciding(checks: Sequence[Check], *, now: float | None = None, dry_run: bool
 
 
 def _send(checks: Sequence[Check], call: Ask, version: bool) -> Verdict:
-    # the client is made inside the breaker's call: it connects as it is made, and that may fail too
-    return breaker.call(lambda: _decide(giveback.cleared(decision_client()), checks, call, version))
+    # the client is made inside the breaker's attempt: it connects as it is made, and that may fail too
+    with Attempt(breaker):
+        return _decide(giveback.cleared(decision_client()), checks, call, version)
 
 
 def _decide(redis_client: redis.Redis, checks: Sequence[Check], call: Ask, version: bool) -> Verdict:
@@ -89,4 +90,6 @@ async def _asend(checks: Sequence[Check], call: Ask, version: bool) -> Verdict:
     redis_client = aclient()
     script = scripts.get(entry(call), redis_client)
     script_keys, args, parts = script_call(checks, call, version)
-    return verdict_of(checks, await breaker.acall(lambda: script(script_keys, args, redis_client)), call, parts)
+    with Attempt(breaker):
+        reply = await script(script_keys, args, redis_client)
+    return verdict_of(checks, reply, call, parts)
