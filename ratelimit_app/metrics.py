@@ -1,9 +1,19 @@
 """Prometheus metrics of rate limiting, and a view that exposes them (prometheus_client is optional:
-without it, or with RATELIMIT_METRICS = False, every hook returns at its first line)."""
+without it, or with RATELIMIT_METRICS = False, every hook returns at its first line).
+
+The request path only adds to plain tallies of this process (prometheus_client's inc and observe cost
+~9k instructions each, 5% of a request); fold() adds them to the metrics: before every collection of
+the registry (so every exposition, and any reader of prometheus_client's REGISTRY, is exact), after
+each background flush of the engine's tally, within FOLD_SECONDS of a request otherwise, and at exit.
+"""
 
 from __future__ import annotations
 
+import atexit
 import os
+import threading
+from bisect import bisect_left
+from math import inf
 from typing import TYPE_CHECKING, Any
 
 from django.http import HttpRequest, HttpResponse
@@ -22,8 +32,25 @@ if TYPE_CHECKING:
 
 # Seconds; a decision on a healthy local Redis takes ~0.1-0.5 ms, a socket timeout 0.25 s.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+UPPER_BOUNDS = (*LATENCY_BUCKETS, inf)  # the histogram's buckets: prometheus_client closes them with +Inf
+# Under gunicorn's multiprocess mode the other workers' counts show this much later at most (in its
+# files); while Redis is asked the tally's flush folds sooner (FLUSH_SECONDS).
+FOLD_SECONDS = 1.0
+
+
+class _FoldFirst:
+    """Registered ahead of the metrics: whatever collects the registry folds the tallies first."""
+
+    def describe(self) -> list:
+        return []  # no metric of its own (and collect() is not run at registration)
+
+    def collect(self) -> list:
+        fold()
+        return []
+
 
 if prometheus_client is not None:
+    prometheus_client.REGISTRY.register(_FoldFirst())  # the registry collects in the order of registration
     DECISIONS = prometheus_client.Counter(
         "ratelimit_decisions",
         "Requests decided, per policy and outcome: allowed (counted), denied, shadow_denied (a shadow "
@@ -54,7 +81,7 @@ if prometheus_client is not None:
         ["policy"],
     )
 
-_children: dict[tuple[str, str], Any] = {}  # labels() costs a lock and a tuple per call: look each child up once
+_children: dict[tuple, Any] = {}  # labels() costs a lock and a tuple per call: look each child up once
 _on = False
 
 
@@ -73,11 +100,97 @@ def forget_settings() -> None:
     _on = _switched_on()
 
 
-def _child(metric: Any, *labels: str) -> Any:
-    child = _children.get((metric, *labels))
+def _child(key: tuple) -> Any:
+    """The metric's child of these labels, from key (metric, *labels)."""
+    child = _children.get(key)
     if child is None:
-        child = _children[(metric, *labels)] = metric.labels(*labels)
+        child = _children[key] = key[0].labels(*key[1:])
     return child
+
+
+# --- tallies of the request path, folded into the metrics -------------------------------------
+#
+# Histograms have no public batched observe. Folding adds each bucket's count to the histogram's
+# bucket values and the seconds to its sum (`_buckets[i].inc(n)`, `_sum.inc(s)`: what observe() does in
+# prometheus_client 0.26), rather than a collector of our own, which multiprocess mode's files would not
+# see; test_metrics_folding fails if the internals change, and without them the request path observes.
+
+
+def _batchable(histogram: Any) -> bool:
+    """Whether fold can add to `histogram`'s buckets and sum (prometheus_client's internals as of 0.26)."""
+    buckets, total = getattr(histogram, "_buckets", None), getattr(histogram, "_sum", None)
+    return (
+        getattr(histogram, "_upper_bounds", None) == list(UPPER_BOUNDS)
+        and isinstance(buckets, list)
+        and len(buckets) == len(UPPER_BOUNDS)
+        and all(hasattr(value, "inc") for value in (*buckets, total))
+    )
+
+
+def _no_calls() -> list:
+    return [0] * len(UPPER_BOUNDS) + [0.0]  # requests per bucket, then the sum of their seconds
+
+
+_lock = threading.Lock()  # held by the request path for a few additions, by a fold to swap the tallies
+_folding = threading.Lock()  # a fold waits for the one under way: a collection after it sees every count
+_counts: dict[tuple, int] = {}  # (metric, *labels) -> requests not folded yet
+_calls = _no_calls()
+_folder: threading.Timer | None = None  # the fold due FOLD_SECONDS after a request, once armed
+_batched = prometheus_client is not None and _batchable(REDIS_CALL)
+
+
+def _arm() -> None:
+    """With _lock held: fold within FOLD_SECONDS (from a thread of its own: the tally's flush runs only
+    while Redis is asked, not for outages and exemptions)."""
+    global _folder
+    _folder = threading.Timer(FOLD_SECONDS, _fold_when_due)
+    _folder.daemon = True
+    _folder.start()
+
+
+def _fold_when_due() -> None:
+    global _folder
+    with _lock:
+        _folder = None  # a request from now on arms the next one (what it adds is in this fold or that one)
+    fold()
+
+
+def fold() -> None:
+    """Add what the request path tallied to the prometheus_client metrics (and under gunicorn's
+    multiprocess mode to this worker's files); anything recorded before it returns is included."""
+    global _counts, _calls
+    with _folding:
+        with _lock:
+            counts, calls = _counts, _calls
+            if not counts and not any(calls):
+                return
+            _counts, _calls = {}, _no_calls()
+        for key, amount in counts.items():
+            _child(key).inc(amount)
+        if any(calls):
+            fold_calls(REDIS_CALL, calls)
+
+
+def fold_calls(histogram: Any, calls: list) -> None:
+    """Add the tallied `calls` (per bucket, then their sum) to `histogram`, as observing each would."""
+    total = calls[-1]
+    histogram._sum.inc(total)
+    for bucket, amount in enumerate(calls[:-1]):
+        if amount:
+            histogram._buckets[bucket].inc(amount)
+
+
+def _add(key: tuple) -> None:
+    with _lock:
+        _counts[key] = _counts.get(key, 0) + 1
+        if _folder is None:
+            _arm()
+
+
+def _forked() -> None:
+    # a forked child (a gunicorn worker) has no fold timer, and must not fold its parent's tallies again
+    global _lock, _folding, _counts, _calls, _folder
+    _lock, _folding, _counts, _calls, _folder = threading.Lock(), threading.Lock(), {}, _no_calls(), None
 
 
 # --- hooks on the request path ----------------------------------------------------------------
@@ -91,38 +204,53 @@ def record_verdict(verdict: Verdict) -> None:
     """
     if not _on:
         return
-    for decision in verdict.decisions:
-        if decision.exceeded:
-            outcome = "shadow_denied" if decision.allowed else "denied"
-        elif verdict.allowed:
-            outcome = "allowed"
-        else:
-            continue
-        _child(DECISIONS, decision.policy.name, outcome).inc()
+    allowed = verdict.allowed
+    with _lock:  # inlined _add: a call more costs a tenth of this function
+        counts = _counts
+        for decision in verdict.decisions:
+            if decision.exceeded:
+                key = (DECISIONS, decision.policy.name, "shadow_denied" if decision.allowed else "denied")
+            elif allowed:
+                key = (DECISIONS, decision.policy.name, "allowed")
+            else:
+                continue
+            counts[key] = counts.get(key, 0) + 1
+        if _folder is None:
+            _arm()
 
 
 def record_exempt(policy: CompiledPolicy) -> None:
     """A request of a subject that an override or a plan exempts from `policy` (Redis was not asked for it)."""
     if _on:
-        _child(DECISIONS, policy.name, "exempt").inc()
+        _add((DECISIONS, policy.name, "exempt"))
 
 
 def record_call(seconds: float) -> None:
     """How long the request path's Redis call took (the decide script, its round trip included)."""
-    if _on:
+    if not _on:
+        return
+    if not _batched:
         REDIS_CALL.observe(seconds)
+        return
+    bucket = bisect_left(UPPER_BOUNDS, seconds)  # the first bound >= seconds: prometheus' `le`
+    with _lock:
+        calls = _calls
+        calls[bucket] += 1
+        calls[-1] += seconds
+        if _folder is None:
+            _arm()
 
 
 def record_outage(allowed: bool) -> None:
     """A request decided without Redis: let through (fail open) or refused (fail closed)."""
     if _on:
-        _child(OUTAGE_REQUESTS, "allowed" if allowed else "refused").inc()
+        _add((OUTAGE_REQUESTS, "allowed" if allowed else "refused"))
 
 
 def deny_cache_hit(policy: CompiledPolicy) -> None:
     """A request denied by the local deny cache under `policy`, without a Redis call."""
     if _on:
-        _child(DENY_CACHE_HITS, policy.name).inc()
+        _add((DENY_CACHE_HITS, policy.name))
 
 
 def breaker_opened() -> None:
@@ -143,6 +271,7 @@ def exposition() -> tuple[bytes, str]:
     """The metrics in Prometheus' text format and its content type (needs prometheus_client); under
     gunicorn's multiprocess mode (PROMETHEUS_MULTIPROC_DIR set) the sum over every worker, live or gone."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        fold()  # the collector reads the files: this worker's tallies go there first (the others' are folded)
         registry = prometheus_client.CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
     else:
@@ -163,3 +292,6 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
 
 _on = _switched_on()
 hooks.decided = record_call  # the engine times its calls and reports here (it imports nothing above it)
+hooks.flushed = fold  # the tally's background flush, while Redis is asked: its thread folds too
+atexit.register(fold)
+os.register_at_fork(after_in_child=_forked)
