@@ -1,9 +1,9 @@
 """Prometheus metrics of rate limiting, and a view that exposes them (prometheus_client is optional:
 without it, or with RATELIMIT_METRICS = False, every hook returns at its first line).
 
-The request path only adds to plain tallies (prometheus_client's inc and observe cost ~9k instructions
-each, 5% of a request); fold() adds them to the metrics before any collection of the registry, after
-each flush of the engine's tally, within FOLD_SECONDS otherwise, and at exit.
+The request path only appends its records to deques (prometheus_client's inc and observe cost ~9k
+instructions each, 5% of a request); fold() adds them to the metrics before any collection of the
+registry, after each flush of the engine's tally, within FOLD_SECONDS otherwise, and at exit.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import atexit
 import os
 import threading
 from bisect import bisect_left
+from collections import deque
 from math import inf
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from django.http import HttpRequest, HttpResponse
 
@@ -106,11 +107,12 @@ def _child(key: tuple) -> Any:  # key: (metric, *labels)
     return child
 
 
-# --- tallies of the request path, folded into the metrics -------------------------------------
-# Histograms have no public batched observe. Folding adds each bucket's count to the histogram's
-# bucket values and the seconds to its sum (`_buckets[i].inc(n)`, `_sum.inc(s)`: what observe() does in
-# prometheus_client 0.26), rather than a collector of our own, which multiprocess mode's files would not
-# see; test_metrics_folding fails if the internals change, and without them the request path observes.
+# --- the request path's records, folded into the metrics --------------------------------------
+# Each hook appends to a deque (one C call, atomic under the GIL: a lock's acquire and release cost
+# four times as much); fold() pops what was there and adds it up. Histograms have no public batched
+# observe: fold adds each bucket's count and the sum to the histogram's values (`_buckets[i].inc(n)`,
+# `_sum.inc(s)`, as observe() does in prometheus_client 0.26; a collector of our own would not reach
+# multiprocess mode's files). test_metrics_folding fails if they change; without them fold observes.
 
 
 def _batchable(histogram: Any) -> bool:
@@ -120,73 +122,85 @@ def _batchable(histogram: Any) -> bool:
         hasattr(value, "inc") for value in (*buckets, getattr(histogram, "_sum", None)))
 
 
-def _no_calls() -> list:
-    return [0] * len(UPPER_BOUNDS) + [0.0]  # requests per bucket, then the sum of their seconds
+def _records() -> None:
+    global _verdicts, _keys, _seconds, _verdict, _key, _call
+    _verdicts, _keys, _seconds = deque(), deque(), deque()  # verdicts, (metric, *labels), call durations
+    _verdict, _key, _call = _verdicts.append, _keys.append, _seconds.append
 
 
-_lock = threading.Lock()  # held by the request path for a few additions, by a fold to swap the tallies
-_take, _give = _lock.acquire, _lock.release  # half the cost of `with _lock` (no special method lookups)
-_folding = threading.Lock()  # a fold waits for the one under way: a collection after it sees every count
-_counts: dict[tuple, int] = {}  # (metric, *labels) -> requests not folded yet
-_calls = _no_calls()
+_records()
+_lock = threading.Lock()  # arms the fold's timer once
+_folding = threading.Lock()  # a fold waits for the one under way: a collection after it sees every record
 _folder: threading.Timer | None = None  # the fold due FOLD_SECONDS after a request, once armed
 _batched = prometheus_client is not None and _batchable(REDIS_CALL)
 
 
 def _arm() -> None:
-    # with _lock held; a thread of its own: the tally's flush runs only while Redis is asked (no outages)
+    # a thread of its own: the tally's flush runs only while Redis is asked (not for outages, exemptions)
     global _folder
-    _folder = threading.Timer(FOLD_SECONDS, _fold_when_due)
-    _folder.daemon = True
-    _folder.start()
+    with _lock:
+        if _folder is None:
+            _folder = threading.Timer(FOLD_SECONDS, _fold_when_due)
+            _folder.daemon = True
+            _folder.start()
 
 
 def _fold_when_due() -> None:
     global _folder
     with _lock:
-        _folder = None  # a request from now on arms the next one (what it adds is in this fold or that one)
+        _folder = None  # a record appended from now on arms the next one (it is in this fold or that one)
     fold()
 
 
+def _popped(records: deque) -> Iterator:
+    """What `records` held when called, taken out (what is appended meanwhile stays for the next fold)."""
+    pop = records.popleft
+    return (pop() for _ in range(len(records)))
+
+
 def fold() -> None:
-    """Add what the request path tallied to the prometheus_client metrics (and under gunicorn's
-    multiprocess mode to this worker's files); anything recorded before it returns is included."""
-    global _counts, _calls
+    """Add what the request path recorded to the prometheus_client metrics (and under gunicorn's
+    multiprocess mode to this worker's files): everything recorded before the call."""
     with _folding:
-        with _lock:
-            counts, calls = _counts, _calls
-            if not counts and not any(calls):
-                return
-            _counts, _calls = {}, _no_calls()
+        counts: dict[tuple, int] = {}
+        for verdict in _popped(_verdicts):
+            for decision in verdict.decisions:
+                if decision.exceeded:
+                    key = (DECISIONS, decision.policy.name, "shadow_denied" if decision.allowed else "denied")
+                elif verdict.allowed:
+                    key = (DECISIONS, decision.policy.name, "allowed")
+                else:
+                    continue
+                counts[key] = counts.get(key, 0) + 1
+        for key in _popped(_keys):
+            counts[key] = counts.get(key, 0) + 1
         for key, amount in counts.items():
             _child(key).inc(amount)
-        if any(calls):
-            fold_calls(REDIS_CALL, calls)
+        if _seconds:
+            fold_calls(REDIS_CALL, list(_popped(_seconds)))
 
 
-def fold_calls(histogram: Any, calls: list) -> None:
-    """Add the tallied `calls` (per bucket, then their sum) to `histogram`, as observing each would."""
-    histogram._sum.inc(calls[-1])
-    for bucket, amount in enumerate(calls[:-1]):
+def fold_calls(histogram: Any, seconds: list[float]) -> None:
+    """Add these calls' `seconds` to `histogram`, as observing each would."""
+    if not _batched:
+        for each in seconds:
+            histogram.observe(each)
+        return
+    counts, total = [0] * len(UPPER_BOUNDS), 0.0
+    for each in seconds:
+        counts[bisect_left(UPPER_BOUNDS, each)] += 1  # the first bound >= each: prometheus' `le`
+        total += each  # in order, as observe adds (sum() of Python 3.12 rounds otherwise)
+    histogram._sum.inc(total)
+    for bucket, amount in enumerate(counts):
         if amount:
             histogram._buckets[bucket].inc(amount)
 
 
-def _add(key: tuple) -> None:
-    _take()
-    try:
-        _counts[key] = _counts.get(key, 0) + 1
-        if _folder is None:
-            _arm()
-    finally:
-        _give()
-
-
 def _forked() -> None:
-    # a forked child (a gunicorn worker) has no fold timer, and must not fold its parent's tallies again
-    global _lock, _take, _give, _folding, _counts, _calls, _folder
-    _lock, _folding, _counts, _calls, _folder = threading.Lock(), threading.Lock(), {}, _no_calls(), None
-    _take, _give = _lock.acquire, _lock.release
+    # a forked child (a gunicorn worker) has no fold timer, and must not fold its parent's records again
+    global _lock, _folding, _folder
+    _records()
+    _lock, _folding, _folder = threading.Lock(), threading.Lock(), None
 
 
 # --- hooks on the request path ----------------------------------------------------------------
@@ -198,61 +212,42 @@ def record_verdict(verdict: Verdict) -> None:
     A policy that admitted a request which another policy denied counted nothing, and is not
     counted here either: allowed and denied add up to the live page's totals of each window.
     """
-    if not _on:
-        return
-    allowed = verdict.allowed
-    _take()  # _add inlined: a call more costs a tenth of this function
-    try:
-        counts = _counts
-        for decision in verdict.decisions:
-            if decision.exceeded:
-                key = (DECISIONS, decision.policy.name, "shadow_denied" if decision.allowed else "denied")
-            elif allowed:
-                key = (DECISIONS, decision.policy.name, "allowed")
-            else:
-                continue
-            counts[key] = counts.get(key, 0) + 1
+    if _on:
+        _verdict(verdict)  # outcomes are worked out by fold
         if _folder is None:
             _arm()
-    finally:
-        _give()
 
 
 def record_exempt(policy: CompiledPolicy) -> None:
     """A request of a subject that an override or a plan exempts from `policy` (Redis was not asked for it)."""
     if _on:
-        _add((DECISIONS, policy.name, "exempt"))
+        _key((DECISIONS, policy.name, "exempt"))
+        if _folder is None:
+            _arm()
 
 
 def record_call(seconds: float) -> None:
     """How long the request path's Redis call took (the decide script, its round trip included)."""
-    if not _on:
-        return
-    if not _batched:
-        REDIS_CALL.observe(seconds)
-        return
-    bucket = bisect_left(UPPER_BOUNDS, seconds)  # the first bound >= seconds: prometheus' `le`
-    _take()
-    try:
-        calls = _calls
-        calls[bucket] += 1
-        calls[-1] += seconds
+    if _on:
+        _call(seconds)
         if _folder is None:
             _arm()
-    finally:
-        _give()
 
 
 def record_outage(allowed: bool) -> None:
     """A request decided without Redis: let through (fail open) or refused (fail closed)."""
     if _on:
-        _add((OUTAGE_REQUESTS, "allowed" if allowed else "refused"))
+        _key((OUTAGE_REQUESTS, "allowed" if allowed else "refused"))
+        if _folder is None:
+            _arm()
 
 
 def deny_cache_hit(policy: CompiledPolicy) -> None:
     """A request denied by the local deny cache under `policy`, without a Redis call."""
     if _on:
-        _add((DENY_CACHE_HITS, policy.name))
+        _key((DENY_CACHE_HITS, policy.name))
+        if _folder is None:
+            _arm()
 
 
 def breaker_opened() -> None:

@@ -1,6 +1,6 @@
-"""The request path tallies its metrics in plain counts that metrics.fold() adds to prometheus_client's:
-every exposition is exact, threads racing a fold lose nothing, and under gunicorn's multiprocess mode a
-live worker's counts reach the shared files without a scrape of its own (and a forked one's are its own)."""
+"""The request path appends its metrics' records to deques that metrics.fold() adds to prometheus_client's
+metrics: every exposition is exact, threads racing a fold lose nothing, and under gunicorn's multiprocess
+mode a live worker's counts reach the shared files without a scrape of its own (a forked one's are its own)."""
 
 from __future__ import annotations
 
@@ -38,19 +38,6 @@ def delta(after: dict, before: dict, name: str, **labels: str) -> float:
     return after.get(key, 0) - before.get(key, 0)
 
 
-def calls_of(values: list[float]) -> list:
-    """What the request path tallies for these durations (requests per bucket, then their sum), taken
-    from its tallies before any fold sees them."""
-    with metrics._folding:
-        with metrics._lock:
-            pending, metrics._calls = metrics._calls, metrics._no_calls()
-        for seconds in values:
-            metrics.record_call(seconds)
-        with metrics._lock:
-            calls, metrics._calls = metrics._calls, pending
-    return calls
-
-
 # --- one process ---------------------------------------------------------------------------------
 
 
@@ -86,14 +73,14 @@ def test_every_outcome_is_exposed_exactly_after_the_requests(client, settings, o
 
 def test_the_histogram_folded_is_what_observing_each_call_gives():
     """The fold adds to prometheus_client's bucket and sum values (internals, as of 0.26): if they change,
-    this fails, and the request path observes each call instead (slower, still right)."""
-    assert metrics._batched, "prometheus_client's Histogram internals changed: record_call observes each call"
+    this fails, and the fold observes each call instead (slower, still right)."""
+    assert metrics._batched, "prometheus_client's Histogram internals changed: the fold observes each call"
     values = [0.0, 0.0001, 0.00010001, 0.0003, 0.001, 0.01, 0.5, 1.0, 1.5, 30.0, 0.0001, 2**-20]
     observed, folded = (Histogram("observed", "calls", buckets=metrics.LATENCY_BUCKETS, registry=CollectorRegistry())
                         for _ in range(2))
     for seconds in values:
         observed.observe(seconds)
-    metrics.fold_calls(folded, calls_of(values))
+    metrics.fold_calls(folded, values)
     samples = [[(s.name, s.labels, s.value) for s in histogram.collect()[0].samples if not s.name.endswith("_created")]
                for histogram in (observed, folded)]
     assert samples[1] == samples[0]
@@ -216,7 +203,7 @@ def test_a_forked_worker_does_not_count_what_its_parent_had_not_folded_yet(tmp_p
         from tests.helpers import policy
         forking = policy(name="fold-forking")
         for _ in range(2):
-            metrics.record_exempt(forking)  # tallied, not folded yet
+            metrics.record_exempt(forking)  # recorded, not folded yet
             metrics.record_call(0.375)
         child = os.fork()
         if child == 0:
