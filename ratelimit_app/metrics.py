@@ -14,7 +14,7 @@ import threading
 from bisect import bisect_left
 from collections import deque
 from math import inf
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from django.http import HttpRequest, HttpResponse
 
@@ -39,7 +39,7 @@ FOLD_SECONDS = 1.0
 
 
 class _FoldFirst:
-    """Registered ahead of the metrics: whatever collects the registry folds the tallies first."""
+    """Registered ahead of the metrics: whatever collects the registry folds the records first."""
 
     def describe(self) -> list:
         return []  # no metric of its own (and collect() is not run at registration)
@@ -152,18 +152,14 @@ def _fold_when_due() -> None:
     fold()
 
 
-def _popped(records: deque) -> Iterator:
-    """What `records` held when called, taken out (what is appended meanwhile stays for the next fold)."""
-    pop = records.popleft
-    return (pop() for _ in range(len(records)))
-
-
 def fold() -> None:
     """Add what the request path recorded to the prometheus_client metrics (and under gunicorn's
     multiprocess mode to this worker's files): everything recorded before the call."""
-    with _folding:
+    with _folding:  # each loop pops what its deque held (appended meanwhile: the next fold's)
         counts: dict[tuple, int] = {}
-        for verdict in _popped(_verdicts):
+        pop = _verdicts.popleft
+        for _ in range(len(_verdicts)):
+            verdict = pop()
             for decision in verdict.decisions:
                 if decision.exceeded:
                     key = (DECISIONS, decision.policy.name, "shadow_denied" if decision.allowed else "denied")
@@ -172,12 +168,15 @@ def fold() -> None:
                 else:
                     continue
                 counts[key] = counts.get(key, 0) + 1
-        for key in _popped(_keys):
+        pop = _keys.popleft
+        for _ in range(len(_keys)):
+            key = pop()
             counts[key] = counts.get(key, 0) + 1
         for key, amount in counts.items():
             _child(key).inc(amount)
         if _seconds:
-            fold_calls(REDIS_CALL, list(_popped(_seconds)))
+            pop = _seconds.popleft
+            fold_calls(REDIS_CALL, [pop() for _ in range(len(_seconds))])
 
 
 def fold_calls(histogram: Any, seconds: list[float]) -> None:
