@@ -17,6 +17,7 @@ class Hooks:
         self.circuit_opened: Callable[[BaseException], None] = _ignore  # Redis failed to answer: the circuit opened
         self.circuit_closed: Callable[[], None] = _ignore  # the first answer after an outage closed it
         self.decided: Callable[[float], None] = _ignore  # seconds a decision's Redis call took, round trip included
+        self.flushed: Callable[[], None] = _ignore  # the tally's flush ended (on its thread, or a reader's, or at exit)
 
 
 hooks = Hooks()

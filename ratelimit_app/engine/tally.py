@@ -27,6 +27,7 @@ from redis.exceptions import RedisClusterException
 from . import keys
 from ..conf import get_setting
 from .clients import client, is_cluster
+from .hooks import hooks
 from .batches import run_each
 from .scripts import HEARTBEAT_EVERY, heartbeat, scripts
 
@@ -106,6 +107,7 @@ class Tally:
         """Write what is pending to the policies' records in Redis (kept for later if Redis cannot be reached)."""
         with self._flushing:
             self._flush()
+        hooks.flushed()  # the metrics fold their tallies on this thread, which runs only while there are requests
 
     def _flush(self) -> None:
         with self._lock:
