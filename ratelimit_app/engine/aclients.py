@@ -227,9 +227,12 @@ async def write(connection: redis.asyncio.Connection, message: list[bytes]) -> N
     if not connection.is_connected:
         return await connection.send_packed_command(message, check_health=False)  # connects first
     writer = connection._writer
+    transport = writer.transport
+    if transport.is_closing():  # the loop closed it (a reset read meanwhile): Python 3.13 fails the write
+        await connection.disconnect(nowait=True)
+        raise redis.ConnectionError("Error while writing to socket: the connection was closed")
     try:
         writer.writelines(message)
-        transport = writer.transport
         if transport.get_write_buffer_size() or transport.is_closing():
             # drain() raises for a lost connection, and waits while the transport is paused
             if connection.socket_timeout:
