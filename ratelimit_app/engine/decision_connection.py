@@ -24,6 +24,7 @@ class _Pinned(threading.local):
 
 _pinned = _Pinned()
 UNREAD = "_ratelimit_unread"  # on a kept connection: (its socket, replies of give-backs not read yet, their places)
+ALL_READ = (None, 0, ())
 _generation = 0  # moves on when the cache settings change, after an outage or a failover (see unpin)
 
 
@@ -81,7 +82,9 @@ def _once(
     redis_client: redis.Redis, connection: redis.Connection, command: tuple, options: dict, parse: bool
 ) -> object:
     """The round trip, on a live connection; after the command is written, no second try."""
-    _replace_if_closed(connection)
+    unread = getattr(connection, UNREAD, ALL_READ)[1]
+    if not unread:  # a connection with replies still due is in use, not resting: readable is not closed
+        _replace_if_closed(connection)
     message = _packed(connection, command) if not options else connection.pack_command(*command)
     for attempt in range(1, WRITE_ATTEMPTS + 1):
         try:
@@ -91,9 +94,14 @@ def _once(
             # nothing reached Redis whole (a failed write leaves at most part of a command, which Redis
             # never runs): safe to send anew. A refused connection fails again at once: an outage
             connection.disconnect()
+            if unread:  # the give-backs' replies went with it: owed, sent again
+                read_unread(connection)
+                unread = 0
             if attempt == WRITE_ATTEMPTS:
                 raise
     try:
+        if unread:  # Redis answers in order: the give-backs' replies come first
+            read_unread(connection, wait=True)
         if parse:
             return redis_client.parse_response(connection, command[0], **options)
         return connection.read_response()
@@ -102,6 +110,37 @@ def _once(
         # Redis (or a proxy) closed the connection with the command in it: it may have run
         raise ReplyLost(f"the connection closed before Redis answered ({describe(error)}); the call may have "
                         "counted, and is not sent again") from error
+
+
+def read_unread(kept: redis.Connection, wait: bool = False) -> None:
+    """Read the replies of the give-backs written on `kept` without waiting: those that have arrived, or
+    with `wait` all of them (the connection's next command is written: they come before its own). Those
+    the connection lost (closed or reconnected since) are handed to `replies_lost`, to be sent again (a
+    give-back runs twice harmlessly); a wait that failed raises, as the command's own read would."""
+    sock, count, held = getattr(kept, UNREAD, ALL_READ)
+    try:
+        while count:
+            if sock is not kept._sock:
+                raise redis.ConnectionError("reconnected with give-backs' replies due")
+            if not wait and not kept.can_read(timeout=0):
+                break  # not answered yet: read after the next command is written, never waited for here
+            try:
+                kept.read_response()
+            except redis.ResponseError:
+                pass  # nothing to do about a give-back that failed: its lease runs out
+            count -= 1
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        setattr(kept, UNREAD, ALL_READ)
+        kept.disconnect()
+        replies_lost(held)
+        if wait:
+            raise
+        return
+    setattr(kept, UNREAD, (sock, count, held) if count else ALL_READ)
+
+
+def replies_lost(held: list) -> None:
+    """Set by giveback: what to do with give-backs whose replies a connection lost (owe them)."""
 
 
 def _replace_if_closed(connection: redis.Connection) -> None:

@@ -17,7 +17,8 @@ from . import keys
 from .circuit import RedisUnavailable, breaker
 from .aclients import aclient
 from .clients import client, cluster_configured, is_cluster
-from .decision_connection import UNREAD, decision_client
+from . import decision_connection
+from .decision_connection import ALL_READ, UNREAD, decision_client, read_unread
 from ..values import Held
 
 logger = logging.getLogger("ratelimit_app")
@@ -25,7 +26,6 @@ logger = logging.getLogger("ratelimit_app")
 # The script's code without its comments: EVAL hashes what it is sent, at every give-back.
 _SOURCE = resources.files("ratelimit_app").joinpath("lua", "release.lua").read_text(encoding="utf-8")
 RELEASE = "\n".join(line for line in _SOURCE.splitlines() if line.strip() and not line.lstrip().startswith("--"))
-ALL_READ = (None, 0, ())
 
 
 def release(held: Sequence[Held]) -> None:
@@ -221,50 +221,33 @@ def _read_replies(connection: redis.Connection, count: int) -> bool:
 
 def _send_unanswered(kept: redis.Connection, commands: Sequence[tuple], held: Sequence[Held]) -> None:
     """On the thread's kept connection: write `commands` and wait for no reply. The replies are read
-    later, before its next command (read_unread): they have long arrived by then."""
+    when they have come, at the latest by the connection's next command, before its own reply."""
     read_unread(kept)
-    try:
-        if kept._sock is not None and kept.can_read(timeout=0):
-            kept.disconnect()  # nothing is due on it: the server closed it (idle timeout, CLIENT KILL)
-    except redis.ConnectionError:
-        kept.disconnect()
+    _, due, owing = getattr(kept, UNREAD, ALL_READ)
+    if not due:
+        try:
+            if kept._sock is not None and kept.can_read(timeout=0):
+                kept.disconnect()  # nothing is due on it: the server closed it (idle timeout, CLIENT KILL)
+        except redis.ConnectionError:
+            kept.disconnect()
     packed = kept.pack_commands(commands)
     try:
         kept.send_packed_command(packed)
     except redis.ConnectionError:  # a write that failed ran nothing; a release runs twice harmlessly
         kept.disconnect()
+        if due:  # their replies went with the connection: they may not have run
+            owed.add(owing)
+            due, owing = 0, []
         kept.send_packed_command(packed)
-    setattr(kept, UNREAD, (kept._sock, len(commands), list(held)))
-
-
-def read_unread(kept: redis.Connection) -> None:
-    """Read the replies of the give-backs sent on `kept` that have arrived. One that has not is not
-    waited for: the connection is closed. Unless all came, the give-backs may not have run (Redis may
-    close a connection before it reads what was written: CLIENT KILL, a restart): they are owed, and
-    sent again (a release runs twice harmlessly)."""
-    sock, count, held = getattr(kept, UNREAD, ALL_READ)
-    if not count:
-        return
-    setattr(kept, UNREAD, ALL_READ)
-    try:
-        for _ in range(count):
-            if sock is not kept._sock or not kept.can_read(timeout=0):
-                break  # closed or reconnected since (the replies went with the old socket), or not answered yet
-            try:
-                kept.read_response()
-            except redis.ResponseError:
-                pass  # nothing to do about a give-back that failed: its lease runs out
-        else:
-            return
-    except (redis.ConnectionError, redis.TimeoutError, OSError):
-        pass
-    kept.disconnect()
-    owed.add(held)
+    setattr(kept, UNREAD, (kept._sock, due + len(commands), [*owing, *held]))
 
 
 def cleared(redis_client):
-    """The decision client, its kept connection clear of the give-backs' replies."""
+    """The decision client, the give-backs' replies that have come read from its kept connection."""
     kept = getattr(redis_client, "connection", None)
     if kept is not None and getattr(kept, UNREAD, ALL_READ)[1]:
         read_unread(kept)
     return redis_client
+
+
+decision_connection.replies_lost = owed.add

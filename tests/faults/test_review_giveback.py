@@ -16,7 +16,7 @@ import redis
 from ratelimit_app import engine
 from ratelimit_app.engine import RedisCommandError, RedisUnavailable, giveback
 from ratelimit_app.values import Held
-from tests.faults.test_connections import use_server
+from tests.faults.test_connections import QUEUED, circuit, use_server  # noqa: F401 - a fixture
 from tests.helpers import check, in_threads, policy
 
 pytestmark = pytest.mark.django_db
@@ -133,3 +133,62 @@ def test_an_async_give_back_cancelled_while_it_waits_for_a_connection_is_owed(se
     assert [held.lease for held in giveback.owed.places] == ["cancelled-1"]
     engine.release([])  # the next give-back sends what is owed
     assert _until(lambda: _held(private.port) == 0)
+
+
+def test_a_decision_right_after_a_give_back_keeps_the_connection_and_runs_the_give_back_once(settings, private):
+    """A thread gives its places back and decides again before Redis answered the give-back (Redis
+    paused in between, as a busy server is): the decision reads that reply before its own, on the same
+    connection. Before, the connection was closed and the give-back owed: sent a second time, it found
+    nothing and left a mark, and a tight loop of such requests sent ever more of them (259 commands a
+    request in the bench)."""
+    use_server(settings, private.url, timeouts=QUEUED)
+    inflight = check(policy(strategy="concurrency", limit=5, window=600))
+    admin = redis.Redis(port=private.port)
+    for n in range(3):  # connected, the scripts loaded
+        assert engine.decide([inflight], lease=f"warm-{n}").allowed
+        engine.release([Held(inflight.policy, inflight.subject, f"warm-{n}", 1)])
+    engine.decide([inflight], dry_run=True)  # the warm give-backs' replies read
+    giveback.owed.forget()
+    admin.config_resetstat()
+    kept = engine.decision_client().connection._sock
+
+    assert engine.decide([inflight], lease="first").allowed
+    os.kill(private.process.pid, signal.SIGSTOP)
+    resume = threading.Timer(0.2, os.kill, (private.process.pid, signal.SIGCONT))
+    try:
+        engine.release([Held(inflight.policy, inflight.subject, "first", 1)])  # written, not answered
+        resume.start()
+        assert engine.decide([inflight], lease="second").allowed
+    finally:
+        resume.join()
+        os.kill(private.process.pid, signal.SIGCONT)
+    engine.release([Held(inflight.policy, inflight.subject, "second", 1)])
+    engine.decide([inflight], dry_run=True)  # reads the last give-back's reply
+    time.sleep(1.5)  # past the owed give-backs' timer: anything owed has been sent by now
+
+    assert giveback.owed.places == []
+    assert engine.decision_client().connection._sock is kept, "the kept connection was replaced"
+    assert admin.info("commandstats")["cmdstat_eval"]["calls"] == 2, "a give-back was sent twice"
+    assert [admin.zrange(key, 0, -1, withscores=True) for key in admin.scan_iter(match="*:c*")] == []  # not a mark
+
+
+def test_a_decision_waiting_for_a_give_backs_reply_from_a_stalled_redis_is_an_outage(settings, private, circuit):
+    """The give-back's reply, which the next decision reads before its own, never comes in time (Redis
+    stopped): that decision is an outage like any other, the give-back is owed, and once Redis answers
+    again it is sent and no place stays held."""
+    use_server(settings, private.url)
+    inflight = check(policy(strategy="concurrency", limit=5, window=600))
+    assert engine.decide([inflight], lease="first").allowed
+    os.kill(private.process.pid, signal.SIGSTOP)
+    try:
+        engine.release([Held(inflight.policy, inflight.subject, "first", 1)])  # written, not answered
+        with pytest.raises(RedisUnavailable):
+            engine.decide([inflight], lease="second")
+        assert [held.lease for held in giveback.owed.places] == ["first"]
+        # failed open: the place, if the call took one once Redis runs it, is given back all the same
+        engine.release([Held(inflight.policy, inflight.subject, "second", 1)])
+    finally:
+        os.kill(private.process.pid, signal.SIGCONT)
+    engine.breaker.reset()
+    assert _until(lambda: not giveback.owed.places)
+    assert _until(lambda: _held(private.port) == 0, 3), f"{_held(private.port)} places held"
