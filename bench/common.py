@@ -89,6 +89,9 @@ class Results:
     e2e_generator: str = ""
     live: dict | str = "not measured"
     cluster: str = "not measured"
+    vm_growth: dict = field(default_factory=dict)  # (strategy, FCALL or EVALSHA) -> bytes the Lua VM grew by, or why n/a
+    vm_subjects: int = 0  # fresh subjects each growth was measured over
+    libraries: str = "not measured"  # libraries of ours left after a prune beside an earlier version's
     notes: list[str] = field(default_factory=list)
     versions: dict = field(default_factory=dict)
     load_start: float = 0.0  # load average when the run started

@@ -49,7 +49,7 @@ def render(results: Results) -> str:
         f"- load average at the end: {os.getloadavg()[0]:.1f}",
     ]
     lines += _decisions(results) + _spread(results) + _memory(results) + _overhead(results) + _deny_cache(results)
-    lines += _live(results) + _end_to_end(results)
+    lines += _scripts_memory(results) + _live(results) + _end_to_end(results)
     lines += ["", "## Cluster", "", f"Decisions/s against 1 master and against 3 masters: {results.cluster}."]
     lines += ["", "## Budgets", "", "| budget | measured | verdict |", "|---|---|---|"]
     lines += [f"| {b} | {m} | {v} |" for b, m, v in budgets(results)]
@@ -119,6 +119,27 @@ def _memory(results: Results) -> list[str]:
     lines += [f"| {s} | {limit} | {size} | {entries} |" for s, limit, size, entries in results.memory]
     lines += [f"| {s} | - | {NA} | {NA} |" for s in results.unsupported]
     return lines
+
+
+VM_BUDGET = 256 * 1024  # bytes a Lua VM of the server may grow by over the fresh subjects
+
+
+def _scripts_memory(results: Results) -> list[str]:
+    lines = ["", "## Scripts' memory", "",
+             f"The server's Lua VMs (INFO memory: used_memory_vm_functions for FCALL, used_memory_lua for EVALSHA) "
+             f"before and after {results.vm_subjects:,} fresh subjects a strategy, each decided once against a limit "
+             "of 1 and 1,000 of them once more (refused), in pipelines; then an earlier version's library (no worker's "
+             "key names it) beside ours, and `ratelimit prune`.", "",
+             "| strategy | FCALL: VM growth | EVALSHA: VM growth |", "|---|---:|---:|"]
+    for strategy in dict.fromkeys(s for s, _ in results.vm_growth):
+        cells = [results.vm_growth.get((strategy, mode), NA) for mode in ("FCALL", "EVALSHA")]
+        lines.append(f"| {strategy} | " + " | ".join(_kb(cell) for cell in cells) + " |")
+    lines += ["", f"Libraries of ours after the prune: {results.libraries}."]
+    return lines
+
+
+def _kb(growth) -> str:
+    return f"{growth / 1024:,.1f} KB" if isinstance(growth, int) else str(growth)
 
 
 def _overhead(results: Results) -> list[str]:
@@ -247,6 +268,7 @@ def budgets(results: Results) -> Iterator[tuple[str, str, str]]:
     yield from _command_budgets(results)
     yield from _door_budgets(results)
     yield from _memory_budgets(results)
+    yield from _scripts_memory_budgets(results)
     yield from _end_to_end_budgets(results)
     live = results.live
     if isinstance(live, dict):
@@ -373,6 +395,19 @@ def _memory_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
             yield label, f"engine cannot decide {strategy} yet", NA
         else:
             yield label, f"{size} bytes", _verdict(size < budget if sign == "<" else size <= budget)
+
+
+def _scripts_memory_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
+    measured = [growth for growth in results.vm_growth.values() if isinstance(growth, int)]
+    if measured:
+        worst = max(results.vm_growth, key=lambda k: results.vm_growth[k] if isinstance(results.vm_growth[k], int) else -1)
+        yield (f"Lua VM growth over {results.vm_subjects:,} fresh subjects <= 256 KB (every strategy, FCALL and EVALSHA)",
+               f"at most {_kb(max(measured))} ({' '.join(worst)})", _verdict(max(measured) <= VM_BUDGET))
+    else:
+        yield "Lua VM growth over fresh subjects <= 256 KB", "not measured", NA
+    left = results.libraries.split(" ")[0]
+    yield ("libraries of ours after a prune: at most 1", results.libraries,
+           _verdict(left == "1") if left.isdigit() else NA)
 
 
 def _end_to_end_budgets(results: Results) -> Iterator[tuple[str, str, str]]:

@@ -16,8 +16,8 @@ from ratelimit_app.models import Policy
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("## Decisions", "## Spread workload", "## Memory per subject", "## Python overhead", "## Local deny cache", "## Live page",
-            "## End to end", "## Cluster", "## Budgets")
+SECTIONS = ("## Decisions", "## Spread workload", "## Memory per subject", "## Scripts' memory", "## Python overhead",
+            "## Local deny cache", "## Live page", "## End to end", "## Cluster", "## Budgets")
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +55,9 @@ def test_every_budget_is_marked_pass_miss_or_na(quick_run):
     assert len(rows) >= 15
     for line in rows:
         assert line.rstrip().endswith(("| PASS |", "| **MISS** |", "| n/a |")), line
+
+
+def test_a_prune_beside_an_earlier_versions_library_leaves_one_of_ours(quick_run):
+    done, _ = quick_run
+    assert re.search(r"^Libraries of ours after the prune: 1 \(of 2; deleted ratelimit_0000bench_stale", done.stdout,
+                     re.MULTILINE), done.stdout.split("## Scripts' memory", 1)[-1][:1500]
