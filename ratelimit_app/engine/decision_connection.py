@@ -59,8 +59,12 @@ class SentOnce(redis.Redis):
         """The kept connection goes back to the pool (its thread ended): closed if give-backs' replies
         are still to come on it, which its next user would read as its own (Redis runs what it got)."""
         kept = getattr(self, "connection", None)
-        if kept is not None and getattr(kept, UNREAD, (None, 0))[1]:
-            kept.disconnect()
+        if kept is not None and getattr(kept, UNREAD, ALL_READ)[1]:
+            if kept._sock is not None:
+                read_unread(kept)  # those come: with nothing unread, the close is an orderly one Redis reads to the end
+            if getattr(kept, UNREAD, ALL_READ)[1]:
+                kept.disconnect()
+                setattr(kept, UNREAD, ALL_READ)  # its pool's next user of it has none due
         super().close()
 
 
@@ -83,6 +87,11 @@ def _once(
 ) -> object:
     """The round trip, on a live connection; after the command is written, no second try."""
     unread = getattr(connection, UNREAD, ALL_READ)[1]
+    if unread:
+        # those come read; those lost are owed: Redis closed the connection (its end of file), or it was
+        # reconnected since (its thread closed it back to the pool, and this call borrowed it)
+        read_unread(connection)
+        unread = getattr(connection, UNREAD, ALL_READ)[1]
     if not unread:  # a connection with replies still due is in use, not resting: readable is not closed
         _replace_if_closed(connection)
     message = _packed(connection, command) if not options else connection.pack_command(*command)
