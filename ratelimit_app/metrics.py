@@ -123,9 +123,21 @@ def _batchable(histogram: Any) -> bool:
 
 
 def _records() -> None:
-    global _verdicts, _keys, _seconds, _verdict, _key, _call
-    _verdicts, _keys, _seconds = deque(), deque(), deque()  # verdicts, (metric, *labels), call durations
-    _verdict, _key, _call = _verdicts.append, _keys.append, _seconds.append
+    global _keys, _seconds, _key, _call
+    _keys, _seconds = deque(), deque()  # (metric, *labels), call durations
+    _key, _call = _keys.append, _seconds.append
+
+
+# A policy's outcome keys, made once: a record keeps no new object alive until the fold (that fed the
+# garbage collector: a Verdict kept per request made 2.6 collections a 1,000 requests rather than 0.1).
+_outcome_keys: dict[str, tuple[tuple, tuple, tuple]] = {}  # policy name -> (allowed, denied, shadow_denied)
+
+
+def _outcomes(name: str) -> tuple[tuple, tuple, tuple]:
+    keys = _outcome_keys.get(name)
+    if keys is None:
+        keys = _outcome_keys[name] = tuple((DECISIONS, name, kind) for kind in ("allowed", "denied", "shadow_denied"))
+    return keys
 
 
 _records()
@@ -157,17 +169,6 @@ def fold() -> None:
     multiprocess mode to this worker's files): everything recorded before the call."""
     with _folding:  # each loop pops what its deque held (appended meanwhile: the next fold's)
         counts: dict[tuple, int] = {}
-        pop = _verdicts.popleft
-        for _ in range(len(_verdicts)):
-            verdict = pop()
-            for decision in verdict.decisions:
-                if decision.exceeded:
-                    key = (DECISIONS, decision.policy.name, "shadow_denied" if decision.allowed else "denied")
-                elif verdict.allowed:
-                    key = (DECISIONS, decision.policy.name, "allowed")
-                else:
-                    continue
-                counts[key] = counts.get(key, 0) + 1
         pop = _keys.popleft
         for _ in range(len(_keys)):
             key = pop()
@@ -206,13 +207,16 @@ def _forked() -> None:
 
 
 def record_verdict(verdict: Verdict) -> None:
-    """Count each policy's outcome for one decided request (never for a dry run).
-
-    A policy that admitted a request which another policy denied counted nothing, and is not
-    counted here either: allowed and denied add up to the live page's totals of each window.
-    """
+    """Count each policy's outcome for one decided request (never for a dry run). A policy that admitted a
+    request another denied counted nothing, nor here: allowed and denied add up to the live page's totals."""
     if _on:
-        _verdict(verdict)  # outcomes are worked out by fold
+        admitted = verdict.allowed
+        for decision in verdict.decisions:
+            allowed, denied, shadow_denied = _outcomes(decision.policy.name)
+            if decision.exceeded:
+                _key(shadow_denied if decision.allowed else denied)
+            elif admitted:
+                _key(allowed)
         if _folder is None:
             _arm()
 
