@@ -427,6 +427,11 @@ def _end_to_end_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
                f"({ours.rate:,.0f} against {floor.rate:,.0f} req/s)", _verdict(ours.rate >= FLOOR_BUDGET * floor.rate))
     else:
         yield f"end to end: 1 policy >= {FLOOR_BUDGET}x the one-PING floor", "floor not served", NA
+    ours_async, floor_async = served.get("ratelimit_app middleware (async), 1 policy"), served.get(ASGI_FLOOR)
+    if ours_async and floor_async:
+        yield (f"end to end, ASGI: 1 policy >= {FLOOR_BUDGET}x the async one-PING floor",
+               f"{ours_async.rate / floor_async.rate:.3f}x ({ours_async.rate:,.0f} against {floor_async.rate:,.0f} req/s)",
+               _verdict(ours_async.rate >= FLOOR_BUDGET * floor_async.rate))
     for peer in ("django-ratelimit decorator", "django-smart-ratelimit decorator", "DRF UserRateThrottle"):
         if ours and peer in served:
             yield (f"end to end: ours (middleware, 1 policy) ahead of {peer}",
