@@ -12,7 +12,7 @@ from asgiref.sync import sync_to_async
 from .. import quotas
 from ..drivers import Io, Steps, arun, run
 from ..values import NO_POLICIES, Check, Verdict
-from . import giveback, keys
+from . import keys
 from .arguments import Ask, entry, script_call
 from .circuit import Attempt, breaker
 from .aclients import aclient
@@ -70,7 +70,7 @@ def deciding(checks: Sequence[Check], *, now: float | None = None, dry_run: bool
 def _send(checks: Sequence[Check], call: Ask, version: bool) -> Verdict:
     # the client is made inside the breaker's attempt: it connects as it is made, and that may fail too
     with Attempt(breaker):
-        return _decide(giveback.cleared(decision_client()), checks, call, version)
+        return _decide(decision_client(), checks, call, version)
 
 
 def _decide(redis_client: redis.Redis, checks: Sequence[Check], call: Ask, version: bool) -> Verdict:

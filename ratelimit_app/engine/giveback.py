@@ -242,12 +242,4 @@ def _send_unanswered(kept: redis.Connection, commands: Sequence[tuple], held: Se
     setattr(kept, UNREAD, (kept._sock, due + len(commands), [*owing, *held]))
 
 
-def cleared(redis_client):
-    """The decision client, the give-backs' replies that have come read from its kept connection."""
-    kept = getattr(redis_client, "connection", None)
-    if kept is not None and getattr(kept, UNREAD, ALL_READ)[1]:
-        read_unread(kept)
-    return redis_client
-
-
 decision_connection.replies_lost = owed.add

@@ -23,6 +23,7 @@ from redis.exceptions import NoPermissionError, ResponseError
 from ..conf import get_setting
 from ..drivers import Io, Steps, arun, run
 from ..strategies import STRATEGIES
+from .clients import client as shared_client
 from .clients import is_cluster
 from .decision_connection import execute
 
@@ -224,7 +225,9 @@ class _Scripts:
         entry = self._entries.get((name, type(client)))
         if entry is None:
             kind = AsyncEntry if isinstance(client, redis.asyncio.Redis) else Entry
-            script = client.register_script(self._sources[name])
+            # a Script keeps the client it was made with: not a thread's own, whose connection would never
+            # go back to the pool once its thread ended (every call passes its client)
+            script = (client if kind is AsyncEntry else shared_client()).register_script(self._sources[name])
             entry = self._entries[(name, type(client))] = kind(self.function(name), self.library, script)
         return entry
 

@@ -100,24 +100,24 @@ def test_a_connection_closed_after_a_give_back_is_written_is_replaced_for_the_ne
     _settled(private)
 
 
-def test_a_kill_after_the_give_backs_check_and_before_the_decision_is_written(settings, private, monkeypatch):
-    """CLIENT KILL lands after the decision read the give-backs' replies that had come (none: Redis held
-    the EVAL) and before it wrote its command: the closed connection shows before the write (its end of
-    file), so the decision goes on a new one, as a decision on a resting connection does."""
+def test_a_kill_as_the_decision_starts_with_give_backs_due_is_a_new_connection(settings, private, monkeypatch):
+    """CLIENT KILL lands as the decision takes its thread's connection, a give-back's reply due (Redis held
+    the EVAL): the closed connection shows before the write (its end of file), so the decision goes on a
+    new one, as a decision on a resting connection does, and the give-back is owed."""
     use_server(settings, private.url, timeouts=QUEUED)
     inflight = check(policy(strategy="concurrency", limit=5, window=600))
     assert engine.decide([inflight], lease="a").allowed
     admin = redis.Redis(port=private.port)
     _held_unrun(admin, inflight, "a")
-    cleared = giveback.cleared
+    kept_client = decision.decision_client
 
-    def cleared_then_killed(redis_client):
-        cleared(redis_client)
+    def killed_then_kept_client():
+        redis_client = kept_client()
         _kill_all(private.port)
         admin.execute_command("CLIENT", "UNPAUSE")
         return redis_client
 
-    monkeypatch.setattr(decision.giveback, "cleared", cleared_then_killed)
+    monkeypatch.setattr(decision, "decision_client", killed_then_kept_client)
     verdict = engine.decide([inflight], lease="b")
     monkeypatch.undo()
     admin.close()
@@ -318,3 +318,26 @@ def test_many_threads_deciding_and_giving_back_in_a_tight_loop_admit_at_most_the
     assert errors == []
     assert most[0] <= 3 and sum(results) >= 200
     _settled(private)
+
+
+def test_the_first_thread_to_decide_gives_its_kept_connection_back_when_it_ends(settings, private):
+    """The scripts are made with the process's first decision, on some thread: that thread's client must
+    not stay alive in them once the thread ended, or its connection never goes back to the pool and
+    keeps one of the pool's kept places for good (here the only one: the next thread borrowed per call)."""
+    from ratelimit_app.engine.scripts import scripts
+
+    use_server(settings, private.url, max_connections=2)  # half the pool: one connection kept
+    limited = check(policy(limit=100))
+    scripts._entries.clear()  # made anew by the first thread's decision
+    kept = []
+
+    def deciding() -> None:
+        assert engine.decide([limited]).allowed
+        kept.append(engine.decision_client().connection is not None)
+
+    for _ in range(2):
+        thread = threading.Thread(target=deciding)
+        thread.start()
+        thread.join()
+        gc.collect()
+    assert kept == [True, True]
