@@ -93,7 +93,7 @@ def _once(
         read_unread(connection)
         unread = getattr(connection, UNREAD, ALL_READ)[1]
     if not unread:  # a connection with replies still due is in use, not resting: readable is not closed
-        _replace_if_closed(connection)
+        replace_if_closed(connection)
     message = _packed(connection, command) if not options else connection.pack_command(*command)
     for attempt in range(1, WRITE_ATTEMPTS + 1):
         try:
@@ -152,7 +152,7 @@ def replies_lost(held: list) -> None:
     """Set by giveback: what to do with give-backs whose replies a connection lost (owe them)."""
 
 
-def _replace_if_closed(connection: redis.Connection) -> None:
+def replace_if_closed(connection: redis.Connection) -> None:
     """Whether Redis closed this connection while it rested shows as a readable socket: its end of file
     (or an unsolicited reply). Then a new connection carries the command."""
     if connection._sock is None:

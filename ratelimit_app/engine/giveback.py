@@ -18,7 +18,7 @@ from .circuit import RedisUnavailable, breaker
 from .aclients import aclient
 from .clients import client, cluster_configured, is_cluster
 from . import decision_connection
-from .decision_connection import ALL_READ, UNREAD, decision_client, read_unread
+from .decision_connection import ALL_READ, UNREAD, decision_client, read_unread, replace_if_closed
 from ..values import Held
 
 logger = logging.getLogger("ratelimit_app")
@@ -224,12 +224,8 @@ def _send_unanswered(kept: redis.Connection, commands: Sequence[tuple], held: Se
     when they have come, at the latest by the connection's next command, before its own reply."""
     read_unread(kept)
     _, due, owing = getattr(kept, UNREAD, ALL_READ)
-    if not due:
-        try:
-            if kept._sock is not None and kept.can_read(timeout=0):
-                kept.disconnect()  # nothing is due on it: the server closed it (idle timeout, CLIENT KILL)
-        except redis.ConnectionError:
-            kept.disconnect()
+    if not due:  # nothing is due on it: readable is Redis having closed it (idle timeout, CLIENT KILL)
+        replace_if_closed(kept)
     packed = kept.pack_commands(commands)
     try:
         kept.send_packed_command(packed)
