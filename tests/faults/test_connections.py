@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from ratelimit_app import engine
-from ratelimit_app.engine import RedisUnavailable
+from ratelimit_app.engine import RedisUnavailable, giveback
 from tests.cluster import wait_for
 from tests.helpers import check, in_threads
 from tests.helpers import policy as any_policy
@@ -274,7 +274,8 @@ def test_one_event_loop_keeps_its_connections_instead_of_checking_them_out_each_
     async def one(n: int) -> None:
         assert (await engine.adecide([who], lease=f"kept-{n}")).allowed
         await engine.arelease([Held(who.policy, who.subject, f"kept-{n}", 1)])
-        await asyncio.sleep(0.01)  # the give-back's reply is read by a task of its own
+        # the give-back's reply is read by a task of its own, which then keeps the connection
+        await asyncio.gather(*list(giveback._reading), return_exceptions=True)
 
     async def run() -> tuple[int, int]:
         await one(0)  # loads the library, and the loop's first connection
