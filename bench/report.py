@@ -127,7 +127,9 @@ VM_BUDGET = 256 * 1024  # bytes a Lua VM of the server may grow by over the fres
 def _scripts_memory(results: Results) -> list[str]:
     lines = ["", "## Scripts' memory", "",
              f"The server's Lua VMs (INFO memory: used_memory_vm_functions for FCALL, used_memory_lua for EVALSHA) "
-             f"before and after {results.vm_subjects:,} fresh subjects a strategy, each decided once against a limit "
+             f"before and after {results.vm_subjects:,} fresh subjects a strategy, each read after a full collection "
+             "(`collectgarbage('collect')`, from an EVAL or from a function of the bench's: what the calls left "
+             "behind, not garbage awaiting the incremental collector), each subject decided once against a limit "
              "of 1 and 1,000 of them once more (refused), in pipelines; then an earlier version's library (no worker's "
              "key names it) beside ours, and `ratelimit prune`.", "",
              "| strategy | FCALL: VM growth | EVALSHA: VM growth |", "|---|---:|---:|"]
