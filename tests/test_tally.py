@@ -85,8 +85,10 @@ def test_counts_whose_answer_timed_out_are_never_added_twice(server, settings):
 
 def test_counts_that_could_not_reach_redis_are_added_once_it_is_back(server):
     limited = policy(limit=100, window=3600)
-    admit_five(limited)
-    with tally._flushing:  # the background flush waits: one sent as the server stops may have run, and is not resent
+    # the background flush waits until the server is down: all five are pending then (one sent before
+    # would be lost with the stopped server's memory, one sent as it stops may have run and is not resent)
+    with tally._flushing:
+        admit_five(limited)
         server.stop()
     tally.flush()  # refused: kept for later
     back = PrivateRedis(port=server.port).start()
