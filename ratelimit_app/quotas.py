@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 from datetime import datetime, timezone
+from functools import lru_cache
 from typing import Iterable, NamedTuple, Sequence
 
 from django.db import DatabaseError, connections, router
@@ -45,9 +46,13 @@ def periods(policy: CompiledPolicy, now_ms: int) -> Periods:
 def bucket(policy: CompiledPolicy, now_ms: int, seed: tuple[int, int] | None) -> str:
     """The `bucket` of a quota's terms (lua/calendar_quota.lua): its periods, and the saved usage when asked
     again, in hex (the Lua half reads hex without strtod)."""
-    found = periods(policy, now_ms)
-    text = f"{found.previous:x},{found.start:x},{found.end:x},{found.after:x}"
+    text = _periods_text(periods(policy, now_ms))
     return text if seed is None else f"{text},{seed[0]:x},{seed[1]:x}"
+
+
+@lru_cache(maxsize=256)  # the same periods until one ends: made once, not at every request
+def _periods_text(found: Periods) -> str:
+    return f"{found.previous:x},{found.start:x},{found.end:x},{found.after:x}"
 
 
 def emptied(policy: CompiledPolicy, now_ms: int) -> tuple[str, int]:

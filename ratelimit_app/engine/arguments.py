@@ -53,7 +53,7 @@ def script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[list
         found.append(parts)
         script_keys.append(parts[0])
         if policy.period:  # a calendar quota's terms carry its periods, which move on
-            args.append(_quota_terms(policy, subject, limit, parts[4], call))
+            args.append(_quota_terms(policy, subject, parts[1][parts[4]], call))
         else:
             args.append(parts[1][parts[4]])
     if version:
@@ -61,10 +61,11 @@ def script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[list
     return script_keys, args, found
 
 
-def _quota_terms(policy: CompiledPolicy, subject: Subject, limit: int, seen: int, call: Ask) -> str:
+def _quota_terms(policy: CompiledPolicy, subject: Subject, head: str, call: Ask) -> str:
+    """A quota's terms: the check's `head` (what a window's terms are) and its periods at this call."""
     now_ms = int((time() if call.now is None else call.now) * 1000)
     seed = call.seeds.get((policy.id, subject.key)) if call.seeds else None
-    return f"{_first(policy, limit, seen)} {figures(policy)} {quotas.bucket(policy, now_ms, seed)}"
+    return f"{head} {quotas.bucket(policy, now_ms, seed)}"
 
 
 def _sent_cost(checks: Sequence[Check], cost: int) -> int:

@@ -47,16 +47,17 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Seq
         denied = denied or not allowed
         capacity = policy.capacity(limit)  # a token bucket's count is compared with its burst
         retry_after = retry_ms / 1000 if exceeded and cost <= policy.largest_cost(limit) else None  # None: never fits
+        window = 0
+        if policy.period:  # the period the counter ends with: its length for `w`, its start for the database
+            period = quotas.periods(policy, now_ms + max(reset_ms, retry_ms, 1) - 1)
+            window = (period.end - period.start) // 1000
+            if not call.dry_run:
+                quotas.saver.record(policy, subject.key, subject.display, period.start, count)
         # positional: this runs for every policy of every request
         decision = Decision(
             policy, subject, allowed, exceeded, count, limit,
-            capacity - count if count < capacity else 0, reset_ms / 1000, retry_after, cost,
+            capacity - count if count < capacity else 0, reset_ms / 1000, retry_after, cost, window,
         )
-        if policy.period:  # the period the counter ends with: its length for `w`, its start for the database
-            period = quotas.periods(policy, now_ms + max(reset_ms, retry_ms, 1) - 1)
-            decision = decision._replace(window=(period.end - period.start) // 1000)
-            if not call.dry_run:
-                quotas.saver.record(policy, subject.key, subject.display, period.start, count)
         decisions.append(decision)
         if not call.dry_run:
             seen.append((policy, exceeded, count, reset_ms, before_ms))
