@@ -7,9 +7,11 @@ import os
 import pytest
 from django.conf import settings
 from django_redis import get_redis_connection
+from django_redis.pool import ConnectionFactory
 
 from project.devredis import PrivateRedis
 from ratelimit_app import testing
+from ratelimit_app.connection import ClusterConnectionFactory
 
 _private: PrivateRedis | None = None
 
@@ -46,8 +48,16 @@ def empty_redis(redis_client):
     (index, refusals, circuit, logs, clients, code policies written to a rolled-back database)."""
     testing.reset()  # waits for a flush of the totals under way: nothing of it lands after the FLUSHDB
     redis_client.flushdb()
+    pools_before, clusters_before = set(ConnectionFactory._pools), set(ClusterConnectionFactory._clusters)
     yield
     testing.reset()
+    # django-redis keeps a pool per LOCATION for the whole process, options and credentials included (and
+    # the cluster factory a client): a later test whose server got the same free port would reuse one made
+    # for another server, e.g. logging in as an ACL user it lacks. What a test made goes with it.
+    for url in set(ConnectionFactory._pools) - pools_before:
+        ConnectionFactory._pools.pop(url).disconnect()
+    for url in set(ClusterConnectionFactory._clusters) - clusters_before:
+        ClusterConnectionFactory._clusters.pop(url).disconnect_connection_pools()
 
 
 @pytest.fixture
