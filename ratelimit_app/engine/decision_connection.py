@@ -181,9 +181,10 @@ _returned = threading.Condition()
 POOL_WAIT_STEP = 0.01  # seconds between tries when the connection freed went to another user of the pool
 
 
-def _borrow(pool: redis.ConnectionPool) -> redis.Connection:
-    """A connection of the pool. A full pool (max_connections in use) is the site's own back-pressure,
-    not an outage: wait for a connection, as long as the socket timeout allows a reply to take."""
+def _borrow(pool: redis.ConnectionPool, wait: bool = True) -> redis.Connection:
+    """A connection of the pool, opened anew if Redis closed it while it opened (nothing written yet).
+    A full pool (max_connections in use) is the site's own back-pressure, not an outage: wait for a
+    connection, as long as the socket timeout allows a reply to take (unless `wait` is false)."""
     deadline, attempts = None, 0
     while True:
         try:
@@ -196,7 +197,7 @@ def _borrow(pool: redis.ConnectionPool) -> redis.Connection:
                 continue
             now = time.monotonic()
             deadline = deadline or now + (pool.connection_kwargs.get("socket_timeout") or DEFAULT_POOL_WAIT)
-            if now >= deadline:
+            if now >= deadline or not wait:
                 raise PoolFull(f"every one of the {pool.max_connections} connections of the pool stayed in use "
                                "while a decision waited") from error
         with _returned:
@@ -225,12 +226,14 @@ def _pin() -> redis.Redis | RedisCluster:
         with _kept_lock:  # one thread at a time: the count of kept connections stays exact
             keeping = _kept.setdefault(pool, weakref.WeakSet())
             if len(keeping) < pool.max_connections // 2:
-                # takes a connection from the pool and connects: an outage raises here, inside the breaker
+                # connects, opened anew if Redis closed it meanwhile: an outage raises here, inside the breaker
                 try:
-                    kept = SentOnce(connection_pool=pool, single_connection_client=True)
-                except MaxConnectionsError:
+                    connection = _borrow(pool, wait=False)
+                except PoolFull:
                     pass  # the site's other uses of the pool hold the rest
                 else:
+                    kept = SentOnce(connection_pool=pool)
+                    kept.connection = connection  # the thread's own, until close() gives it back
                     keeping.add(kept)
     _pinned.client, _pinned.generation, _pinned.packed = kept, _generation, {}
     return kept

@@ -303,3 +303,60 @@ def test_one_event_loop_keeps_its_connections_instead_of_checking_them_out_each_
     assert alone == 0 and at_once <= 8
     assert out_of_pool == kept <= 4
     assert counted(inflight) == 0  # every place given back
+
+
+class HangsUp:
+    """A TCP proxy to Redis, in a thread of its own, that hangs up the first `times` connections once
+    their handshake came in, unanswered: a CLIENT KILL (or a proxy's restart) landing while redis-py
+    opens a connection."""
+
+    def __init__(self, port: int, times: int) -> None:
+        self.port, self.times, self.accepted = port, times, 0
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        server = asyncio.run_coroutine_threadsafe(asyncio.start_server(self._carry, "127.0.0.1", 0), self.loop).result()
+        return f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0"
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+
+    async def _carry(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        if self.accepted <= self.times:
+            await reader.read(65536)  # the handshake, never answered
+            writer.close()
+            return
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        await asyncio.gather(self._pipe(reader, upstream_writer), self._pipe(upstream_reader, writer))
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+
+@pytest.mark.parametrize("way", ["sync", "async"])
+def test_a_connection_closed_while_it_opens_is_opened_again_without_an_outage(settings, private, circuit, way):
+    """The first connection a worker opens is closed during its handshake: nothing of the decision was
+    written, so it goes on a new connection; it is counted once and the circuit stays closed."""
+    compiled = policy(limit=10)
+    before = (circuit.failures, circuit.errors)
+    with HangsUp(private.port, times=1) as url:
+        use_server(settings, url)
+        if way == "sync":  # a new thread: it takes its kept connection at its first decision
+            results, errors = in_threads(lambda: [engine.decide([check(compiled)]).decisions[0].count for _ in range(2)], 1)
+            answers = results[0] if results else errors
+        else:
+            answers = asyncio.run(_counts_in_one_loop(compiled, 2))
+    assert answers == [1, 2]
+    assert (circuit.failures, circuit.errors) == before
+
+
+async def _counts_in_one_loop(compiled, times: int) -> list[int]:
+    return [(await engine.adecide([check(compiled)])).decisions[0].count for _ in range(times)]
