@@ -14,7 +14,6 @@ import logging
 import os
 import threading
 from datetime import datetime, timezone
-from functools import lru_cache
 from typing import Iterable, NamedTuple, Sequence
 
 from django.db import DatabaseError, connections, router
@@ -29,30 +28,32 @@ logger = logging.getLogger("ratelimit_app")
 ABSENT = -3  # the retry a quota's script reports for a counter that is not there (lua/quota.lua)
 PACK = 1000000  # lua/calendar_quota.lua: a counter holds count * PACK + the number of its period
 
-_periods: dict[tuple[str, str], Periods] = {}  # (period, zone) -> the periods around the last instant asked
+# (period, zone) -> the periods around the last instant asked, and their text in a quota's terms
+_periods: dict[tuple[str, str], tuple[Periods, str]] = {}
 
 
-def periods(policy: CompiledPolicy, now_ms: int) -> Periods:
-    """The periods of a calendar quota around `now_ms`, worked out again only when a period ends."""
+def _current(policy: CompiledPolicy, now_ms: int) -> tuple[Periods, str]:
+    """The periods of a calendar quota around `now_ms` and their text, worked out again only when a period ends."""
     found = _periods.get((policy.period, policy.time_zone))
-    if found is None or not found.start <= now_ms < found.end:
-        found = periods_at(policy.period, zone(policy.time_zone), now_ms)
+    if found is None or not found[0].start <= now_ms < found[0].end:
+        at = periods_at(policy.period, zone(policy.time_zone), now_ms)
+        found = (at, f"{at.previous:x},{at.start:x},{at.end:x},{at.after:x}")
         if len(_periods) > 256:
             _periods.clear()
         _periods[(policy.period, policy.time_zone)] = found
     return found
 
 
+def periods(policy: CompiledPolicy, now_ms: int) -> Periods:
+    """The periods of a calendar quota around `now_ms`."""
+    return _current(policy, now_ms)[0]
+
+
 def bucket(policy: CompiledPolicy, now_ms: int, seed: tuple[int, int] | None) -> str:
     """The `bucket` of a quota's terms (lua/calendar_quota.lua): its periods, and the saved usage when asked
     again, in hex (the Lua half reads hex without strtod)."""
-    text = _periods_text(periods(policy, now_ms))
+    text = _current(policy, now_ms)[1]
     return text if seed is None else f"{text},{seed[0]:x},{seed[1]:x}"
-
-
-@lru_cache(maxsize=256)  # the same periods until one ends: made once, not at every request
-def _periods_text(found: Periods) -> str:
-    return f"{found.previous:x},{found.start:x},{found.end:x},{found.after:x}"
 
 
 def emptied(policy: CompiledPolicy, now_ms: int) -> tuple[str, int]:
