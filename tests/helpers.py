@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import threading
+import time
 from typing import Iterator
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from bench.measure import Wire
 from ratelimit_app.engine import Check
@@ -128,8 +134,6 @@ def _child(target, args: tuple) -> None:
 def in_threads(target, threads: int = 8) -> tuple[list, list[Exception]]:
     """Run `target()` in threads that start together (a barrier). Returns what the calls returned and
     the errors they raised."""
-    import threading
-
     start, results, errors = threading.Barrier(threads), [], []
 
     def run() -> None:
@@ -145,3 +149,21 @@ def in_threads(target, threads: int = 8) -> tuple[list, list[Exception]]:
     for worker in workers:
         worker.join()
     return results, errors
+
+
+def stalled(port: int, seconds: float):
+    """The server on `port` sleeps `seconds` (DEBUG SLEEP, sent from another connection), from the
+    moment this returns; returns the thread that sent it."""
+    sleeper = redis.Redis(port=port)
+    probe = redis.Redis(port=port, socket_timeout=0.05, retry=Retry(NoBackoff(), 0))
+    probe.ping()  # connected before the server stops accepting
+    thread = threading.Thread(target=sleeper.execute_command, args=("DEBUG", "SLEEP", seconds))
+    thread.start()
+    give_up = time.monotonic() + 10  # only stops a loop that would never end
+    while True:  # until the server has read the command and sleeps: a PING goes unanswered
+        try:
+            probe.ping()
+        except redis.TimeoutError:
+            return thread
+        assert time.monotonic() < give_up, "the server never slept"
+        time.sleep(0.005)

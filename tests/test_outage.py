@@ -16,7 +16,7 @@ from ratelimit_app import engine, events, limiter
 from ratelimit_app.engine import RedisUnavailable, clients, keys
 from ratelimit_app.engine.tally import tally
 from ratelimit_app.models import Policy
-from tests.helpers import check, count_round_trips, in_threads, make_policy, policy, subject
+from tests.helpers import check, count_round_trips, in_threads, make_policy, policy, stalled, subject
 
 pytestmark = pytest.mark.django_db
 IP = "203.0.113.7"
@@ -168,19 +168,7 @@ def test_a_cache_that_is_not_redis_is_an_error(settings):
 def stall(server):
     """stall(seconds): the server sleeps (DEBUG SLEEP, sent from another connection); returns that thread."""
     def pause(seconds: float) -> threading.Thread:
-        sleeper = redis.Redis(port=server.port)
-        probe = redis.Redis(port=server.port, socket_timeout=0.05, retry=Retry(NoBackoff(), 0))
-        probe.ping()  # connected before the server stops accepting
-        thread = threading.Thread(target=sleeper.execute_command, args=("DEBUG", "SLEEP", seconds))
-        thread.start()
-        give_up = time.monotonic() + 10  # only stops a loop that would never end
-        while True:  # until the server has read the command and sleeps: a PING goes unanswered
-            try:
-                probe.ping()
-            except redis.TimeoutError:
-                return thread
-            assert time.monotonic() < give_up, "the server never slept"
-            time.sleep(0.005)
+        return stalled(server.port, seconds)
     return pause
 
 
