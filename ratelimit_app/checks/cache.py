@@ -46,6 +46,49 @@ def check_timeouts(app_configs: object = None, **kwargs: object) -> list:
     ]
 
 
+# the OPTIONS that make a django-redis cache's connections (its serializer or compressor do not)
+CONNECTION_OPTIONS = (
+    "CONNECTION_FACTORY", "CONNECTION_POOL_CLASS", "CONNECTION_POOL_KWARGS", "PARSER_CLASS", "PASSWORD",
+    "REDIS_CLIENT_CLASS", "REDIS_CLIENT_KWARGS", "SENTINELS", "SENTINEL_KWARGS", "SOCKET_CONNECT_TIMEOUT",
+    "SOCKET_TIMEOUT", "USERNAME",
+)
+
+
+def _locations(cache: dict) -> set[str]:
+    location = cache.get("LOCATION") or ()
+    return set(location.split(",") if isinstance(location, str) else location)
+
+
+def _connection_options(cache: dict) -> dict:
+    options = cache.get("OPTIONS", {})
+    return {name: options[name] for name in CONNECTION_OPTIONS if name in options}
+
+
+@register()
+def check_shared_location(app_configs: object = None, **kwargs: object) -> list:
+    alias = get_setting("RATELIMIT_CACHE")
+    cache = settings.CACHES.get(alias, {})
+    if not cache.get("BACKEND", "").startswith("django_redis."):
+        return []
+    sharing = [
+        other for other, config in settings.CACHES.items()
+        if other != alias and config.get("BACKEND", "").startswith("django_redis.")
+        and _locations(config) & _locations(cache) and _connection_options(config) != _connection_options(cache)
+    ]
+    if not sharing:
+        return []
+    return [
+        Warning(
+            f"The cache {alias!r} has a LOCATION of the cache {sharing[0]!r} with other connection OPTIONS: "
+            "django-redis keeps one connection pool per LOCATION, made with the options of whichever of them "
+            "connects first, so one cache's timeouts, retries and login apply to both.",
+            hint=f"Give {alias!r} a LOCATION of its own, e.g. another database number (redis://host:6379/1), "
+                 "or the same connection OPTIONS.",
+            id="ratelimit_app.W008",
+        )
+    ]
+
+
 RECOMMENDED_RETRY = ("'CONNECTION_POOL_KWARGS': "
                      "{'retry': Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))} "
                      "(from redis.retry and redis.backoff), without retry_on_error or retry_on_timeout")

@@ -9,7 +9,6 @@ from typing import Callable
 
 import redis
 from django.conf import settings
-from django.core.cache import caches
 from django_redis import get_redis_connection
 from django_redis.pool import ConnectionFactory
 from redis.backoff import NoBackoff
@@ -29,27 +28,8 @@ def client() -> redis.Redis | RedisCluster:
     """
     global _client
     if _client is None:
-        _client = _connect(get_setting("RATELIMIT_CACHE"))
+        _client = _watch_flushes(get_redis_connection(get_setting("RATELIMIT_CACHE")))
     return _client
-
-
-def _connect(alias: str) -> redis.Redis | RedisCluster:
-    """The cache's client, on a pool of its own. django-redis keeps one pool per LOCATION for the whole
-    process, made with the OPTIONS of the cache that connected first: a site cache on the same Redis
-    would give the rate limiter its timeouts (none, say), or take the rate limiter's short ones."""
-    cache_client = caches[alias].client
-    factory = getattr(cache_client, "connection_factory", None)
-    if factory is None or type(factory).connect is not ConnectionFactory.connect:
-        return _watch_flushes(get_redis_connection(alias))  # a client made another way (ClusterConnectionFactory's)
-    pool = factory.get_connection_pool(factory.make_connection_params(cache_client._server[0]))  # the primary
-    made = _watch_flushes(factory.redis_client_cls(connection_pool=pool, **factory.redis_client_cls_kwargs))
-    # this thread's cache.clear() of the alias (a test's) then goes through it, and its flush is seen
-    clients = cache_client._clients
-    if clients[0] is None:
-        clients[0] = made
-    else:
-        _watch_flushes(clients[0])
-    return made
 
 
 _on_flush: list[Callable[[], None]] = []
@@ -171,10 +151,7 @@ def forget_clients() -> None:
     """The cache settings changed: the next call makes the client from them."""
     global _client, _cluster_configured
     _cluster_configured = None
-    old, _client = _client, None
-    pool = getattr(old, "connection_pool", None)
-    if pool is not None:  # its resting sockets closed now, not whenever the pool is collected
-        pool.disconnect(inuse_connections=False)
+    _client = None
 
 
 def pool_retry(pool_kwargs: dict) -> Retry:
