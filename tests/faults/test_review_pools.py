@@ -1,5 +1,5 @@
-"""Review of the rate limiter's own pool (engine/clients.py _connect, installed as the deciding thread's
-django-redis client of its alias) and of forget_clients(), on real servers.
+"""The rate limiter's cache and its connections across threads and settings changes, on real servers:
+what a pool of the engine's own, made apart from django-redis's, would break.
 
 Each test asserts what a user sees: the data one cache alias holds, or the connections a server counts
 (CLIENT LIST), never elapsed time."""
@@ -39,10 +39,9 @@ def connections(port: int) -> int:
 
 def test_one_cache_alias_holds_the_same_data_in_every_thread(settings, private):
     """The README's "a cache of its own" on the site's Redis, in a database of its own (db 2 through
-    CONNECTION_POOL_KWARGS: the LOCATION is the site's). Whatever django-redis makes of that, a value the
-    alias stores in one thread must be found by the alias in another. The thread that decided first now
-    reads and writes the alias through the rate limiter's pool (db 2), every other thread through
-    django-redis's pool of the LOCATION (made by the site's cache, db 0): one alias, two databases."""
+    CONNECTION_POOL_KWARGS: the LOCATION is the site's; W008 says so). Whatever django-redis makes of
+    that, a value the alias stores in one thread must be found by the alias in another (a client of the
+    engine's own, installed for the thread that decided, split it over two databases)."""
     url = f"redis://127.0.0.1:{private.port}"  # no database in the URL: CONNECTION_POOL_KWARGS chooses it
     settings.CACHES = {**settings.CACHES, "site": redis_cache(url),
                        "limits": redis_cache(url, SOCKET_CONNECT_TIMEOUT=0.5, SOCKET_TIMEOUT=0.5,
@@ -62,10 +61,7 @@ def test_one_cache_alias_holds_the_same_data_in_every_thread(settings, private):
 def test_a_thread_ending_after_the_cache_settings_changed_leaves_no_socket_open(settings, private):
     """A worker thread that decided keeps a connection; the cache settings change (override_settings, as
     a test suite does it) while it lives, and it ends afterwards. Its connection goes back to the old
-    pool, which nothing uses any more: it must be closed, not kept open for the rest of the process.
-    The old pool now lives on as the deciding thread's django-redis client of the alias (an old cache
-    object Django's asgiref storage keeps), its idle sockets closed once by forget_clients(), before
-    the thread gave its own back."""
+    pool, which nothing uses any more: it must be closed, not kept open for the rest of the process."""
     compiled = policy(limit=10**6)
     counted = []
     for round_ in range(8):
@@ -97,10 +93,8 @@ def sentinel():
 
 def test_changing_the_cache_settings_leaves_no_connection_to_the_sentinel_open(settings, sentinel):
     """RATELIMIT_CACHE through Redis Sentinel (docs/howto/cluster-sentinel.md), its settings changed again
-    and again (override_settings in a test suite), with a decision each time. Each change makes a new
-    SentinelConnectionPool whose sentinel manager connects to the sentinel; forget_clients() closes
-    only the master pool's idle sockets, and the old pool stays alive (the old cache object keeps it):
-    the sentinel counts one more client per change, for ever."""
+    and again (override_settings in a test suite), with a decision each time: the sentinel must not count
+    one more client per change (a pool made per change, each with its sentinel manager, did)."""
     compiled = policy(limit=10**6)
     counted = []
     for round_ in range(8):
