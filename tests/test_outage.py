@@ -156,6 +156,24 @@ def test_missing_socket_timeouts_are_reported_by_a_system_check(settings):
     assert "ratelimit_app.W002" in [message.id for message in run_checks()]
 
 
+@pytest.mark.parametrize("cache", [
+    {"LOCATION": "redis://127.0.0.1:1/0", "OPTIONS": {"CONNECTION_POOL_KWARGS": {
+        "socket_connect_timeout": 0.25, "socket_timeout": 0.25}}},
+    {"LOCATION": "redis://127.0.0.1:1/0?socket_connect_timeout=0.25&socket_timeout=0.25"},
+], ids=["pool kwargs", "location query"])
+def test_timeouts_set_where_redis_py_reads_them_are_not_reported_missing(settings, cache):
+    """redis-py takes them from CONNECTION_POOL_KWARGS, or from the LOCATION's query, as well as from OPTIONS."""
+    settings.CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", **cache}}
+    assert "ratelimit_app.W002" not in [message.id for message in run_checks()]
+
+
+def test_a_location_query_without_a_timeout_keeps_the_report(settings):
+    settings.CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache",
+                                   "LOCATION": "redis://127.0.0.1:1/0?socket_timeout=0.25"}}
+    [warning] = [message for message in run_checks() if message.id == "ratelimit_app.W002"]
+    assert "SOCKET_CONNECT_TIMEOUT" in warning.msg and "SOCKET_TIMEOUT" not in warning.msg.replace("SOCKET_CONNECT", "")
+
+
 def test_a_cache_that_is_not_redis_is_an_error(settings):
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     assert "ratelimit_app.E002" in [message.id for message in run_checks()]

@@ -4,6 +4,7 @@ and retries, and the shards a cluster needs."""
 from __future__ import annotations
 
 import socket
+from urllib.parse import parse_qs, urlsplit
 
 import redis
 from django.conf import settings
@@ -29,12 +30,27 @@ def check_cache(app_configs: object = None, **kwargs: object) -> list:
     return []
 
 
+TIMEOUTS = {"SOCKET_CONNECT_TIMEOUT": "socket_connect_timeout", "SOCKET_TIMEOUT": "socket_timeout"}
+
+
+def _timeouts(cache: dict) -> dict:
+    """The cache's timeouts as redis-py's pool gets them: OPTIONS, then CONNECTION_POOL_KWARGS, then the
+    LOCATION's query (django-redis hands the first two to ConnectionPool.from_url, where the URL wins)."""
+    options = cache.get("OPTIONS", {})
+    pool_kwargs = options.get("CONNECTION_POOL_KWARGS", {})
+    found = {name: pool_kwargs.get(kwarg, options.get(name)) for name, kwarg in TIMEOUTS.items()}
+    for location in _locations(cache):
+        query = parse_qs(urlsplit(location).query)
+        found.update({name: query[kwarg][0] for name, kwarg in TIMEOUTS.items() if query.get(kwarg, [""])[0]})
+    return found
+
+
 @register()
 def check_timeouts(app_configs: object = None, **kwargs: object) -> list:
     alias = get_setting("RATELIMIT_CACHE")
-    options = settings.CACHES.get(alias, {}).get("OPTIONS", {})
-    missing = [name for name in ("SOCKET_CONNECT_TIMEOUT", "SOCKET_TIMEOUT") if not options.get(name)]
-    if not missing or not settings.CACHES.get(alias, {}).get("BACKEND", "").startswith("django_redis."):
+    cache = settings.CACHES.get(alias, {})
+    missing = [name for name, value in _timeouts(cache).items() if not value]
+    if not missing or not cache.get("BACKEND", "").startswith("django_redis."):
         return []
     return [
         Warning(
