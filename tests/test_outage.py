@@ -230,6 +230,16 @@ def test_a_configuration_retrying_timeouts_is_reported_by_a_system_check(setting
     assert warned({"retry_on_error": 5}, id="ratelimit_app.E004")  # not a list: said, never a crash
 
 
+def test_a_location_query_retrying_timeouts_is_reported_by_a_system_check(settings):
+    """redis-py reads the LOCATION's query last: its retry_on_timeout adds timeouts to the recommended retry."""
+    recommended = {"retry": Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))}
+    options = {**settings.CACHES["default"]["OPTIONS"], "CONNECTION_POOL_KWARGS": recommended}
+    location = settings.CACHES["default"]["LOCATION"]
+    settings.CACHES = {"default": {**settings.CACHES["default"], "OPTIONS": options,
+                                   "LOCATION": f"{location}?retry_on_timeout=true"}}
+    assert "ratelimit_app.W003" in [message.id for message in run_checks()]
+
+
 def test_a_cache_that_never_retries_a_broken_connection_is_reported_by_a_system_check(settings):
     def warned(pool_kwargs):
         options = {**settings.CACHES["default"]["OPTIONS"], "CONNECTION_POOL_KWARGS": pool_kwargs}

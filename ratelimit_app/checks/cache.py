@@ -4,11 +4,11 @@ and retries, and the shards a cluster needs."""
 from __future__ import annotations
 
 import socket
-from urllib.parse import parse_qs, urlsplit
 
 import redis
 from django.conf import settings
 from django.core.checks import Error, Warning, register
+from redis.connection import parse_url
 
 from ..conf import get_setting
 
@@ -33,16 +33,22 @@ def check_cache(app_configs: object = None, **kwargs: object) -> list:
 TIMEOUTS = {"SOCKET_CONNECT_TIMEOUT": "socket_connect_timeout", "SOCKET_TIMEOUT": "socket_timeout"}
 
 
-def _timeouts(cache: dict) -> dict:
-    """The cache's timeouts as redis-py's pool gets them: OPTIONS, then CONNECTION_POOL_KWARGS, then the
-    LOCATION's query (django-redis hands the first two to ConnectionPool.from_url, where the URL wins)."""
-    options = cache.get("OPTIONS", {})
-    pool_kwargs = options.get("CONNECTION_POOL_KWARGS", {})
-    found = {name: pool_kwargs.get(kwarg, options.get(name)) for name, kwarg in TIMEOUTS.items()}
-    for location in _locations(cache):
-        query = parse_qs(urlsplit(location).query)
-        found.update({name: query[kwarg][0] for name, kwarg in TIMEOUTS.items() if query.get(kwarg, [""])[0]})
+def _pool_kwargs(cache: dict) -> dict:
+    """CONNECTION_POOL_KWARGS with the LOCATION's query over them: django-redis hands both to redis-py's
+    ConnectionPool.from_url, where the URL's options win."""
+    found = dict(cache.get("OPTIONS", {}).get("CONNECTION_POOL_KWARGS", {}))
+    for location in sorted(_locations(cache)):
+        try:
+            found.update({name: value for name, value in parse_url(location).items() if name not in ("host", "port")})
+        except ValueError:
+            pass  # not a URL redis-py reads: django-redis says so when it connects
     return found
+
+
+def _timeouts(cache: dict) -> dict:
+    """The cache's timeouts as redis-py's pool gets them: OPTIONS, under the pool's kwargs (_pool_kwargs)."""
+    options, pool_kwargs = cache.get("OPTIONS", {}), _pool_kwargs(cache)
+    return {name: pool_kwargs.get(kwarg, options.get(name)) for name, kwarg in TIMEOUTS.items()}
 
 
 @register()
@@ -118,9 +124,8 @@ def check_retries(app_configs: object = None, **kwargs: object) -> list:
     cache = settings.CACHES.get(alias, {})
     if not cache.get("BACKEND", "").startswith("django_redis.") or uses_cluster_factory():
         return []  # a cluster client retries by its own rules (connect_cluster)
-    pool_kwargs = cache.get("OPTIONS", {}).get("CONNECTION_POOL_KWARGS", {})
     try:
-        retry = pool_retry(pool_kwargs)
+        retry = pool_retry(_pool_kwargs(cache))
     except (TypeError, ValueError, AttributeError) as error:
         return [Error(f"The cache {alias!r} has CONNECTION_POOL_KWARGS redis-py refuses: {error}",
                       id="ratelimit_app.E004")]
