@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-from contextvars import ContextVar
 from typing import Callable, Iterable, NamedTuple, Sequence, Union
 
 from . import engine, events, metrics, policies
@@ -16,7 +15,7 @@ from .deny_cache import enabled as deny_cache_enabled
 from .drivers import Io, Steps, nothing
 from .overrides import matching_override
 from .plans import limit_in_effect, plan_of
-from .subjects import subject_for
+from .subjects import http_request, subject_for
 from .values import Check, CompiledPolicy, Decision, Held, Verdict
 
 logger = logging.getLogger("ratelimit_app")
@@ -195,17 +194,34 @@ def lease_of(state: RequestState) -> str:
     return state.lease
 
 
-# the states of this request's context that hold places (set when a request starts): what no door
-# gave back, e.g. hit()'s on a site without the middleware, goes back when the request ends
-holding_now: ContextVar[list[RequestState] | None] = ContextVar("ratelimit_holding_now", default=None)
+CLOSING = "_ratelimit_closing"  # on an HttpRequest: its close() gives back what its state still holds
 
 
-def asking(state: RequestState, call: Call) -> None:
+def asking(request, state: RequestState, call: Call) -> None:
     """Before the call is sent: the request may hold its places from now on, answered or not."""
-    holders = holding_now.get()
-    if holders is not None and state not in holders:
-        holders.append(state)
     state.held += call.holding
+    _given_back_at_close(request, state)
+
+
+def _given_back_at_close(request, state: RequestState) -> None:
+    """What no door gives back (hit()'s places on a site without the middleware) goes back when Django
+    closes the request, once its response was sent or dropped: Django closes the response's resources,
+    the request among them, under WSGI and ASGI alike (request_finished says nothing of the request)."""
+    base = http_request(request)
+    if base.__dict__.get(CLOSING):
+        return
+    close = base.close
+
+    def closing() -> None:
+        try:
+            close()
+        finally:
+            held, state.held = state.held, []
+            if held:
+                engine.release(held)
+
+    base.close = closing
+    base.__dict__[CLOSING] = True
 
 
 def conclude(request, state: RequestState, call: Call, outcome: Verdict | engine.RedisUnavailable) -> None:
@@ -247,7 +263,7 @@ def deciding(request, state: RequestState, index: policies.PolicyIndex | None = 
     call = prepare(request, state, index, extra, pending, now, cost, matched)
     if call is not None:
         if call.holding:
-            asking(state, call)
+            asking(request, state, call)
         try:
             outcome = yield from engine.deciding(call.checks, now=now, version=policies.version_due(), cost=call.cost,
                                                  lease=call.lease)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import socket
 
-import django
 import pytest
 
 import urllib.error
@@ -85,19 +84,12 @@ def test_head_requests_to_a_streamed_view_are_never_refused_by_their_own_finishe
         assert int(redis_client.get("review:chunks") or 0) == 3
 
 
-HIT_UNDER_ASGI = (
-    "Under ASGI, Django 5.2 sends request_started to sync receivers in a task of asyncio.gather: the list that "
-    "doors.request_began puts in holding_now lives in that task's copy of the context, never in the request's. "
-    "hit()/ahit() then register nothing, request_ended finds nothing, and a place stays held for its whole lease."
-)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", [SERVERS[0], pytest.param({"asgi": True}, id="uvicorn", marks=pytest.mark.xfail(
-    django.VERSION < (6, 0), strict=True, reason=HIT_UNDER_ASGI))])
+@pytest.mark.parametrize("kind", SERVERS)
 def test_places_taken_by_hit_without_the_middleware_go_back_when_the_request_ends(site_database, redis_client, kind):
-    """hit() and ahit() in views of a site without the middleware (in-flight limit 1): request_finished
-    gives the places back once each request ended, not its lease (60 s) later."""
+    """hit() and ahit() in views of a site without the middleware (in-flight limit 1): the places go back
+    once each request ended (Django closes it), not its lease (60 s) later. Under ASGI, Django 5.2 sends
+    request_started to sync receivers in a task of their own, whose context the request never sees."""
     with serving(site_database, FAULTS_WITHOUT_MIDDLEWARE="1", **kind) as server:
         for path in ["/hit/", "/ahit/"]:
             assert status(server.url + path)[0] == 200
