@@ -11,7 +11,7 @@ from django.urls import Resolver404, resolve
 from . import engine, policies
 from .conf import get_setting
 from .drivers import Io, Steps, run
-from .limiter import Cost, RequestState, deciding
+from .limiter import Cost, RequestState, deciding, holding_now
 from .lru import byte_bounded_cache
 from .responses import answer, refusal
 from .subjects import http_request
@@ -263,3 +263,17 @@ async def _aended(content, places: _Places):  # _ended's twin: an async body is 
             await engine.arelease(held)
 
 
+def request_began(**kwargs) -> None:
+    """request_started: the states that take places from now on are this request's (limiter.asking)."""
+    holding_now.set([])
+
+
+def request_ended(**kwargs) -> None:
+    """request_finished (the server closed the response, or the client left): what no door gave back
+    goes back now, e.g. places taken by hit() on a site without the middleware."""
+    holders = holding_now.get()
+    if holders:
+        held = [place for state in holders for place in _taken(None, state)]
+        holders.clear()
+        if held:
+            engine.release(held)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from contextvars import ContextVar
 from typing import Callable, Iterable, NamedTuple, Sequence, Union
 
 from . import engine, events, metrics, policies
@@ -194,19 +195,27 @@ def lease_of(state: RequestState) -> str:
     return state.lease
 
 
+# the states of this request's context that hold places (set when a request starts): what no door
+# gave back, e.g. hit()'s on a site without the middleware, goes back when the request ends
+holding_now: ContextVar[list[RequestState] | None] = ContextVar("ratelimit_holding_now", default=None)
 CLOSING = "_ratelimit_closing"  # on an HttpRequest: its close() gives back what its state still holds
 
 
 def asking(request, state: RequestState, call: Call) -> None:
-    """Before the call is sent: the request may hold its places from now on, answered or not."""
+    """Before the call is sent: the request may hold its places from now on, answered or not. What no
+    door gives back goes back at the first of request_finished in the request's context (doors.py) and
+    Django's close of the request."""
+    holders = holding_now.get()
+    if holders is not None and state not in holders:
+        holders.append(state)
     state.held += call.holding
     _given_back_at_close(request, state)
 
 
 def _given_back_at_close(request, state: RequestState) -> None:
-    """What no door gives back (hit()'s places on a site without the middleware) goes back when Django
-    closes the request, once its response was sent or dropped: Django closes the response's resources,
-    the request among them, under WSGI and ASGI alike (request_finished says nothing of the request)."""
+    """Django closes the request with its response's resources, under WSGI and ASGI: that reaches the
+    request where request_started did not (ASGI before Django 6.0 sends it to a sync receiver in a task
+    of its own, whose context the request never sees)."""
     base = http_request(request)
     if base.__dict__.get(CLOSING):
         return

@@ -350,7 +350,9 @@ def test_a_connection_closed_while_it_opens_is_opened_again_without_an_outage(se
     with HangsUp(private.port, times=1) as url:
         use_server(settings, url)
         if way == "sync":  # a new thread: it takes its kept connection at its first decision
-            results, errors = in_threads(lambda: [engine.decide([check(compiled)]).decisions[0].count for _ in range(2)], 1)
+            def counts() -> list[int]:
+                return [engine.decide([check(compiled)]).decisions[0].count for _ in range(2)]
+            results, errors = in_threads(counts, 1)
             answers = results[0] if results else errors
         else:
             answers = asyncio.run(_counts_in_one_loop(compiled, 2))

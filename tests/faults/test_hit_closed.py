@@ -1,5 +1,6 @@
 """Places hit() takes where no door gives them back go back when Django closes the request (after its
-response): one mechanism under WSGI and ASGI (the servers' tests are in test_review_doors.py)."""
+response), which also reaches requests whose context request_started did not (the servers' tests are in
+test_review_doors.py and test_review_closing.py)."""
 
 from __future__ import annotations
 

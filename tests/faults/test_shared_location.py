@@ -43,7 +43,10 @@ def test_a_location_list_sharing_one_server_is_reported(settings, private):
     assert len(shared_location_warnings()) == 1
 
 
-@pytest.mark.parametrize("site_options", [SHORT, {**SHORT, "SERIALIZER": "django_redis.serializers.json.JSONSerializer"}],
+JSON = "django_redis.serializers.json.JSONSerializer"
+
+
+@pytest.mark.parametrize("site_options", [SHORT, {**SHORT, "SERIALIZER": JSON}],
                          ids=["same options", "another serializer"])
 def test_the_same_connection_options_on_one_location_are_not_reported(settings, private, site_options):
     use(settings, redis_cache(private.url, **site_options), redis_cache(private.url, **SHORT))
