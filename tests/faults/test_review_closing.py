@@ -19,8 +19,7 @@ from tests.servers import migrated_site
 SETTINGS = "tests.faults.review_closing_settings"
 POLICIES = """
 from ratelimit_app.models import Policy
-for name in ["held", "other", "drf"]:
-    Policy.objects.create(name=name, action=name, limit=1, window=60, strategy="concurrency", key="ip", mode="enforce")
+Policy.objects.create(name="held", action="held", limit=1, window=60, strategy="concurrency", key="ip", mode="enforce")
 """
 
 
