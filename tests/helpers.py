@@ -65,9 +65,10 @@ def count_round_trips() -> Iterator[list[int]]:
         counter[0] = wire.trips
 
 
-def server_commands_per_call(redis_client, operation, count: int = 10) -> float:
+def server_commands_per_call(redis_client, operation, count: int = 10, stats: dict | None = None) -> float:
     """Commands the server ran per call of `operation` (INFO commandstats: a script or function counts
-    itself and every command it runs), the totals' background flush held back meanwhile."""
+    itself and every command it runs), the totals' background flush held back meanwhile; `stats`, when
+    given, gets the calls' INFO commandstats, read before the flush may run."""
     from bench.measure import server_commands
     from ratelimit_app.engine.tally import tally
 
@@ -77,7 +78,10 @@ def server_commands_per_call(redis_client, operation, count: int = 10) -> float:
         before = server_commands(redis_client)
         for _ in range(count):
             operation()
-        return (server_commands(redis_client) - before) / count
+        after = server_commands(redis_client)
+        if stats is not None:
+            stats.update(redis_client.info("commandstats"))
+        return (after - before) / count
 
 
 @contextlib.contextmanager
