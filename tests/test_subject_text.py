@@ -86,7 +86,7 @@ def search(client, ip=IP, times=1, **extra):
 
 @pytest.mark.django_db
 def test_live_page_reset_accepts_the_address_as_a_person_writes_it(admin_client, client):
-    policy = make_policy(name="search-per-ip", action="demo:search", limit=2, key="ip")
+    policy = make_policy(name="search-per-ip", action="demo:search", limit=2, window=3600, key="ip")
     search(client, IP, 2)
     search(client, "198.51.100.9", 2)
     response = admin_client.post(reset_url(policy), {"subject": f"ip:{IP}"}, follow=True)
@@ -97,7 +97,7 @@ def test_live_page_reset_accepts_the_address_as_a_person_writes_it(admin_client,
 
 @pytest.mark.django_db
 def test_live_page_reset_accepts_a_username(admin_client, client):
-    policy = make_policy(name="search-per-user", action="demo:search", limit=1, key="user")
+    policy = make_policy(name="search-per-user", action="demo:search", limit=1, window=3600, key="user")
     alice = User.objects.create_user("alice")
     client.force_login(alice)
     assert search(client, times=2) == [200, 429]
@@ -107,7 +107,7 @@ def test_live_page_reset_accepts_a_username(admin_client, client):
 
 @pytest.mark.django_db
 def test_live_page_reset_of_a_subject_that_does_not_fit_changes_nothing(admin_client, client):
-    policy = make_policy(name="search-per-ip", action="demo:search", limit=1, key="ip")
+    policy = make_policy(name="search-per-ip", action="demo:search", limit=1, window=3600, key="ip")
     search(client)
     response = admin_client.post(reset_url(policy), {"subject": "user:alice"}, follow=True)
     assert "Nothing was reset: 'user:alice' is not a subject of the key 'ip'" in [str(m) for m in response.context["messages"]][0]
