@@ -96,3 +96,31 @@ def test_counts_that_could_not_reach_redis_are_added_once_it_is_back(server):
         assert live.policy_totals(limited)[0] == 5
     finally:
         back.stop()
+
+
+def test_decisions_noted_while_flushes_run_are_each_counted_once():
+    # a decision is noted without a lock (one append) while the flush drains what was noted: none may
+    # be lost between the two, nor counted by two flushes
+    limited = policy(limit=10**6, window=3600)
+    stop = threading.Event()
+
+    def flushing() -> None:
+        while not stop.is_set():
+            tally.flush()
+
+    def deciding(number: int) -> None:
+        for _ in range(300):
+            assert engine.decide([check(limited, f"ip:203.0.113.{number}")]).allowed
+
+    flusher = threading.Thread(target=flushing)
+    deciders = [threading.Thread(target=deciding, args=(number,)) for number in range(4)]
+    flusher.start()
+    for thread in deciders:
+        thread.start()
+    for thread in deciders:
+        thread.join()
+    stop.set()
+    flusher.join()
+    assert live.policy_totals(limited)[:3] == (1200, 0, 4)
+    usage = live.live_usage(limited)
+    assert sorted((row.display, row.count) for row in usage.subjects) == [(f"ip:203.0.113.{n}", 300) for n in range(4)]

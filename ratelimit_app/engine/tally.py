@@ -17,7 +17,7 @@ import multiprocessing.util
 import os
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from typing import TYPE_CHECKING, Iterable
 
 import redis
@@ -76,6 +76,8 @@ class _Pending:
 class Tally:
     def __init__(self) -> None:
         self._pending = _Pending()
+        # the decisions noted since the last flush (verdicts.py), in order: appended without a lock
+        self._noted: deque[tuple[list, bool, int, int]] = deque()
         self._lock = threading.Lock()
         self._flushing = threading.Lock()  # a reader's flush waits for the one under way, then sees its counts
         self._flusher: threading.Timer | None = None
@@ -98,6 +100,19 @@ class Tally:
                 group[member] = score
             for policy, shard, bucket, delta in moves:
                 pending.moves[(policy, shard, bucket)] += delta
+        if self._flusher is None:
+            self._arm()
+
+    def note(self, seen: list[tuple], denied: bool, now_ms: int, cost: int) -> None:
+        """What one decision counted and refused, `seen` by policy as (policy, live member, shard,
+        refused before here, exceeded, count, reset ms, ms before); the flush works out the totals and the
+        live index from it (_fold), so that a request only appends."""
+        self._noted.append((seen, denied, now_ms, cost))
+        if self._flusher is None:
+            self._arm()
+
+    def _arm(self) -> None:
+        with self._lock:
             if self._flusher is None:
                 self._flusher = threading.Timer(FLUSH_SECONDS, self.flush)
                 self._flusher.daemon = True
@@ -112,6 +127,9 @@ class Tally:
     def _flush(self) -> None:
         with self._lock:
             pending, self._pending, self._flusher = self._pending, _Pending(), None
+        noted = self._noted
+        while noted:  # a decision noted meanwhile is in this flush, or arms the next
+            _fold(pending, *noted.popleft())
         if not pending:
             return
         by_shard: dict[int, tuple[list[str], list[str | int]]] = {}  # one call per shard: one cluster slot each
@@ -168,15 +186,52 @@ class Tally:
         not reach the next one's Redis)."""
         with self._flushing, self._lock:
             self._pending = _Pending()
+            self._noted.clear()
 
     def _forked(self) -> None:
         # a forked child has no flusher thread and must not add its parent's counts a second time
         self._pending, self._lock, self._flushing, self._flusher = _Pending(), threading.Lock(), threading.Lock(), None
+        self._noted = deque()
         self._heartbeat_due = 0.0
 
     def _multiprocessing_child(self) -> None:
         # a multiprocessing child ends with os._exit, past atexit: its own exit hook flushes
         multiprocessing.util.Finalize(None, self.flush, exitpriority=10)
+
+
+def _fold(pending: _Pending, seen: list[tuple], denied: bool, now_ms: int, cost: int) -> None:
+    """Add one noted decision to `pending`: what it counted and refused (the totals), where each subject
+    stands (the live index) and where its counter now empties (the count of active subjects).
+
+    A subject's index entry is written when its meaning changes: the counter empties in another
+    totals bucket, the subject is refused or admitted again after a refusal, or its count reaches
+    2, 4, 8, ... (log2 of the limit writes a window), so a busy subject costs the index little."""
+    counts, moves, entries = pending.counts, pending.moves, pending.entries
+    for policy, member, shard, refused_before, exceeded, count, reset_ms, before_ms in seen:
+        # a policy over its limit refuses (a shadow one: would have) even when another denied first;
+        # every policy below its limit counted the request unless one denied it
+        if denied and not exceeded:
+            continue
+        bucket = policy.totals_bucket_ms
+        counts[(policy, shard, "d" if exceeded else "a", now_ms // bucket)] += 1
+        after = -(-(now_ms + reset_ms) // bucket)  # the totals bucket in which the counter empties
+        if exceeded:
+            if not refused_before:
+                entries.setdefault((policy, shard), {})[member] = BLOCKED + after * bucket
+            continue
+        moved = before_ms == -1
+        if moved:
+            moves[(policy, shard, after)] += 1
+        elif before_ms >= 0:
+            before = -(-(now_ms + before_ms) // bucket)
+            if before != after:
+                moved = True
+                moves[(policy, shard, after)] += 1
+                moves[(policy, shard, before)] -= 1
+        power = 1 << (count.bit_length() - 1)  # the highest power of 2 the count reached
+        if moved or refused_before or 2 <= power > count - cost:
+            # busier subjects score a little higher among those emptying together (log2 / 64, under 1 ms)
+            entries.setdefault((policy, shard), {})[member] = after * bucket + min(63, count.bit_length() - 1) / 64
 
 
 def _servers(redis_client: redis.Redis | RedisCluster, by_shard: dict) -> list[tuple[redis.Redis, list[int]]]:

@@ -1,5 +1,5 @@
-"""decide.lua's reply read into a Verdict, and what the worker's tally is handed of it (the totals,
-the live index, the count of active subjects), which the script leaves to the worker."""
+"""decide.lua's reply read into a Verdict, and what the worker's tally is handed of it: the script
+leaves the totals, the live index and the count of active subjects to the worker (tally.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Sequence
 from .. import quotas
 from ..values import Check, Decision, Verdict
 from .arguments import SEEN_COUNTED, SEEN_NOTHING, SEEN_REFUSED, Ask
-from .tally import BLOCKED, tally
+from .tally import tally
 
 
 def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Sequence[list]) -> Verdict:
@@ -28,7 +28,7 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Seq
     seen = []  # the script leaves the totals and the live index to the worker (tally.py)
     denied = False
     at = 1
-    for policy, subject, limit, plan in checks:
+    for (policy, subject, limit, plan), sent in zip(checks, parts):
         count, reset_ms, third = reply[at], reply[at + 1], reply[at + 2]
         at += 3
         exceeded = count < 0  # then -1 - count, and the third figure is the retry time, else the reset before
@@ -60,46 +60,11 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Seq
         )
         decisions.append(decision)
         if not call.dry_run:
-            seen.append((policy, exceeded, count, reset_ms, before_ms))
+            seen.append((policy, sent[2], sent[3], sent[4] == SEEN_REFUSED, exceeded, count, reset_ms, before_ms))
+            # what this subject's next call here sends (its terms' last figure): a hint, exact either way
+            sent[4] = SEEN_REFUSED if exceeded else SEEN_COUNTED if count > cost else SEEN_NOTHING
     if seen:
-        _tally(seen, parts, denied, now_ms, cost)
+        tally.note(seen, denied, now_ms, cost)  # the totals and the live index: worked out by the flush
     asked = 1 + 3 * len(checks)  # the version follows the figures when it was asked for
     return Verdict(not denied, tuple(decisions), reply[asked] if len(reply) > asked else None)
 
-
-def _tally(seen: list, parts: Sequence[list], denied: bool, now_ms: int, cost: int) -> None:
-    """Hand the worker's tally what the decision counted and refused (the totals), where each subject
-    stands (the live index) and where its counter now empties (the count of active subjects).
-
-    A subject's index entry is written when its meaning changes: the counter empties in another
-    totals bucket, the subject is refused or admitted again after a refusal, or its count reaches
-    2, 4, 8, ... (log2 of the limit writes a window), so a busy subject costs the index little."""
-    counts, entries, moves = [], [], []
-    for (policy, exceeded, count, reset_ms, before_ms), sent in zip(seen, parts):
-        refused_before = sent[4] == SEEN_REFUSED
-        sent[4] = SEEN_REFUSED if exceeded else SEEN_COUNTED if count > cost else SEEN_NOTHING  # sent next
-        # a policy over its limit refuses (a shadow one: would have) even when another denied first;
-        # every policy below its limit counted the request unless one denied it
-        if denied and not exceeded:
-            continue
-        member, shard = sent[2], sent[3]
-        bucket = policy.totals_bucket_ms
-        counts.append((policy, shard, "d" if exceeded else "a", now_ms // bucket))
-        after = -(-(now_ms + reset_ms) // bucket)  # the totals bucket in which the counter empties
-        if exceeded:
-            if not refused_before:
-                entries.append((policy, shard, member, BLOCKED + after * bucket))
-            continue
-        moved = before_ms == -1
-        if moved:
-            moves.append((policy, shard, after, 1))
-        elif before_ms >= 0:
-            before = -(-(now_ms + before_ms) // bucket)
-            if before != after:
-                moved = True
-                moves += [(policy, shard, after, 1), (policy, shard, before, -1)]
-        power = 1 << (count.bit_length() - 1)  # the highest power of 2 the count reached
-        if moved or refused_before or 2 <= power > count - cost:
-            # busier subjects score a little higher among those emptying together (log2 / 64, under 1 ms)
-            entries.append((policy, shard, member, after * bucket + min(63, count.bit_length() - 1) / 64))
-    tally.add(counts, entries, moves)
