@@ -211,10 +211,7 @@ def _taken(request, state: RequestState | None = None) -> list[Held]:
     """The places the request holds, now no longer its own to give back (each is given back once)."""
     if state is None:
         state = _state(request)
-    if state is None or not state.held:
-        return []
-    held, state.held = state.held, []
-    return held
+    return [] if state is None else state.take_held()
 
 
 class _Places:
@@ -273,7 +270,7 @@ def request_ended(**kwargs) -> None:
     goes back now, e.g. places taken by hit() on a site without the middleware."""
     holders = holding_now.get()
     if holders:
-        held = [place for state in holders for place in _taken(None, state)]
+        held = [place for state in holders for place in state.take_held()]
         holders.clear()
         if held:
             engine.release(held)

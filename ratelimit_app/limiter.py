@@ -75,6 +75,13 @@ class RequestState:
             if name and name not in self.names:
                 self.names.append(name)
 
+    def take_held(self) -> list[Held]:
+        """The places the request holds, now no longer its own to give back (each is given back once)."""
+        held = self.held
+        if held:  # most requests hold none: nothing to replace
+            self.held = []
+        return held
+
 
 def pending_checks(request, state: RequestState, index: policies.PolicyIndex | None = None,
                    matched: Sequence[CompiledPolicy] | None = None) -> list[Check]:
@@ -225,7 +232,7 @@ def _given_back_at_close(request, state: RequestState) -> None:
         try:
             close()
         finally:
-            held, state.held = state.held, []
+            held = state.take_held()
             if held:
                 engine.release(held)
 
