@@ -76,8 +76,9 @@ class _Pending:
 class Tally:
     def __init__(self) -> None:
         self._pending = _Pending()
-        # the decisions noted since the last flush (verdicts.py), in order: appended without a lock
-        self._noted: deque[tuple[list, bool, int, int]] = deque()
+        # what decisions noted since the last flush (verdicts.py), in order, NOTED fields a policy: flat,
+        # so that what waits for the flush is no object of its own for the garbage collector
+        self._noted: deque = deque()
         self._lock = threading.Lock()
         self._flushing = threading.Lock()  # a reader's flush waits for the one under way, then sees its counts
         self._flusher: threading.Timer | None = None
@@ -103,11 +104,13 @@ class Tally:
         if self._flusher is None:
             self._arm()
 
-    def note(self, seen: list[tuple], denied: bool, now_ms: int, cost: int) -> None:
-        """What one decision counted and refused, `seen` by policy as (policy, live member, shard,
-        refused before here, exceeded, count, reset ms, ms before); the flush works out the totals and the
-        live index from it (_fold), so that a request only appends."""
-        self._noted.append((seen, denied, now_ms, cost))
+    def note(self, seen: list[tuple]) -> None:
+        """What one decision counted or refused, by policy: (policy, live member, shard, refused before here,
+        exceeded, count, reset ms, ms before, now ms, cost). The flush works out the totals and the live
+        index from it (_fold): a request only appends, without a lock."""
+        extend = self._noted.extend
+        for fields in seen:
+            extend(fields)  # runs in C, whole: a flush never finds part of a policy's fields
         if self._flusher is None:
             self._arm()
 
@@ -127,9 +130,10 @@ class Tally:
     def _flush(self) -> None:
         with self._lock:
             pending, self._pending, self._flusher = self._pending, _Pending(), None
-        noted = self._noted
-        while noted:  # a decision noted meanwhile is in this flush, or arms the next
-            _fold(pending, *noted.popleft())
+        noted = self._noted  # a decision noted meanwhile is in this flush, or arms the next
+        fields = [noted.popleft() for _ in range(len(noted) // NOTED * NOTED)]
+        for at in range(0, len(fields), NOTED):
+            _fold(pending, *fields[at:at + NOTED])
         if not pending:
             return
         by_shard: dict[int, tuple[list[str], list[str | int]]] = {}  # one call per shard: one cluster slot each
@@ -199,39 +203,37 @@ class Tally:
         multiprocessing.util.Finalize(None, self.flush, exitpriority=10)
 
 
-def _fold(pending: _Pending, seen: list[tuple], denied: bool, now_ms: int, cost: int) -> None:
-    """Add one noted decision to `pending`: what it counted and refused (the totals), where each subject
-    stands (the live index) and where its counter now empties (the count of active subjects).
+NOTED = 10  # fields a decision notes for each of its policies (Tally.note)
+
+
+def _fold(pending: _Pending, policy: CompiledPolicy, member: str, shard: int, refused_before: bool, exceeded: bool,
+          count: int, reset_ms: int, before_ms: int, now_ms: int, cost: int) -> None:
+    """Add what a policy's decision noted to `pending`: a request counted or refused (the totals), where
+    the subject stands (the live index) and where its counter now empties (the count of active subjects).
 
     A subject's index entry is written when its meaning changes: the counter empties in another
     totals bucket, the subject is refused or admitted again after a refusal, or its count reaches
     2, 4, 8, ... (log2 of the limit writes a window), so a busy subject costs the index little."""
-    counts, moves, entries = pending.counts, pending.moves, pending.entries
-    for policy, member, shard, refused_before, exceeded, count, reset_ms, before_ms in seen:
-        # a policy over its limit refuses (a shadow one: would have) even when another denied first;
-        # every policy below its limit counted the request unless one denied it
-        if denied and not exceeded:
-            continue
-        bucket = policy.totals_bucket_ms
-        counts[(policy, shard, "d" if exceeded else "a", now_ms // bucket)] += 1
-        after = -(-(now_ms + reset_ms) // bucket)  # the totals bucket in which the counter empties
-        if exceeded:
-            if not refused_before:
-                entries.setdefault((policy, shard), {})[member] = BLOCKED + after * bucket
-            continue
-        moved = before_ms == -1
-        if moved:
-            moves[(policy, shard, after)] += 1
-        elif before_ms >= 0:
-            before = -(-(now_ms + before_ms) // bucket)
-            if before != after:
-                moved = True
-                moves[(policy, shard, after)] += 1
-                moves[(policy, shard, before)] -= 1
-        power = 1 << (count.bit_length() - 1)  # the highest power of 2 the count reached
-        if moved or refused_before or 2 <= power > count - cost:
-            # busier subjects score a little higher among those emptying together (log2 / 64, under 1 ms)
-            entries.setdefault((policy, shard), {})[member] = after * bucket + min(63, count.bit_length() - 1) / 64
+    bucket = policy.totals_bucket_ms
+    pending.counts[(policy, shard, "d" if exceeded else "a", now_ms // bucket)] += 1
+    after = -(-(now_ms + reset_ms) // bucket)  # the totals bucket in which the counter empties
+    if exceeded:
+        if not refused_before:
+            pending.entries.setdefault((policy, shard), {})[member] = BLOCKED + after * bucket
+        return
+    moved = before_ms == -1
+    if moved:
+        pending.moves[(policy, shard, after)] += 1
+    elif before_ms >= 0:
+        before = -(-(now_ms + before_ms) // bucket)
+        if before != after:
+            moved = True
+            pending.moves[(policy, shard, after)] += 1
+            pending.moves[(policy, shard, before)] -= 1
+    power = 1 << (count.bit_length() - 1)  # the highest power of 2 the count reached
+    if moved or refused_before or 2 <= power > count - cost:
+        # busier subjects score a little higher among those emptying together (log2 / 64, under 1 ms)
+        pending.entries.setdefault((policy, shard), {})[member] = after * bucket + min(63, count.bit_length() - 1) / 64
 
 
 def _servers(redis_client: redis.Redis | RedisCluster, by_shard: dict) -> list[tuple[redis.Redis, list[int]]]:

@@ -60,11 +60,14 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Seq
         )
         decisions.append(decision)
         if not call.dry_run:
-            seen.append((policy, sent[2], sent[3], sent[4] == SEEN_REFUSED, exceeded, count, reset_ms, before_ms))
+            seen.append((policy, sent[2], sent[3], sent[4] == SEEN_REFUSED, exceeded, count, reset_ms, before_ms,
+                         now_ms, cost))
             # what this subject's next call here sends (its terms' last figure): a hint, exact either way
             sent[4] = SEEN_REFUSED if exceeded else SEEN_COUNTED if count > cost else SEEN_NOTHING
     if seen:
-        tally.note(seen, denied, now_ms, cost)  # the totals and the live index: worked out by the flush
+        # a policy over its limit refuses (a shadow one: would have) even when another denied first;
+        # every policy below its limit counted the request unless one denied it
+        tally.note(seen if not denied else [entry for entry in seen if entry[4]])
     asked = 1 + 3 * len(checks)  # the version follows the figures when it was asked for
     return Verdict(not denied, tuple(decisions), reply[asked] if len(reply) > asked else None)
 
