@@ -155,6 +155,24 @@ def in_threads(target, threads: int = 8) -> tuple[list, list[Exception]]:
     return results, errors
 
 
+@contextlib.contextmanager
+def repeated_meanwhile(step) -> Iterator[None]:
+    """`step()` again and again on a thread of its own while the block runs (a flush racing requests)."""
+    done = threading.Event()
+
+    def repeat() -> None:
+        while not done.is_set():
+            step()
+
+    thread = threading.Thread(target=repeat)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 def stalled(port: int, seconds: float):
     """The server on `port` sleeps `seconds` (DEBUG SLEEP, sent from another connection), from the
     moment this returns; returns the thread that sent it."""

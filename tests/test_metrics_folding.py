@@ -7,14 +7,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
 from ratelimit_app import engine, events, metrics
-from tests.helpers import check, make_policy, policy
+from tests.helpers import check, in_threads, make_policy, policy, repeated_meanwhile
 from tests.servers import ROOT, site_env
 from tests.test_metrics import families, own_outage_log  # noqa: F401  (the fixture)
 
@@ -105,7 +104,6 @@ def test_a_fold_racing_with_requests_from_several_threads_loses_nothing():
     sys.setswitchinterval(1e-6)  # threads change hands as often as the interpreter lets them
     threads, each = 8, 2000
     before = exposed()
-    done = threading.Event()
 
     def requests() -> None:
         for _ in range(each):
@@ -114,20 +112,9 @@ def test_a_fold_racing_with_requests_from_several_threads_loses_nothing():
             metrics.record_call(0.0005)
             metrics.deny_cache_hit(raced)
 
-    def folding() -> None:
-        while not done.is_set():
-            metrics.fold()
-
     try:
-        folder = threading.Thread(target=folding)
-        folder.start()
-        workers = [threading.Thread(target=requests) for _ in range(threads)]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-        done.set()
-        folder.join()
+        with repeated_meanwhile(metrics.fold):
+            assert in_threads(requests, threads)[1] == []
     finally:
         sys.setswitchinterval(switch)
     after = exposed()

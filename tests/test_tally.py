@@ -3,6 +3,7 @@ later from a running worker, at once from one that exits, never twice."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -13,7 +14,7 @@ from project.devredis import PrivateRedis
 from ratelimit_app import engine, live
 from ratelimit_app.engine import keys
 from ratelimit_app.engine.tally import FLUSH_SECONDS, tally
-from tests.helpers import check, in_processes, policy
+from tests.helpers import check, in_processes, in_threads, policy, repeated_meanwhile
 
 pytestmark = pytest.mark.slow
 
@@ -102,25 +103,15 @@ def test_decisions_noted_while_flushes_run_are_each_counted_once():
     # a decision is noted without a lock (one append) while the flush drains what was noted: none may
     # be lost between the two, nor counted by two flushes
     limited = policy(limit=10**6, window=3600)
-    stop = threading.Event()
+    numbers = itertools.count()
 
-    def flushing() -> None:
-        while not stop.is_set():
-            tally.flush()
-
-    def deciding(number: int) -> None:
+    def deciding() -> None:
+        who = f"ip:203.0.113.{next(numbers)}"
         for _ in range(300):
-            assert engine.decide([check(limited, f"ip:203.0.113.{number}")]).allowed
+            assert engine.decide([check(limited, who)]).allowed
 
-    flusher = threading.Thread(target=flushing)
-    deciders = [threading.Thread(target=deciding, args=(number,)) for number in range(4)]
-    flusher.start()
-    for thread in deciders:
-        thread.start()
-    for thread in deciders:
-        thread.join()
-    stop.set()
-    flusher.join()
+    with repeated_meanwhile(tally.flush):
+        assert in_threads(deciding, threads=4)[1] == []
     assert live.policy_totals(limited)[:3] == (1200, 0, 4)
     usage = live.live_usage(limited)
     assert sorted((row.display, row.count) for row in usage.subjects) == [(f"ip:203.0.113.{n}", 300) for n in range(4)]
