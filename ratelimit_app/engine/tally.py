@@ -108,9 +108,12 @@ class Tally:
         """What one decision counted or refused, by policy: (policy, live member, shard, refused before here,
         exceeded, count, reset ms, ms before, now ms, cost). The flush works out the totals and the live
         index from it (_fold): a request only appends, without a lock."""
-        extend = self._noted.extend
+        noted = self._noted
         for fields in seen:
-            extend(fields)  # runs in C, whole: a flush never finds part of a policy's fields
+            noted.extend(fields)  # runs in C, whole: a flush never finds part of a policy's fields
+        if len(noted) > MOST_NOTED * NOTED:  # the flush is late (stalled): what this request added is folded now
+            with self._lock:
+                _fold_noted(self._pending, noted, min(len(seen), len(noted) // NOTED - MOST_NOTED))
         if self._flusher is None:
             self._arm()
 
@@ -130,10 +133,8 @@ class Tally:
     def _flush(self) -> None:
         with self._lock:
             pending, self._pending, self._flusher = self._pending, _Pending(), None
-        noted = self._noted  # a decision noted meanwhile is in this flush, or arms the next
-        fields = [noted.popleft() for _ in range(len(noted) // NOTED * NOTED)]
-        for at in range(0, len(fields), NOTED):
-            _fold(pending, *fields[at:at + NOTED])
+            # a decision noted meanwhile is in this flush, or arms the next
+            _fold_noted(pending, self._noted, len(self._noted) // NOTED)
         if not pending:
             return
         by_shard: dict[int, tuple[list[str], list[str | int]]] = {}  # one call per shard: one cluster slot each
@@ -204,6 +205,16 @@ class Tally:
 
 
 NOTED = 10  # fields a decision notes for each of its policies (Tally.note)
+# records that wait for the flush at most (about 0.75 MB): past it, as while a flush is stalled, each request
+# folds its own, so a worker's memory stays bounded (a flush every 0.25 s drains them long before)
+MOST_NOTED = 4096
+
+
+def _fold_noted(pending: _Pending, noted: deque, records: int) -> None:
+    """Fold the oldest `records` of `noted` into `pending` (under the tally's lock: one folder at a time)."""
+    fields = [noted.popleft() for _ in range(records * NOTED)]
+    for at in range(0, len(fields), NOTED):
+        _fold(pending, *fields[at:at + NOTED])
 
 
 def _fold(pending: _Pending, policy: CompiledPolicy, member: str, shard: int, refused_before: bool, exceeded: bool,
@@ -230,7 +241,7 @@ def _fold(pending: _Pending, policy: CompiledPolicy, member: str, shard: int, re
             moved = True
             pending.moves[(policy, shard, after)] += 1
             pending.moves[(policy, shard, before)] -= 1
-    power = 1 << (count.bit_length() - 1)  # the highest power of 2 the count reached
+    power = 1 << max(count.bit_length() - 1, 0)  # the highest power of 2 the count reached
     if moved or refused_before or 2 <= power > count - cost:
         # busier subjects score a little higher among those emptying together (log2 / 64, under 1 ms)
         pending.entries.setdefault((policy, shard), {})[member] = after * bucket + min(63, count.bit_length() - 1) / 64
