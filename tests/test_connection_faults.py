@@ -119,3 +119,23 @@ def test_a_killed_connection_is_replaced_under_either_failure_rule(client, setti
     assert search() == 200
     redis.Redis(port=private.port).client_kill_filter(_type="normal")
     assert [search() for _ in range(3)] == [200, 200, 429]
+
+
+def test_each_connection_that_replaces_a_killed_one_is_watched_in_its_turn(settings, private, no_outage):
+    """The closed-connection check polls the socket the connection has now: killed three times
+    between decisions, the connection is replaced each time, every decision counts once, and the
+    last one is kept."""
+    use_cache(settings, plain_cache(private.url))
+    compiled = policy(limit=4)
+    now = 1_800_000_000.0
+    admin = redis.Redis(port=private.port)
+    answers = sync_answers(compiled, 1, now)
+    for _ in range(3):
+        admin.client_kill_filter(_type="normal", skipme=True)
+        wait_for(lambda: len(admin.client_list()) == 1, 10, "Redis to close the kept connection")
+        answers += sync_answers(compiled, 1, now)
+    assert answers == [True, True, True, True]
+    opened = admin.info("stats")["total_connections_received"]
+    assert sync_answers(compiled, 5, now) == [False] * 5
+    assert admin.info("stats")["total_connections_received"] == opened  # the last one is kept, not replaced again
+    admin.close()

@@ -4,6 +4,7 @@ own send and read, without what a client shared by threads adds around them."""
 from __future__ import annotations
 
 import os
+import select
 import threading
 import time
 import weakref
@@ -155,14 +156,33 @@ def replies_lost(held: list) -> None:
 def replace_if_closed(connection: redis.Connection) -> None:
     """Whether Redis closed this connection while it rested shows as a readable socket: its end of file
     (or an unsolicited reply). Then a new connection carries the command."""
-    if connection._sock is None:
+    sock = connection._sock
+    if sock is None:
         return  # not connected: send_packed_command connects
+    watch = getattr(connection, WATCH, None)
+    if watch is None or watch[0] is not sock:
+        watch = (sock, _poller(sock))
+        setattr(connection, WATCH, watch)
     try:
-        stale = connection.can_read(timeout=0)
-    except redis.ConnectionError:
+        # a resting connection has every reply it asked for read: nothing waits in its parser
+        stale = bool(watch[1].poll(0)) if watch[1] else connection.can_read(timeout=0)
+    except (redis.ConnectionError, OSError):
         stale = True
     if stale:
         connection.disconnect()
+
+
+WATCH = "_ratelimit_watch"  # on a kept connection: (its socket, a poller of it, or None where one cannot tell)
+
+
+def _poller(sock) -> select.poll | None:
+    """A poller kept with the socket: redis-py's can_read makes one per call, a cost on every decision.
+    None for TLS, whose decrypted bytes a poll cannot see (can_read asks the socket), or without poll()."""
+    if hasattr(sock, "pending") or not hasattr(select, "poll"):
+        return None
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return poller
 
 
 def _packed(connection: redis.Connection, command: tuple) -> object:
