@@ -14,6 +14,7 @@ from ratelimit_app import engine
 from tests.cluster import LocalSentinel, wait_for
 from tests.helpers import check, policy
 from tests.test_sentinel import sentinel_cache
+from tests.tls_proxy import TlsProxy
 
 pytestmark = pytest.mark.django_db
 TIMEOUTS = {"SOCKET_CONNECT_TIMEOUT": 0.25, "SOCKET_TIMEOUT": 0.25}
@@ -138,4 +139,28 @@ def test_each_connection_that_replaces_a_killed_one_is_watched_in_its_turn(setti
     opened = admin.info("stats")["total_connections_received"]
     assert sync_answers(compiled, 5, now) == [False] * 5
     assert admin.info("stats")["total_connections_received"] == opened  # the last one is kept, not replaced again
+    admin.close()
+
+
+@pytest.fixture
+def tls(private):
+    proxy = TlsProxy(private.port)
+    yield proxy
+    proxy.close()
+
+
+def test_a_tls_connection_redis_closed_is_replaced_not_an_outage(settings, private, tls, no_outage):
+    """rediss://, as managed services serve Redis: decisions count over TLS, and a connection Redis
+    closed between them (CLIENT KILL) is replaced on the spot, here by asking the TLS socket itself
+    (a poll cannot see the bytes it holds decrypted)."""
+    use_cache(settings, plain_cache(tls.url, CONNECTION_POOL_KWARGS={"ssl_cert_reqs": "none"}))
+    compiled = policy(limit=3)
+    now = 1_800_000_000.0
+    assert sync_answers(compiled, 1, now) == [True]
+    admin = redis.Redis(port=private.port)
+    made = tls.accepted  # the kept connection among them
+    admin.client_kill_filter(_type="normal", skipme=True)
+    wait_for(lambda: tls.closed >= made, 10, "the TLS connections to close")
+    assert sync_answers(compiled, 3, now) == [True, True, False]
+    assert tls.accepted > made  # replaced, over TLS
     admin.close()
