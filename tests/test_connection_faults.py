@@ -164,3 +164,25 @@ def test_a_tls_connection_redis_closed_is_replaced_not_an_outage(settings, priva
     assert sync_answers(compiled, 3, now) == [True, True, False]
     assert tls.accepted > made  # replaced, over TLS
     admin.close()
+
+
+def test_async_decisions_over_tls_replace_a_connection_redis_closed(settings, private, tls, no_outage):
+    """The asyncio client over rediss://: a connection Redis closed between two decisions of one event
+    loop is replaced, not reported as an outage."""
+    use_cache(settings, plain_cache(tls.url, CONNECTION_POOL_KWARGS={"ssl_cert_reqs": "none"}))
+    compiled = policy(limit=3)
+    admin = redis.Redis(port=private.port)
+
+    async def decide_kill_decide() -> list[bool]:
+        answers = [(await engine.adecide([check(compiled)])).allowed]
+        made = tls.accepted
+        admin.client_kill_filter(_type="normal", skipme=True)
+        for _ in range(200):  # the loop must not block: the proxy's threads close the connections meanwhile
+            if tls.closed >= made:
+                break
+            await asyncio.sleep(0.05)
+        answers += [(await engine.adecide([check(compiled)])).allowed for _ in range(3)]
+        return answers
+
+    assert asyncio.run(decide_kill_decide()) == [True, True, True, False]
+    admin.close()

@@ -46,7 +46,11 @@ class TlsProxy:
         except (ssl.SSLError, OSError):
             client.close()
             return
-        upstream = socket.create_connection(("127.0.0.1", self.target_port))
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+        except OSError:  # the server is gone (stopped at the test's end): the client sees its connection close
+            secured.close()
+            return
         with self._lock:
             self.accepted += 1
         try:
