@@ -26,6 +26,7 @@ class _Pinned(threading.local):
 _pinned = _Pinned()
 UNREAD = "_ratelimit_unread"  # on a kept connection: (its socket, replies of give-backs not read yet, their places)
 ALL_READ = (None, 0, ())
+WATCH = "_ratelimit_watch"  # on a connection: (its socket, a poller of it, or None where one cannot tell)
 _generation = 0  # moves on when the cache settings change, after an outage or a failover (see unpin)
 
 
@@ -170,9 +171,6 @@ def replace_if_closed(connection: redis.Connection) -> None:
         stale = True
     if stale:
         connection.disconnect()
-
-
-WATCH = "_ratelimit_watch"  # on a kept connection: (its socket, a poller of it, or None where one cannot tell)
 
 
 def _poller(sock) -> select.poll | None:
