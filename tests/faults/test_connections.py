@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import threading
 import urllib.error
 import urllib.request
@@ -129,6 +130,31 @@ def test_client_kill_in_a_loop_counts_every_decision_at_most_once(settings, priv
     assert [who for who, count in counts.items() if count > 1] == []  # none counted twice
     assert all(counts[who] == 1 for who in answered)  # each answered decision counted
     assert failed < 0.05 * len(counts)  # a killed connection is no outage: the circuit stayed closed
+
+
+def test_connections_replaced_one_after_another_count_once_and_leave_no_file_behind(settings, private, circuit):
+    """The check for a connection Redis closed keeps a poller with each socket it watches: replaced 30
+    times, the kept connection counts each decision once, keeps one socket open, and the process holds
+    no more files than after its first replacement (a poller or a socket kept per replacement would)."""
+    use_server(settings, private.url)
+    compiled = policy(limit=100)
+    admin = redis.Redis(port=private.port)
+
+    def replaced() -> None:
+        admin.client_kill_filter(_type="normal", skipme=True)
+        wait_for(lambda: len(admin.client_list()) == 1, 10, "Redis to close the kept connection")
+        assert engine.decide([check(compiled)]).allowed
+
+    assert engine.decide([check(compiled)]).allowed
+    replaced()  # the tally's flush has its own connection from here: the files a worker keeps
+    files = _open_files(os.getpid())
+    for _ in range(30):
+        replaced()
+    assert counted(compiled) == 32
+    assert circuit.failures == 0  # each replacement was no outage
+    assert _open_files(os.getpid()) <= files
+    assert len(admin.client_list()) <= 2  # the asking one, and the kept connection
+    admin.close()
 
 
 @pytest.mark.slow
