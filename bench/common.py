@@ -67,6 +67,7 @@ class Served(NamedTuple):
     server: str = "gunicorn"  # "gunicorn" (WSGI) or "uvicorn" (ASGI)
     worker_cpu_us: float | None = None  # CPU (user + system) of the site's processes per request; None: not on Linux
     redis_cpu_us: float | None = None  # CPU of the Redis server per request (INFO cpu): commands, sockets, event loop
+    rounds: tuple[float, ...] = ()  # requests/s of each round, in the order they ran
 
 
 @dataclass

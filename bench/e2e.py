@@ -213,6 +213,7 @@ def end_to_end(results: Results) -> None:
     sites = {(server_name, middleware): Site(middleware, server_name) for server_name, middleware in sites}
     # requests, seconds, failed, commands, script usec, other usec, worker CPU s, Redis CPU s
     totals = {c.name: [0, 0.0, 0, 0, 0, 0, 0.0, 0.0] for c in configurations}
+    rounds: dict[str, list[float]] = {c.name: [] for c in configurations}  # requests/s of each round
     seconds = int(results.e2e_seconds)
     redis_client = server()
     try:
@@ -231,6 +232,7 @@ def end_to_end(results: Results) -> None:
                 done = load(site, configuration.path, seconds)
                 spent = [None if b is None else a - b for a, b in zip(_work(site, redis_client), before)]
                 total = totals[configuration.name]
+                rounds[configuration.name].append(done.requests / done.seconds)
                 for i, value in enumerate((*done, *spent)):
                     total[i] = None if value is None or total[i] is None else total[i] + value
     finally:
@@ -242,7 +244,8 @@ def end_to_end(results: Results) -> None:
         per_request = 1e6 / max(requests, 1)
         results.e2e.append(Served(configuration.name, requests / taken, requests, failed, commands / max(requests, 1),
                                   script_usec / max(requests, 1), other_usec / max(requests, 1), configuration.server,
-                                  None if worker_cpu is None else worker_cpu * per_request, redis_seconds * per_request))
+                                  None if worker_cpu is None else worker_cpu * per_request, redis_seconds * per_request,
+                                  tuple(rounds[configuration.name])))
         if commands < 0.5 * requests and not configuration.name.startswith("no ") and "no " not in configuration.name:
             # a limiter that never asked Redis decided nothing (a backend failing open): its figure is no comparison
             results.notes.append(f"end to end: {configuration.name} ran {commands / max(requests, 1):.2f} Redis "

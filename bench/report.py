@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import datetime
 import os
+import statistics
 from typing import Iterator
 
-from bench.common import STRATEGIES, Results, Row
+from bench.common import STRATEGIES, Results, Row, Served
 from ratelimit_app import strategies
 
 COMMAND_BUDGETS = {"fixed_window": 2, "sliding_window": 4, "sliding_log": 5, "token_bucket": 3, "calendar_quota": 2}
@@ -215,6 +216,14 @@ def _live(results: Results) -> list[str]:
 
 
 BUSY_NOTE = "then 150 of them got 1 to 150 more requests through the engine: the 100 busiest must lead the list."
+
+
+def _round_ratios(ours: Served, floor: Served) -> str:
+    """The ratio of each round to the floor's in the same round: how far one run's figure may move."""
+    ratios = sorted(a / b for a, b in zip(ours.rounds, floor.rounds) if b)
+    if len(ratios) < 2:
+        return ""
+    return f"; by round {ratios[0]:.3f} to {ratios[-1]:.3f}, median {statistics.median(ratios):.3f}"
 
 
 WSGI_FLOOR = "floor: the view doing one PING through django-redis"
@@ -426,13 +435,15 @@ def _end_to_end_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
     floor = served.get(WSGI_FLOOR)
     if ours and floor:
         yield (f"end to end: 1 policy >= {FLOOR_BUDGET}x the one-PING floor", f"{ours.rate / floor.rate:.3f}x "
-               f"({ours.rate:,.0f} against {floor.rate:,.0f} req/s)", _verdict(ours.rate >= FLOOR_BUDGET * floor.rate))
+               f"({ours.rate:,.0f} against {floor.rate:,.0f} req/s{_round_ratios(ours, floor)})",
+               _verdict(ours.rate >= FLOOR_BUDGET * floor.rate))
     else:
         yield f"end to end: 1 policy >= {FLOOR_BUDGET}x the one-PING floor", "floor not served", NA
     ours_async, floor_async = served.get("ratelimit_app middleware (async), 1 policy"), served.get(ASGI_FLOOR)
     if ours_async and floor_async:
         yield (f"end to end, ASGI: 1 policy >= {FLOOR_BUDGET}x the async one-PING floor",
-               f"{ours_async.rate / floor_async.rate:.3f}x ({ours_async.rate:,.0f} against {floor_async.rate:,.0f} req/s)",
+               f"{ours_async.rate / floor_async.rate:.3f}x ({ours_async.rate:,.0f} against {floor_async.rate:,.0f} req/s"
+               f"{_round_ratios(ours_async, floor_async)})",
                _verdict(ours_async.rate >= FLOOR_BUDGET * floor_async.rate))
     for peer in ("django-ratelimit decorator", "django-smart-ratelimit decorator", "DRF UserRateThrottle"):
         if ours and peer in served:

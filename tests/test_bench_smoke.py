@@ -61,3 +61,22 @@ def test_a_prune_beside_an_earlier_versions_library_leaves_one_of_ours(quick_run
     done, _ = quick_run
     assert re.search(r"^Libraries of ours after the prune: 1 \(of 2; deleted ratelimit_0000bench_stale", done.stdout,
                      re.MULTILINE), done.stdout.split("## Scripts' memory", 1)[-1][:1500]
+
+
+def test_the_floor_budgets_show_how_far_the_ratio_moved_from_round_to_round():
+    from bench.common import Results, Served
+    from bench.report import ASGI_FLOOR, WSGI_FLOOR, _end_to_end_budgets
+
+    results = Results(quick=False, samples=1)
+    results.e2e = [
+        Served("no limiter", 200.0, 600, 0, 0, 0, 0, rounds=(200.0, 200.0, 200.0)),
+        Served(WSGI_FLOOR, 100.0, 300, 0, 1, 0, 0, rounds=(100.0, 100.0, 100.0)),
+        Served("ratelimit_app middleware, 1 policy", 96.0, 288, 0, 2, 0, 0, rounds=(90.0, 99.0, 95.0)),
+        Served(ASGI_FLOOR, 50.0, 150, 0, 1, 0, 0, "uvicorn", rounds=(50.0, 50.0)),
+        Served("ratelimit_app middleware (async), 1 policy", 45.0, 135, 0, 2, 0, 0, "uvicorn", rounds=(40.0, 50.0)),
+    ]
+    rows = {budget: (measured, verdict) for budget, measured, verdict in _end_to_end_budgets(results)}
+    wsgi = rows["end to end: 1 policy >= 0.95x the one-PING floor"]
+    assert wsgi == ("0.960x (96 against 100 req/s; by round 0.900 to 0.990, median 0.950)", "PASS")
+    asgi = rows["end to end, ASGI: 1 policy >= 0.95x the async one-PING floor"]
+    assert asgi[0].endswith("; by round 0.800 to 1.000, median 0.900)") and asgi[1] == "**MISS**"
