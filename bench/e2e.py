@@ -48,6 +48,12 @@ CONFIGURATIONS = (
 # (action, strategy): p1 and async-p1 match one policy, p3 three, the DRF view one (by throttle_scope)
 POLICIES = (("p1", "fixed_window"), ("p3", "fixed_window"), ("/p3/", "sliding_window"), ("/p3", "sliding_log"),
             ("bench-drf", "fixed_window"), ("async-p1", "fixed_window"))
+# the rows a budget holds against each other, measured for e2e_floor_rounds (bench/report.py)
+COMPARED = frozenset({
+    "no limiter", "ratelimit_app middleware, no policy matching", "floor: the view doing one PING through django-redis",
+    "ratelimit_app middleware, 1 policy", "floor: the async view doing one PING through redis.asyncio",
+    "ratelimit_app middleware (async), 1 policy",
+})
 ROOT = Path(__file__).resolve().parent.parent
 WRK = ["wrk", "-t2", "-c4"]
 PYTHON_PROCESSES = 4
@@ -183,15 +189,22 @@ def python_load(port: int, path: str, seconds: int, limit: int = 200_000) -> Loa
     return Load(sum(c[0] for c in counts), time.perf_counter() - started, sum(c[1] for c in counts))
 
 
+def _rounds(results: Results) -> str:
+    rounds = f"{results.e2e_rounds} x {results.e2e_seconds:g} s per configuration"
+    if results.e2e_floor_rounds > results.e2e_rounds:
+        rounds += f" ({results.e2e_floor_rounds} x for the rows the budgets hold against each other)"
+    return rounds
+
+
 def generator(results: Results):
     """wrk when it is there (make bench installs it with scripts/ensure-wrk), else the Python one."""
     if not shutil.which("wrk") and not results.quick:
         subprocess.run([str(ROOT / "scripts" / "ensure-wrk")], check=False)
     if shutil.which("wrk"):
-        results.e2e_generator = f"`{' '.join(WRK)}`, {results.e2e_rounds} x {results.e2e_seconds:g} s per configuration"
+        results.e2e_generator = f"`{' '.join(WRK)}`, {_rounds(results)}"
         return lambda site, path, seconds: wrk(site.url(path), seconds)
     results.e2e_generator = (f"a Python load generator ({PYTHON_PROCESSES} processes, one request per connection; wrk "
-                             f"is not installed), {results.e2e_rounds} x {results.e2e_seconds:g} s per configuration")
+                             f"is not installed), {_rounds(results)}")
     return lambda site, path, seconds: python_load(site.port, path, seconds)
 
 
@@ -225,8 +238,9 @@ def end_to_end(results: Results) -> None:
                 urllib.request.urlopen(site.url(configuration.path), timeout=5).read()
             else:
                 load(site, configuration.path, 1)
-        for number in range(results.e2e_rounds):
-            for configuration in configurations if number % 2 == 0 else reversed(configurations):
+        for number in range(max(results.e2e_rounds, results.e2e_floor_rounds)):
+            chosen = [c for c in configurations if number < results.e2e_rounds or c.name in COMPARED]
+            for configuration in chosen if number % 2 == 0 else reversed(chosen):
                 site = sites[configuration.server, configuration.middleware]
                 before = _work(site, redis_client)
                 done = load(site, configuration.path, seconds)

@@ -218,12 +218,16 @@ def _live(results: Results) -> list[str]:
 BUSY_NOTE = "then 150 of them got 1 to 150 more requests through the engine: the 100 busiest must lead the list."
 
 
-def _round_ratios(ours: Served, floor: Served) -> str:
+def _by_round(ours: Served, floor: Served) -> str:
     """The ratio of each round to the floor's in the same round: how far one run's figure may move."""
     ratios = sorted(a / b for a, b in zip(ours.rounds, floor.rounds) if b)
     if len(ratios) < 2:
         return ""
-    return f"; by round {ratios[0]:.3f} to {ratios[-1]:.3f}, median {statistics.median(ratios):.3f}"
+    return f"by round {ratios[0]:.3f} to {ratios[-1]:.3f}, median {statistics.median(ratios):.3f}"
+
+
+def _also(text: str) -> str:
+    return f"; {text}" if text else ""
 
 
 WSGI_FLOOR = "floor: the view doing one PING through django-redis"
@@ -429,13 +433,14 @@ def _end_to_end_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
     base = results.e2e[0].rate
     idle = served.get("ratelimit_app middleware, no policy matching")
     if idle:
-        yield ("end to end: no policy matching >= 0.98x no middleware", f"{idle.rate / base:.3f}x",
-               _verdict(idle.rate >= 0.98 * base))
+        rounds = _by_round(idle, results.e2e[0])
+        yield ("end to end: no policy matching >= 0.98x no middleware",
+               f"{idle.rate / base:.3f}x" + (f" ({rounds})" if rounds else ""), _verdict(idle.rate >= 0.98 * base))
     ours = served.get("ratelimit_app middleware, 1 policy")
     floor = served.get(WSGI_FLOOR)
     if ours and floor:
         yield (f"end to end: 1 policy >= {FLOOR_BUDGET}x the one-PING floor", f"{ours.rate / floor.rate:.3f}x "
-               f"({ours.rate:,.0f} against {floor.rate:,.0f} req/s{_round_ratios(ours, floor)})",
+               f"({ours.rate:,.0f} against {floor.rate:,.0f} req/s{_also(_by_round(ours, floor))})",
                _verdict(ours.rate >= FLOOR_BUDGET * floor.rate))
     else:
         yield f"end to end: 1 policy >= {FLOOR_BUDGET}x the one-PING floor", "floor not served", NA
@@ -443,7 +448,7 @@ def _end_to_end_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
     if ours_async and floor_async:
         yield (f"end to end, ASGI: 1 policy >= {FLOOR_BUDGET}x the async one-PING floor",
                f"{ours_async.rate / floor_async.rate:.3f}x ({ours_async.rate:,.0f} against {floor_async.rate:,.0f} req/s"
-               f"{_round_ratios(ours_async, floor_async)})",
+               f"{_also(_by_round(ours_async, floor_async))})",
                _verdict(ours_async.rate >= FLOOR_BUDGET * floor_async.rate))
     for peer in ("django-ratelimit decorator", "django-smart-ratelimit decorator", "DRF UserRateThrottle"):
         if ours and peer in served:

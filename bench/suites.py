@@ -381,7 +381,7 @@ def versions(results: Results) -> None:
 def run_all(quick: bool = False) -> Results:
     results = Results(quick=quick, samples=500 if quick else 5000, seconds=0.3 if quick else 2.0)
     if quick:
-        results.e2e_seconds, results.e2e_rounds, results.spread_rounds = 1.0, 1, 1
+        results.e2e_seconds, results.e2e_rounds, results.e2e_floor_rounds, results.spread_rounds = 1.0, 1, 1, 1
     versions(results)
     server().flushdb()
     parts = [

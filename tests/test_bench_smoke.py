@@ -70,6 +70,7 @@ def test_the_floor_budgets_show_how_far_the_ratio_moved_from_round_to_round():
     results = Results(quick=False, samples=1)
     results.e2e = [
         Served("no limiter", 200.0, 600, 0, 0, 0, 0, rounds=(200.0, 200.0, 200.0)),
+        Served("ratelimit_app middleware, no policy matching", 198.0, 594, 0, 0, 0, 0, rounds=(196.0, 198.0, 200.0)),
         Served(WSGI_FLOOR, 100.0, 300, 0, 1, 0, 0, rounds=(100.0, 100.0, 100.0)),
         Served("ratelimit_app middleware, 1 policy", 96.0, 288, 0, 2, 0, 0, rounds=(90.0, 99.0, 95.0)),
         Served(ASGI_FLOOR, 50.0, 150, 0, 1, 0, 0, "uvicorn", rounds=(50.0, 50.0)),
@@ -80,3 +81,15 @@ def test_the_floor_budgets_show_how_far_the_ratio_moved_from_round_to_round():
     assert wsgi == ("0.960x (96 against 100 req/s; by round 0.900 to 0.990, median 0.950)", "PASS")
     asgi = rows["end to end, ASGI: 1 policy >= 0.95x the async one-PING floor"]
     assert asgi[0].endswith("; by round 0.800 to 1.000, median 0.900)") and asgi[1] == "**MISS**"
+    idle = rows["end to end: no policy matching >= 0.98x no middleware"]
+    assert idle == ("0.990x (by round 0.980 to 1.000, median 0.990)", "PASS")
+
+
+def test_every_row_a_floor_budget_compares_gets_the_extra_rounds():
+    from bench.e2e import COMPARED, CONFIGURATIONS
+    from bench.report import ASGI_FLOOR, WSGI_FLOOR
+
+    compared = {WSGI_FLOOR, ASGI_FLOOR, "no limiter", "ratelimit_app middleware, no policy matching",
+                "ratelimit_app middleware, 1 policy", "ratelimit_app middleware (async), 1 policy"}
+    assert compared == COMPARED
+    assert COMPARED <= {configuration.name for configuration in CONFIGURATIONS}
