@@ -24,7 +24,7 @@ IP = "203.0.113.7"
 
 @pytest.fixture
 def limited(db):
-    policy = Policy(name="search-per-ip", action="demo:search", limit=1, window=60, strategy="fixed_window", key="ip")
+    policy = Policy(name="search-per-ip", action="demo:search", limit=1, window=3600, strategy="fixed_window", key="ip")
     policy.full_clean()
     policy.save()
     return policy

@@ -1,0 +1,80 @@
+"""A TCP relay in front of a real Redis that can hold back the server's answers: what a client sends
+reaches the server, and runs, at once; what the server answers waits while answers are held. An
+answer lost to the client's timeout after the server did the work, with no timing left to chance."""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+from typing import Self
+
+
+class Relay:
+    """127.0.0.1:<port> forwards to the Redis at `target_port`, one upstream connection per client."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.listening = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listening.getsockname()[1]
+        self._answering = threading.Event()
+        self._answering.set()
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def hold_answers(self) -> None:
+        """From now on the server's answers wait (those to a client that hangs up meanwhile are dropped)."""
+        self._answering.clear()
+
+    def release_answers(self) -> None:
+        self._answering.set()
+
+    def close(self) -> None:
+        self._closed.set()
+        self.listening.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listening.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+        except OSError:
+            client.close()
+            return
+        held = bytearray()
+        try:
+            while not self._closed.is_set():
+                if held and self._answering.is_set():
+                    client.sendall(held)
+                    held.clear()
+                for source in select.select([client, upstream], [], [], 0.02)[0]:
+                    data = source.recv(65536)
+                    if not data:
+                        return  # either side hung up: so does the relay, on both
+                    if source is client:
+                        upstream.sendall(data)
+                    elif self._answering.is_set() and not held:
+                        client.sendall(data)
+                    else:
+                        held += data
+        except OSError:
+            return
+        finally:
+            for end in (client, upstream):
+                end.close()
