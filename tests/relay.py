@@ -1,6 +1,7 @@
-"""A TCP relay in front of a real Redis that can hold back the server's answers: what a client sends
-reaches the server, and runs, at once; what the server answers waits while answers are held. An
-answer lost to the client's timeout after the server did the work, with no timing left to chance."""
+"""A TCP relay in front of a real Redis, one upstream connection per client, closed with it (a CLIENT
+KILL closes the client's). It can hold back the server's answers: what a client sends reaches the
+server, and runs, at once; what the server answers waits while answers are held. An answer lost to
+the client's timeout after the server did the work, with no timing left to chance."""
 
 from __future__ import annotations
 
@@ -11,12 +12,17 @@ from typing import Self
 
 
 class Relay:
-    """127.0.0.1:<port> forwards to the Redis at `target_port`, one upstream connection per client."""
+    """127.0.0.1:<port> forwards to the Redis at `target_port`."""
+
+    scheme = "redis"
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.listening = socket.create_server(("127.0.0.1", 0))
         self.port = self.listening.getsockname()[1]
+        self.accepted = 0  # client connections carried
+        self.closed = 0  # of those, closed
+        self._lock = threading.Lock()
         self._answering = threading.Event()
         self._answering.set()
         self._closed = threading.Event()
@@ -24,7 +30,7 @@ class Relay:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"{self.scheme}://127.0.0.1:{self.port}/0"
 
     def hold_answers(self) -> None:
         """From now on the server's answers wait (those to a client that hangs up meanwhile are dropped)."""
@@ -53,28 +59,41 @@ class Relay:
 
     def _serve(self, client: socket.socket) -> None:
         try:
+            client = self._opened(client)
             upstream = socket.create_connection(("127.0.0.1", self.target_port))
-        except OSError:
+        except OSError:  # a failed handshake, or the server is gone: the client sees its connection close
             client.close()
             return
-        held = bytearray()
+        with self._lock:
+            self.accepted += 1
         try:
-            while not self._closed.is_set():
-                if held and self._answering.is_set():
-                    client.sendall(held)
-                    held.clear()
-                for source in select.select([client, upstream], [], [], 0.02)[0]:
-                    data = source.recv(65536)
-                    if not data:
-                        return  # either side hung up: so does the relay, on both
-                    if source is client:
-                        upstream.sendall(data)
-                    elif self._answering.is_set() and not held:
-                        client.sendall(data)
-                    else:
-                        held += data
+            self._pump(client, upstream)
         except OSError:
-            return
+            pass  # either side reset its connection: so does the relay, on both
         finally:
             for end in (client, upstream):
                 end.close()
+            with self._lock:
+                self.closed += 1
+
+    def _opened(self, client: socket.socket) -> socket.socket:
+        """The client's end as the relay talks to it (TlsProxy: after the TLS handshake)."""
+        return client
+
+    def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
+        """Bytes both ways until either side hangs up, the server's answers kept while they are held."""
+        held = bytearray()
+        while not self._closed.is_set():
+            if held and self._answering.is_set():
+                client.sendall(held)
+                held.clear()
+            for source in select.select([client, upstream], [], [], 0.02)[0]:
+                data = source.recv(65536)
+                if not data:
+                    return
+                if source is client:
+                    upstream.sendall(data)
+                elif self._answering.is_set() and not held:
+                    client.sendall(data)
+                else:
+                    held += data
