@@ -35,6 +35,7 @@ CONFIGURATIONS = (
     Configuration("ratelimit_app middleware, no policy matching", True, "/p0/"),
     Configuration("ratelimit_app middleware, 1 policy", True, "/p1/"),
     Configuration("ratelimit_app middleware, 3 policies", True, "/p3/"),
+    Configuration("limits fixed window, one hit in the view (RedisStorage)", False, "/limits/"),
     Configuration("django-ratelimit decorator", False, "/django-ratelimit/"),
     Configuration("django-smart-ratelimit decorator", False, "/smart-ratelimit/"),
     Configuration("DRF APIView, no throttle", False, "/drf/"),
@@ -52,7 +53,7 @@ POLICIES = (("p1", "fixed_window"), ("p3", "fixed_window"), ("/p3/", "sliding_wi
 COMPARED = frozenset({
     "no limiter", "ratelimit_app middleware, no policy matching", "floor: the view doing one PING through django-redis",
     "ratelimit_app middleware, 1 policy", "floor: the async view doing one PING through redis.asyncio",
-    "ratelimit_app middleware (async), 1 policy",
+    "ratelimit_app middleware (async), 1 policy", "limits fixed window, one hit in the view (RedisStorage)",
 })
 ROOT = Path(__file__).resolve().parent.parent
 WRK = ["wrk", "-t2", "-c4"]

@@ -232,6 +232,7 @@ def _also(text: str) -> str:
 
 WSGI_FLOOR = "floor: the view doing one PING through django-redis"
 ASGI_FLOOR = "floor: the async view doing one PING through redis.asyncio"
+LIMITS_E2E = "limits fixed window, one hit in the view (RedisStorage)"
 
 
 def _end_to_end(results: Results) -> list[str]:
@@ -450,7 +451,7 @@ def _end_to_end_budgets(results: Results) -> Iterator[tuple[str, str, str]]:
                f"{ours_async.rate / floor_async.rate:.3f}x ({ours_async.rate:,.0f} against {floor_async.rate:,.0f} req/s"
                f"{_also(_by_round(ours_async, floor_async))})",
                _verdict(ours_async.rate >= FLOOR_BUDGET * floor_async.rate))
-    for peer in ("django-ratelimit decorator", "django-smart-ratelimit decorator", "DRF UserRateThrottle"):
+    for peer in (LIMITS_E2E, "django-ratelimit decorator", "django-smart-ratelimit decorator", "DRF UserRateThrottle"):
         if ours and peer in served:
             yield (f"end to end: ours (middleware, 1 policy) ahead of {peer}",
                    f"{ours.rate:,.0f} against {served[peer].rate:,.0f} req/s", _verdict(ours.rate > served[peer].rate))

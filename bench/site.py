@@ -1,4 +1,5 @@
-"""URLs of the end-to-end run: one trivial view, plain, doing one PING (the floor), behind
+"""URLs of the end-to-end run: one trivial view, plain, doing one PING (the floor), doing one
+`limits` fixed-window hit (the leanest limiter: no policies, headers or live page), behind
 django-ratelimit's and django-smart-ratelimit's decorators, and as a DRF view with no throttle, with
 DRF's UserRateThrottle and with our PolicyThrottle; under ASGI, the same as an async view: plain,
 doing one PING through redis.asyncio, and behind django-smart-ratelimit's aratelimit."""
@@ -93,3 +94,24 @@ else:  # its Redis backend, fixed window: bench/settings_e2e.py
         path("async/smart-ratelimit/", aratelimit(key="ip", rate="1000000000/h", block=True)(async_trivial),
              name="async-smart-ratelimit"),
     ]
+
+try:
+    from limits import parse
+    from limits.storage import RedisStorage
+    from limits.strategies import FixedWindowRateLimiter
+except ImportError:  # a peer of the bench only (bench/requirements.txt): its row is left out
+    pass
+else:
+    _rate = parse("1000000000/hour")
+    _limiter = None
+
+    def limits_hit(request):
+        """The view behind one `limits` hit by client address, its storage made in the worker (after the fork)."""
+        global _limiter
+        if _limiter is None:
+            _limiter = FixedWindowRateLimiter(RedisStorage(settings.REDIS_URL))
+        if not _limiter.hit(_rate, "bench-e2e", request.META["REMOTE_ADDR"]):
+            return HttpResponse("Too many requests", status=429)
+        return trivial(request)
+
+    urlpatterns.append(path("limits/", limits_hit, name="limits"))

@@ -87,9 +87,9 @@ def test_the_floor_budgets_show_how_far_the_ratio_moved_from_round_to_round():
 
 def test_every_row_a_floor_budget_compares_gets_the_extra_rounds():
     from bench.e2e import COMPARED, CONFIGURATIONS
-    from bench.report import ASGI_FLOOR, WSGI_FLOOR
+    from bench.report import ASGI_FLOOR, LIMITS_E2E, WSGI_FLOOR
 
-    compared = {WSGI_FLOOR, ASGI_FLOOR, "no limiter", "ratelimit_app middleware, no policy matching",
+    compared = {WSGI_FLOOR, ASGI_FLOOR, LIMITS_E2E, "no limiter", "ratelimit_app middleware, no policy matching",
                 "ratelimit_app middleware, 1 policy", "ratelimit_app middleware (async), 1 policy"}
     assert compared == COMPARED
     assert COMPARED <= {configuration.name for configuration in CONFIGURATIONS}
