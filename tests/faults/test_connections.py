@@ -19,6 +19,7 @@ import redis
 
 from ratelimit_app import engine
 from ratelimit_app.engine import RedisUnavailable, giveback
+from ratelimit_app.engine.tally import tally
 from tests.cluster import wait_for
 from tests.helpers import check, in_threads
 from tests.helpers import policy as any_policy
@@ -176,8 +177,10 @@ def test_idle_timeouts_replace_connections_without_an_outage(settings, private, 
     with caplog.at_level(logging.WARNING, logger="ratelimit_app"):
         try:
             for _round in range(3):
-                results, errors = in_threads(lambda: sum(engine.decide([check(compiled)]).allowed for _ in range(20)),
-                                             threads=4)
+                # the tally's flush waits for the threads: each keeps one of the pool's 4 connections meanwhile
+                with tally._flushing:
+                    results, errors = in_threads(
+                        lambda: sum(engine.decide([check(compiled)]).allowed for _ in range(20)), threads=4)
                 assert errors == [] and sum(results) == 80
                 assert asyncio.run_coroutine_threadsafe(decide_async(20), loop).result(timeout=30) == 20
                 # every connection of the app rests past the timeout, and Redis closes it
