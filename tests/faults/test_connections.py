@@ -148,14 +148,17 @@ def test_connections_replaced_one_after_another_count_once_and_leave_no_file_beh
 
     outages = circuit.failures  # counted since the process started
     assert engine.decide([check(compiled)]).allowed
-    replaced()  # the tally's flush has its own connection from here: the files a worker keeps
-    files = _open_files(os.getpid())
-    for _ in range(30):
-        replaced()
-    assert counted(compiled) == 32
-    assert circuit.failures == outages  # each replacement was no outage
-    assert _open_files(os.getpid()) <= files
-    assert len(admin.client_list()) <= 2  # the asking one, and the kept connection
+    replaced()
+    tally.flush()  # the flush has its own connection from here: the files a worker keeps
+    # and it waits until the end: a flush under way would reconnect, or open a second connection
+    with tally._flushing:
+        files = _open_files(os.getpid())
+        for _ in range(30):
+            replaced()
+        assert counted(compiled) == 32
+        assert circuit.failures == outages  # each replacement was no outage
+        assert _open_files(os.getpid()) <= files
+        assert len(admin.client_list()) <= 2  # the asking one, and the kept connection
     admin.close()
 
 
