@@ -4,13 +4,13 @@ of a policy, its trend, resetting subjects, finding a subject from what a person
 from __future__ import annotations
 
 import re
-import time
 
 from django.core.exceptions import ValidationError
 
 from . import live, quotas
 from .engine import RedisUnavailable, client
 from .engine.libraries import prune
+from .engine.server_clock import server_clock
 from .engine.scripts import scripts
 from .live import PolicyActivity, policy_activity, policy_trends  # noqa: F401  (the policy list's columns)
 from .loading import compile_policy
@@ -30,7 +30,7 @@ def reset_all(policy: Policy) -> None:
     policy.save(update_fields=["generation", "updated"])
     if policy.period:
         try:
-            start = quotas.periods(compile_policy(policy), int(time.time() * 1000)).start
+            start = quotas.periods(compile_policy(policy), server_clock.now_ms()).start  # Redis's day
         except ValidationError:  # a bad row counts nothing: nothing of it to start afresh
             return
         QuotaUsage.objects.filter(policy=policy, period_start=quotas.as_datetime(start)).delete()

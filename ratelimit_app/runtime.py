@@ -13,6 +13,7 @@ from . import conf, doors, events, metrics, policies, registry, subjects
 from .deny_cache import deny_cache
 from .engine import aclients, admin_connection, breaker, clients, decision_connection
 from .engine.giveback import owed
+from .engine.server_clock import server_clock
 from .engine.tally import tally
 from .events import outage
 from .quotas import saver
@@ -28,6 +29,7 @@ FORGET: tuple[tuple[set[str] | None, Callable[[], None]], ...] = (
     (CACHE_SETTINGS, deny_cache.clear),  # another server's refusals, or a server another cache emptied
     ({"RATELIMIT_USE_CACHE"}, breaker.reset),  # django-ratelimit's tests switch caches around an open circuit
     (CACHE_SETTINGS, admin_connection.forget_client),
+    (CACHE_SETTINGS, server_clock.forget),  # another server's clock
     (None, subjects.forget_settings),  # several settings shape subjects: cheap to forget
     ({"RATELIMIT_METRICS"}, metrics.forget_settings),
     ({"RATELIMIT_POLICY_RECHECK_SECONDS", "RATELIMIT_POLICY_RELOAD_SECONDS"}, policies.forget_settings),
@@ -56,6 +58,7 @@ state = AppState((
     ("asyncio Redis clients per loop", aclients.forget_aclients),
     ("threads' kept decision connections", decision_connection.unpin),
     ("the admin's Redis client", admin_connection.forget_client),
+    ("Redis's clock as this worker tells it", server_clock.forget),
     ("subjects: trusted proxies, grouped addresses, displays", subjects.forget_settings),
     ("subjects: the warning about a request without an address", subjects.forget_warning),
     ("metrics switched on or off", metrics.forget_settings),

@@ -26,13 +26,18 @@ def test_an_ordinary_request_sends_its_policies_terms_alone():
     assert entry == "decide_with" and args[:3] == ["", "3", ""] and len(args) == 4
 
 
-def test_a_fixed_windows_decision_is_answered_with_its_count_alone(redis_client):
+def test_a_fixed_windows_repeat_is_answered_with_its_count_alone_and_its_first_with_redis_time(redis_client):
+    """A repeat reads no clock: its count alone. The window's first read TIME: the reply tells it, so
+    that the worker keeps how far Redis's clock is from its own."""
     limited = policy(limit=2, window=3600)
     assert engine.decide([check(limited)]).allowed  # loads the library
     entry, script_keys, args = sent([check(limited, "ip:192.0.2.9")])
     function = scripts.function(entry)
     replies = [redis_client.execute_command("FCALL", function, 1, *script_keys, *args) for _ in range(3)]
-    assert replies == [1, 2, -3]  # the window's first, a repeat, refused (-1 - 2)
+    seconds, micros = redis_client.time()
+    (now_ms, *figures), *repeats = replies
+    assert figures == [1, -1, -1] and repeats == [2, -3]  # the window's first, a repeat, refused (-1 - 2)
+    assert 0 <= int(seconds) * 1000 + int(micros) // 1000 - now_ms < 1000
 
 
 def test_counts_read_from_a_bare_count_are_those_of_the_full_reply(redis_client):

@@ -3,13 +3,13 @@ each check kept on its compiled policy so that a subject's next request builds n
 
 from __future__ import annotations
 
-from time import time
 from typing import NamedTuple, Sequence
 
 from .. import quotas
 from ..values import Check, CompiledPolicy, Subject
 from . import keys
 from .scripts import STRATEGY_CODES, now_arg
+from .server_clock import server_clock
 
 
 class Ask(NamedTuple):
@@ -63,7 +63,7 @@ def script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[list
 
 def _quota_terms(policy: CompiledPolicy, subject: Subject, head: str, call: Ask) -> str:
     """A quota's terms: the check's `head` (what a window's terms are) and its periods at this call."""
-    now_ms = int((time() if call.now is None else call.now) * 1000)
+    now_ms = server_clock.now_ms() if call.now is None else int(call.now * 1000)
     seed = call.seeds.get((policy.id, subject.key)) if call.seeds else None
     return f"{head} {quotas.bucket(policy, now_ms, seed)}"
 

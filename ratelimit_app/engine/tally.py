@@ -30,6 +30,7 @@ from .clients import client, is_cluster
 from .hooks import hooks
 from .batches import run_each
 from .scripts import HEARTBEAT_EVERY, heartbeat, scripts
+from .server_clock import server_clock
 
 if TYPE_CHECKING:
     from ..values import CompiledPolicy
@@ -172,12 +173,14 @@ class Tally:
 
     def _heartbeat(self) -> None:
         """Every HEARTBEAT_EVERY seconds of use, say that this worker runs its library (so that a prune
-        keeps it): from the flusher's thread, never on a request's way."""
+        keeps it) and read Redis's clock again: from the flusher's thread, never on a request's way."""
         if time.monotonic() < self._heartbeat_due:
             return
         self._heartbeat_due = time.monotonic() + HEARTBEAT_EVERY
         try:
-            heartbeat(client())
+            redis_client = client()
+            server_clock.read(redis_client)
+            heartbeat(redis_client)
         except (redis.RedisError, RedisClusterException) as error:
             logger.warning("ratelimit: could not say which library this worker runs: %s", error)
 

@@ -3,12 +3,12 @@ leaves the totals, the live index and the count of active subjects to the worker
 
 from __future__ import annotations
 
-from time import time
 from typing import Sequence
 
 from .. import quotas
 from ..values import Check, Decision, Verdict
 from .arguments import SEEN_COUNTED, SEEN_NOTHING, SEEN_REFUSED, Ask
+from .server_clock import server_clock
 from .tally import tally
 
 
@@ -18,8 +18,10 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Seq
     if type(reply) is int:  # one policy's count, the rest told by the worker's clock (decide.lua)
         reply = (-1, reply, -1, -1 if reply < 0 or reply == cost else -2)
     now_ms = reply[0]
-    if now_ms < 0:  # the call read no clock (a fixed window's repeat): its window ends by this worker's
-        now_ms = int(time() * 1000)
+    if now_ms < 0:  # the call read no clock (a fixed window's repeat): its window ends by Redis's, as told here
+        now_ms = server_clock.now_ms()
+    elif call.now is None:  # Redis's own time
+        server_clock.seen(now_ms)
     if quotas.ABSENT in reply[3::3]:  # a quota without its counter: refused (a negative count), retry ABSENT
         absent = [check for i, check in enumerate(checks) if reply[1 + 3 * i] < 0 and reply[3 + 3 * i] == quotas.ABSENT]
         if absent:

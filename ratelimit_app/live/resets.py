@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Sequence
 
 import redis
@@ -10,6 +9,7 @@ import redis
 from .. import quotas
 from ..deny_cache import deny_cache
 from ..engine import admin_call, keys
+from ..engine.server_clock import server_ms
 from ..engine.tally import tally
 from ..engine.version import bump_version
 from .usage import INDEX_PAGE, parse_live_member
@@ -30,8 +30,10 @@ def reset_subjects(policy: CompiledPolicy, subject_keys: Sequence[str]) -> list[
     members = [member for entries in by_shard.values() for member in entries]
 
     def reset(client: redis.Redis) -> None:
+        # a quota's counter is emptied for Redis's current period: its day, not this host's
+        now_ms = server_ms(client) if policy.period else 0
         with client.pipeline(transaction=False) as pipe:
-            _forget(pipe, policy, subject_keys)
+            _forget(pipe, policy, subject_keys, now_ms)
             for shard, entries in by_shard.items():
                 if entries:
                     pipe.zrem(keys.live_key(policy, shard), *entries)
@@ -45,14 +47,14 @@ def reset_subjects(policy: CompiledPolicy, subject_keys: Sequence[str]) -> list[
     return sorted({parse_live_member(member.decode())[3] for member in members})
 
 
-def _forget(pipe, policy: CompiledPolicy, subject_keys: Sequence[str]) -> None:
+def _forget(pipe, policy: CompiledPolicy, subject_keys: Sequence[str], now_ms: int) -> None:
     # one key a command: a cluster pipeline refuses a command on keys of several slots
     if not policy.period:
         for key in subject_keys:
             pipe.delete(keys.counter_key(policy, key))
         return
     # a quota's counter is emptied, not deleted: a missing one is a loss, which the saved usage makes up for
-    value, ends = quotas.emptied(policy, int(time.time() * 1000))
+    value, ends = quotas.emptied(policy, now_ms)
     for key in subject_keys:
         pipe.set(keys.counter_key(policy, key), value, pxat=ends)
 

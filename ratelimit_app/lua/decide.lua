@@ -24,6 +24,6 @@
 -- (ms), else before (see contract.lua); then the version token ('' when Redis holds none) if it was
 -- asked for}. One policy whose figures the worker tells by its own clock (reset -1; before -1 when the
 -- count is the cost alone, else -2; or, refused, retry -1: a fixed window's charge) is answered with its
--- count alone, an integer, unless the caller gave the time or asked for the version.
+-- count alone, an integer, unless the call read the clock (or was given the time) or asked for the version.
 
 return decision(KEYS, ARGV, 1)

@@ -79,8 +79,9 @@ do
     local version = KEYS[n + 1]
     if n == 1 then
       -- the common reply: the count alone, when the worker tells the rest by its clock (a fixed window's
-      -- charge: reset -1, before -1 when it counted the cost alone, else -2; retry -1 when refused)
-      if not (clock.given or version) and reset1 == -1
+      -- charge: reset -1, before -1 when it counted the cost alone, else -2; retry -1 when refused) and the
+      -- call read none (a call that read TIME tells it: the worker keeps its offset from Redis's clock)
+      if not (clock.known or version) and reset1 == -1
           and third1 == (count1 >= 0 and count1 ~= cost and -2 or -1) then
         return count1
       end
