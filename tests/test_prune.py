@@ -57,6 +57,21 @@ def test_prune_deletes_the_libraries_no_worker_runs_and_keeps_those_in_use(serve
     assert engine.decide([check(limited)]).decisions[0].count == 2  # nothing this version runs was touched
 
 
+@pytest.mark.parametrize(
+    "word", ["other-site:library:ratelimit_000000000002", "ratelimit-library:ratelimit_000000000002"],
+    ids=["another-site's-prefix", "the-previous-version's-shape"])
+def test_prune_keeps_a_library_a_worker_of_another_site_or_of_the_previous_version_runs(server, word):
+    """Each site says it runs a library under its own key prefix; a prune reads every site's word, and
+    the words of the version before this one (ratelimit-library:<name>, during a rolling deploy)."""
+    assert engine.decide([check(policy())]).allowed
+    load_version("ratelimit_000000000001")
+    load_version("ratelimit_000000000002")
+    engine.client().set(word, "1", px=HEARTBEAT_MS)
+    output = prune()
+    assert libraries() == {scripts.library_name, "ratelimit_000000000002"}
+    assert "Deleted ratelimit_000000000001" in output and "Kept ratelimit_000000000002" in output
+
+
 def test_prune_never_deletes_its_own_library_even_when_no_worker_said_it_runs_it(server):
     assert engine.decide([check(policy())]).allowed
     engine.client().delete(library_key(scripts.library_name))

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from .clients import is_cluster
-from .scripts import UNSUPPORTED, library_key, refusal_kind, scripts
+from .scripts import LIBRARY_WORDS, UNSUPPORTED, library_of_word, refusal_kind, scripts
 
 LIBRARY_PREFIX = "ratelimit_"
 
@@ -33,21 +33,32 @@ def _library_names(server: redis.Redis) -> list[str]:
     return names
 
 
+def _in_use(client: Any) -> set[str]:
+    """The libraries some worker of any site on the server said it runs within HEARTBEAT_MS (a SCAN of
+    the keyspace: every site's words, whatever its key prefix)."""
+    return {library_of_word(key if isinstance(key, bytes) else key.encode())
+            for key in client.scan_iter(match=LIBRARY_WORDS, count=1000)}
+
+
 def prune(client: Any) -> tuple[list[str], list[str]]:
     """Delete the libraries of ours that no worker has said it runs within HEARTBEAT_MS, never this
     version's: -> (deleted, kept). A worker whose library goes anyway (it had not said so yet) loads it
     again at its next call, which the refusal left unrun. ([], []) where the server has no Functions."""
     own = scripts.library_name
     deleted, kept = [], []
+    in_use: set[str] | None = None  # read once there is a library to judge
     for server in _primaries(client):
         try:
             names = _library_names(server)
         except ResponseError as error:
-            if refusal_kind(error) == UNSUPPORTED:
+            # a user that may not list them is no server without Functions (as a decision takes it)
+            if refusal_kind(error) == UNSUPPORTED and not isinstance(error, NoPermissionError):
                 return [], []
             raise
         for name in names:
-            if name == own or client.exists(library_key(name)):
+            if name != own and in_use is None:
+                in_use = _in_use(client)
+            if name == own or in_use is not None and name in in_use:
                 kept.append(name)
                 continue
             try:

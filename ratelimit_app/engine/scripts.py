@@ -23,6 +23,7 @@ from redis.exceptions import NoPermissionError, ResponseError
 from ..conf import get_setting
 from ..drivers import Io, Steps, arun, run
 from ..strategies import STRATEGIES
+from . import keys
 from .clients import client as shared_client
 from .clients import is_cluster
 from .decision_connection import execute
@@ -54,6 +55,9 @@ def _assemble(entry: str) -> str:
     return "\n".join(_shared() + [_lua(f"{entry}.lua")])
 
 
+LIBRARY_HASH = 12  # hex digits of the source's hash in a library's name
+
+
 def _library() -> tuple[str, str]:
     """(name, source) of the Functions library: one function per entry point, its file's body wrapped
     as `function(KEYS, ARGV) ... end`. The name carries a hash of the source, so two versions of the
@@ -63,7 +67,7 @@ def _library() -> tuple[str, str]:
         for entry in ENTRY_POINTS
     ]
     source = "\n".join([f"#!lua name={_NAME}"] + _shared() + registrations)
-    name = "ratelimit_" + hashlib.sha1(source.encode()).hexdigest()[:12]
+    name = "ratelimit_" + hashlib.sha1(source.encode()).hexdigest()[:LIBRARY_HASH]
     return name, source.replace(_NAME, name)
 
 
@@ -246,10 +250,19 @@ HEARTBEAT_MS = 60_000  # how long a library counts as in use after a worker last
 HEARTBEAT_EVERY = 10.0  # seconds between a worker's refreshes (its tally's flushes send them)
 
 
+# every site's words, ending with a library's name (an earlier version wrote ratelimit-library:<name>)
+LIBRARY_WORDS = "*library:ratelimit_" + "[0-9a-f]" * LIBRARY_HASH
+
+
 def library_key(name: str) -> str:
-    """The key saying that some worker runs library `name`. Without the site's key prefix: a library
-    serves every site of the same version on the server, so every site's workers keep it."""
-    return f"ratelimit-library:{name}"
+    """The key saying that some worker of this site runs library `name`, under the site's key prefix
+    like every key it writes (a Redis user may be confined to it); a prune reads every site's."""
+    return f"{keys.prefix()}:library:{name}"
+
+
+def library_of_word(key: bytes) -> str:
+    """The library a word found by LIBRARY_WORDS names (its end: a prefix may hold any bytes)."""
+    return key[-len("ratelimit_") - LIBRARY_HASH:].decode("ascii")
 
 
 def heartbeat(client: Any) -> None:

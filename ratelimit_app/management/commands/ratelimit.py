@@ -145,6 +145,9 @@ class Command(BaseCommand):
     def handle_prune(self, **options) -> None:
         try:
             deleted, kept = operations.prune_libraries()
+        except redis.exceptions.NoPermissionError as error:
+            raise CommandError(f"Prune stopped: the Redis user lacks a permission it needs (SCAN, FUNCTION LIST, "
+                               f"FUNCTION DELETE): {error}.") from None
         except redis.RedisError as error:
             raise CommandError(f"Nothing was pruned: Redis is unreachable ({error}).") from None
         for name in deleted:
