@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import sys
 import threading
 import time
 from typing import Iterator
@@ -189,3 +190,17 @@ def stalled(port: int, seconds: float):
             return thread
         assert time.monotonic() < give_up, "the server never slept"
         time.sleep(0.005)
+
+
+def move_worker_clock(monkeypatch, seconds: float) -> None:
+    """Move this process's clock (every `time.time` the app reads) `seconds` further from Redis's, which
+    keeps the true one: a worker host whose clock drifted. Moves add up."""
+    real = time.time
+
+    def skewed() -> float:
+        return real() + seconds
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("ratelimit_app") and getattr(module, "time", None) is real:
+            monkeypatch.setattr(module, "time", skewed)
+    monkeypatch.setattr(time, "time", skewed)

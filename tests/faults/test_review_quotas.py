@@ -5,7 +5,6 @@ cluster shards. Real Redis, real database (real servers: test_review_quotas_serv
 
 from __future__ import annotations
 
-import sys
 import time
 
 import pytest
@@ -20,7 +19,7 @@ from ratelimit_app.engine import keys
 from ratelimit_app.models import Plan, PlanAssignment, PlanLimit, Policy, QuotaUsage
 from ratelimit_app.periods import periods_at, zone
 from ratelimit_app.policies import compile_policy
-from tests.helpers import check, make_policy, policy
+from tests.helpers import check, make_policy, move_worker_clock, policy
 from tests.test_cluster import cluster, shared_cluster, who_in_other_shards  # noqa: F401 - the cluster fixtures
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,22 +39,8 @@ def redis_month(redis_client) -> tuple[int, int]:
 
 @pytest.fixture
 def worker_clock_at(monkeypatch):
-    """Set this process's clock (every `time.time` the app reads) to an instant of the test's choosing,
-    moving on from there: a worker whose clock disagrees with Redis's."""
-
-    def at(instant_ms: int) -> None:
-        real = time.time
-        offset = instant_ms / 1000 - real()
-
-        def skewed() -> float:
-            return real() + offset
-
-        for module in list(sys.modules.values()):
-            if getattr(module, "__name__", "").startswith("ratelimit_app") and getattr(module, "time", None) is real:
-                monkeypatch.setattr(module, "time", skewed)
-        monkeypatch.setattr(time, "time", skewed)
-
-    return at
+    """Set the worker's clock to an instant of the test's choosing, moving on from there (Redis keeps its own)."""
+    return lambda instant_ms: move_worker_clock(monkeypatch, instant_ms / 1000 - time.time())
 
 
 # --- a worker past the period's end while Redis is not -------------------------------------------------
