@@ -46,7 +46,7 @@ def prune(client: Any) -> tuple[list[str], list[str]]:
     again at its next call, which the refusal left unrun. ([], []) where the server has no Functions."""
     own = scripts.library_name
     deleted, kept = [], []
-    in_use: set[str] | None = None  # read once there is a library to judge
+    in_use: set[str] | None = None  # read once there is another version's library to judge
     for server in _primaries(client):
         try:
             names = _library_names(server)
@@ -55,10 +55,12 @@ def prune(client: Any) -> tuple[list[str], list[str]]:
             if refusal_kind(error) == UNSUPPORTED and not isinstance(error, NoPermissionError):
                 return [], []
             raise
-        for name in names:
-            if name != own and in_use is None:
-                in_use = _in_use(client)
-            if name == own or in_use is not None and name in in_use:
+        others = [name for name in names if name != own]
+        kept += [name for name in names if name == own]
+        if others and in_use is None:
+            in_use = _in_use(client)
+        for name in others:
+            if name in in_use:
                 kept.append(name)
                 continue
             try:
