@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from io import StringIO
 
 import pytest
+import redis
 from django.core.management import call_command
 from django.urls import reverse
 from redis.cluster import RedisCluster
@@ -16,10 +18,13 @@ from redis.cluster import RedisCluster
 from ratelimit_app import checks as system_checks
 from ratelimit_app import engine, live, policies, testing
 from ratelimit_app.engine import keys, version
+from ratelimit_app.engine.arguments import Ask
 from ratelimit_app.engine.scripts import scripts
+from ratelimit_app.engine.shards import decide_on_cluster
 from ratelimit_app.engine.tally import tally
-from tests.cluster import LocalCluster, until_limited_again, wait_replicated
+from tests.cluster import LocalCluster, until_limited_again, wait_for, wait_replicated
 from tests.helpers import check, count_round_trips, in_processes, make_policy, policy, subject
+from tests.relay import Relay
 
 T0 = 1_800_000_000.0
 STRATEGIES = ["fixed_window", "sliding_window", "sliding_log"]
@@ -309,6 +314,47 @@ def test_a_master_that_stalls_during_a_flush_leaves_the_other_shards_counted_onc
     allowed = live.policy_totals(limited)[0]
     print(f"\nallowed in the totals: {allowed} of {len(names)}, {len(on_stalled)} on the stalled master")
     assert len(names) - len(on_stalled) <= allowed <= len(names)
+
+
+def test_a_decision_whose_connection_closes_after_the_master_ran_it_counts_once(cluster):
+    """Found after the tally's review, on a cluster's decisions: when the connection closed after the
+    master ran the call (a proxy, a CLIENT KILL), redis-py's cluster pipeline sent it again, one call at
+    a time, and one request counted twice. A decision is written once; its lost answer is an outage."""
+    limited = policy(limit=100, window=3600)
+    assert hit(check(limited)).allowed  # counted once
+    master = cluster.master_of(keys.counter_key(limited, subject().key))
+    with Relay(master.port) as relay:  # a client of the test's own reaches that master through the relay
+        relayed = RedisCluster(host="127.0.0.1", port=master.port, socket_timeout=10,
+                               address_remap=lambda at: ("127.0.0.1", relay.port) if at[1] == master.port else at)
+        ask = Ask(now=None, dry_run=False, cost=1, lease="")
+        assert decide_on_cluster(relayed, [check(limited)], ask._replace(dry_run=True)).allowed  # connected
+        outcome = []
+
+        def decide() -> None:
+            try:
+                outcome.append(decide_on_cluster(relayed, [check(limited)], ask).allowed)
+            except redis.RedisError as error:
+                outcome.append(error)
+
+        relay.hold_answers()
+        deciding = threading.Thread(target=decide)
+        deciding.start()
+        try:
+            wait_for(lambda: hit(check(limited), dry_run=True).decisions[0].remaining == 98, 10, "the master to count")
+            master.client.execute_command("CLIENT", "KILL", "ADDR", _relayed_client(master, relay))
+            wait_for(lambda: relay.closed >= 1, 10, "the relay to close")
+        finally:
+            relay.release_answers()
+            deciding.join()
+            relayed.close()
+    assert hit(check(limited), dry_run=True).decisions[0].remaining == 98  # the first request and this one
+    assert isinstance(outcome[0], redis.ConnectionError)  # the door's failure rule answers it
+
+
+def _relayed_client(master, relay) -> str:
+    """The address of the master's client that is the relay's upstream connection (the newest one)."""
+    clients = [c for c in master.client.client_list() if c["cmd"] in ("fcall", "evalsha")]
+    return max(clients, key=lambda c: int(c["id"]))["addr"]
 
 
 @pytest.mark.django_db

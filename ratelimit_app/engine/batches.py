@@ -1,51 +1,47 @@
-"""One script run for many (keys, args) in one pipeline: the shards of a cluster decision, the tally's
+"""One script run for many (keys, args) in one round trip: the shards of a cluster decision, the tally's
 flushes, the live page's reads."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import redis
-from redis.exceptions import NoScriptError, RedisClusterException
+from redis.exceptions import AskError, MovedError, NoScriptError, RedisClusterException
 
 from .clients import is_cluster
 from .scripts import MISSING, UNSUPPORTED, Entry, give_up_functions, load_library, refusal_kind, uses_functions
 
 
 def run_each(client: redis.Redis, script: Entry, calls: Sequence[tuple[Sequence[str], Sequence]]) -> list:
-    """Run `script` once per (keys, args) in one pipeline (on a cluster: every node at once); the replies in order.
+    """Run `script` once per (keys, args), written together (on a cluster: to every node at once); the
+    replies in order.
 
-    A server that restarted or took over from a failed master may lack the library or the script:
-    it is loaded (on a cluster: on each node that lacked it) and only the calls that were refused
-    are sent again (such a call ran nothing, so nothing counts twice). Raises the first Redis error
-    of any call.
+    Each call is written once: a call whose answer is lost (a timeout, a connection Redis closed after
+    reading it) may have run, so it is never sent again, and the first such error is raised. A call
+    that Redis refused ran nothing and is sent again: the server lacked the library or the script (a
+    restart, a failover: it is loaded first, on each node that lacked it), or the slot has moved.
+    Raises the first Redis error of any call.
     """
-    # On a cluster, name each call's node (from the client's own slot map): otherwise the pipeline asks
-    # a server COMMAND GETKEYS for every script call, one more round trip each.
     node_of = client.get_node_from_key if is_cluster(client) else None
-
-    def send(indexes: list[int], functions: bool) -> list:
-        with client.pipeline(transaction=False) as pipe:
-            for i in indexes:
-                keys, args = calls[i]
-                # execute_command: a cluster pipeline refuses its evalsha() method, not the command itself
-                options = {"target_nodes": node_of(keys[0])} if node_of else {}
-                if functions:
-                    pipe.execute_command("FCALL", script.function, len(keys), *keys, *args, **options)
-                else:
-                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args, **options)
-            return pipe.execute(raise_on_error=False)
-
     replies: list = [None] * len(calls)
     pending = list(range(len(calls)))
+    asking: dict[int, object] = {}  # call -> the node an ASK named (a slot being migrated)
     try:
         # at most three sends: FCALL; EVALSHA if the server turns out to have no Functions (or FCALL
-        # once the library is loaded); EVALSHA once the script is loaded
+        # once the library is loaded); EVALSHA once the script is loaded. A MOVED slot takes one of them.
         for _attempt in range(3):
-            retry, nodes, script_missing = [], {}, False
-            for i, reply in zip(pending, send(pending, uses_functions(client))):
+            functions = uses_functions(client)
+
+            def command(i: int) -> tuple:
+                keys, args = calls[i]
+                name = script.function if functions else script.sha
+                return ("FCALL" if functions else "EVALSHA", name, len(keys), *keys, *args)
+
+            retry, nodes, script_missing, moved = [], {}, False, False
+            for i, reply in zip(pending, _write_once(client, calls, pending, command, asking)):
                 replies[i] = reply
                 kind = refusal_kind(reply)
+                asking.pop(i, None)
                 if isinstance(reply, NoScriptError):
                     script_missing = True
                 elif kind == MISSING:
@@ -53,11 +49,19 @@ def run_each(client: redis.Redis, script: Entry, calls: Sequence[tuple[Sequence[
                     nodes[node.name if node else None] = node
                 elif kind == UNSUPPORTED:
                     give_up_functions(client)
+                elif isinstance(reply, MovedError) and node_of:
+                    moved = True
+                elif isinstance(reply, AskError) and node_of:
+                    asking[i] = client.get_node(host=reply.host, port=reply.port)
+                    if asking[i] is None:
+                        moved, asking[i] = True, None
                 else:
                     continue
                 retry.append(i)
             if not retry:
                 break
+            if moved:
+                client.nodes_manager.initialize()
             if script_missing:
                 client.script_load(script.script.script)
             for node in nodes.values():
@@ -69,3 +73,75 @@ def run_each(client: redis.Redis, script: Entry, calls: Sequence[tuple[Sequence[
         if isinstance(reply, Exception):
             raise reply
     return replies
+
+
+def _write_once(client, calls: Sequence, indexes: list[int], command: Callable[[int], tuple], asking: dict) -> list:
+    """The replies of the calls `indexes` (`command(i)` each), written once on one pooled connection per
+    server: all servers are written to before any is read. A lost answer is that call's reply."""
+    servers: dict[str, tuple[redis.Redis, list[int]]] = {}
+    if is_cluster(client):
+        for i in indexes:
+            node = asking.get(i) or client.get_node_from_key(calls[i][0][0])
+            servers.setdefault(node.name, (client.get_redis_connection(node), []))[1].append(i)
+    else:
+        servers[""] = (client, list(indexes))
+    replies: dict[int, object] = {}
+    written = []  # (pool, connection, calls) in the order written
+    try:
+        for server, group in servers.values():
+            pool = server.connection_pool
+            try:
+                connection = pool.get_connection()  # checked by the pool: one Redis closed is replaced
+            except (redis.ConnectionError, redis.TimeoutError) as error:  # nothing sent: the calls may go again later
+                replies.update(dict.fromkeys(group, error))
+                continue
+            written.append((pool, connection, group))
+            commands = []
+            for i in group:
+                if i in asking:
+                    commands.append(("ASKING",))
+                commands.append(command(i))
+            try:
+                connection.send_packed_command(connection.pack_commands(commands))
+            except (redis.ConnectionError, redis.TimeoutError) as error:
+                replies.update(dict.fromkeys(group, error))
+                written[-1] = (pool, connection, [])
+        for pool, connection, group in written:
+            replies.update(_read(connection, group, asking))
+    finally:
+        for pool, connection, _group in written:
+            pool.release(connection)
+    if is_cluster(client) and any(isinstance(reply, redis.ConnectionError) for reply in replies.values()):
+        _refresh_slots(client)
+    return [replies[i] for i in indexes]
+
+
+def _read(connection: redis.Connection, group: list[int], asking: dict) -> dict[int, object]:
+    """The replies of the calls `group` written on `connection`; after a lost answer, the connection is
+    closed (its unread replies would answer its next user) and each unanswered call's reply is the error."""
+    replies: dict[int, object] = {}
+    try:
+        for i in group:
+            if i in asking:
+                _reply(connection)  # ASKING's OK
+            replies[i] = _reply(connection)
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as error:
+        connection.disconnect()
+        lost = error if isinstance(error, redis.RedisError) else redis.ConnectionError(str(error))
+        replies.update({i: lost for i in group if i not in replies})
+    return replies
+
+
+def _reply(connection: redis.Connection) -> object:
+    try:
+        return connection.read_response()
+    except redis.ResponseError as error:
+        return error
+
+
+def _refresh_slots(client) -> None:
+    """After a node failed: ask the cluster who serves which slot (a replica may have been promoted)."""
+    try:
+        client.nodes_manager.initialize()
+    except (redis.RedisError, RedisClusterException):
+        pass  # the cluster cannot say yet: the next request asks again

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("ratelimit_app")
 FLUSH_SECONDS = 0.25
+RETRY_MOST = 4.0  # seconds between flushes at most while Redis cannot be reached
 BLOCKED = 2**43  # added to the live index score of a subject a policy refused (lua/activity.lua)
 NOW = -1  # a bucket number meaning "the bucket of the flush's own time" (the deny cache knows no Redis time)
 
@@ -83,6 +84,7 @@ class Tally:
         self._lock = threading.Lock()
         self._flushing = threading.Lock()  # a reader's flush waits for the one under way, then sees its counts
         self._flusher: threading.Timer | None = None
+        self._retry_in = FLUSH_SECONDS  # until the next flush, after one that could not reach Redis
         self._heartbeat_due = 0.0  # monotonic time of the next word that this worker runs its library
 
     def add(
@@ -118,10 +120,10 @@ class Tally:
         if self._flusher is None:
             self._arm()
 
-    def _arm(self) -> None:
+    def _arm(self, delay: float = FLUSH_SECONDS) -> None:
         with self._lock:
             if self._flusher is None:
-                self._flusher = threading.Timer(FLUSH_SECONDS, self.flush)
+                self._flusher = threading.Timer(delay, self.flush)
                 self._flusher.daemon = True
                 self._flusher.start()
 
@@ -158,11 +160,13 @@ class Tally:
             self._put_back(pending, error)
             return
         self._heartbeat()
+        kept = False
         for server, shards in servers:
             try:
                 _reachable(server)
             except redis.RedisError as error:  # nothing was sent: this shard's records wait for the next flush
                 self._put_back(_of_shards(pending, shards), error)
+                kept = True
                 continue
             try:
                 run_each(server, scripts.get("tally", server), [by_shard[shard] for shard in shards])
@@ -170,6 +174,8 @@ class Tally:
                 # Sent: the server may have run the script and only its answer is lost (a timeout).
                 # Never sent again: a few counts missing from a monitoring total beat counting them twice.
                 logger.warning("ratelimit: counts for the policies' totals may not have reached Redis: %s", error)
+        if not kept:
+            self._retry_in = FLUSH_SECONDS
 
     def _heartbeat(self) -> None:
         """Every HEARTBEAT_EVERY seconds of use, say that this worker runs its library (so that a prune
@@ -185,9 +191,13 @@ class Tally:
             logger.warning("ratelimit: could not say which library this worker runs: %s", error)
 
     def _put_back(self, pending: _Pending, error: BaseException) -> None:
+        """Keep what could not be sent for a flush that waits longer after each failure (up to RETRY_MOST
+        seconds): an idle worker sends it too, once Redis is back."""
         logger.warning("ratelimit: counts for the policies' totals could not reach Redis yet: %s", error)
         with self._lock:
             self._pending.merge(pending)
+            delay, self._retry_in = self._retry_in, min(2 * self._retry_in, RETRY_MOST)
+        self._arm(delay)
 
     def discard(self) -> None:
         """Forget what is pending, once a flush under way has ended (tests: what one test counted must
@@ -199,6 +209,7 @@ class Tally:
     def _forked(self) -> None:
         # a forked child has no flusher thread and must not add its parent's counts a second time
         self._pending, self._lock, self._flushing, self._flusher = _Pending(), threading.Lock(), threading.Lock(), None
+        self._retry_in = FLUSH_SECONDS
         self._noted = deque()
         self._heartbeat_due = 0.0
 
@@ -252,7 +263,7 @@ def _fold(pending: _Pending, policy: CompiledPolicy, member: str, shard: int, re
 
 def _servers(redis_client: redis.Redis | RedisCluster, by_shard: dict) -> list[tuple[redis.Redis, list[int]]]:
     """The servers the shards' calls go to, each with its shards: one on a single server, on a cluster
-    each master with its own client (whose pipeline, unlike the cluster's, never sends a call twice)."""
+    each master with its own client (one that cannot be reached keeps only its own shards' counts)."""
     if not is_cluster(redis_client):
         return [(redis_client, list(by_shard))]
     servers: dict[str, tuple[redis.Redis, list[int]]] = {}

@@ -22,6 +22,7 @@ import ratelimit_app
 from ratelimit_app import engine, live, operations
 from ratelimit_app.engine import keys
 from ratelimit_app.engine.scripts import HEARTBEAT_MS, library_key, scripts
+from ratelimit_app.engine.server_clock import ServerClock
 from ratelimit_app.engine.tally import tally
 from ratelimit_app.values import Subject
 from tests.helpers import check, make_policy, move_worker_clock, policy
@@ -251,6 +252,29 @@ def test_one_reply_read_late_does_not_move_every_refusal_of_the_next_seconds(pri
         assert not refused.allowed
         ends_in = _pttl_s(redis.Redis(port=private.port), limited)
         assert abs(refused.retry_after - ends_in) <= 0.5, (refused.retry_after, ends_in)  # was ~2 s more
+
+
+def test_a_heartbeat_reading_of_redis_time_whose_trip_was_slow_is_not_taken(private):
+    """A TIME answered late (held 0.3 s here) would move every later reset by half the delay: once a
+    reading with a short trip exists, one slower than STEADY_TRIP_MS and than twice the best is dropped."""
+    clock = ServerClock()
+    direct = redis.Redis(port=private.port)
+    clock.read(direct)
+    offset, best = clock.offset_ms, clock.best_trip_ms
+    with Relay(private.port) as relay:
+        relayed = redis.Redis(port=relay.port, socket_timeout=5)
+        relayed.ping()  # connected: only TIME's answer waits
+        relay.hold_answers()
+        try:
+            reading = threading.Thread(target=clock.read, args=(relayed,))
+            reading.start()
+            time.sleep(0.3)  # Redis answered at once; the relay holds it
+        finally:
+            relay.release_answers()
+        reading.join()
+        relayed.close()
+    direct.close()
+    assert (clock.offset_ms, clock.best_trip_ms) == (offset, best)
 
 
 def test_a_worker_whose_host_clock_is_stepped_back_tells_redis_window_at_once(redis_client, worker_clock_off_by):
