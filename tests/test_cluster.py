@@ -357,6 +357,55 @@ def _relayed_client(master, relay) -> str:
     return max(clients, key=lambda c: int(c["id"]))["addr"]
 
 
+@pytest.fixture
+def two_masters(settings):
+    """A cluster of the test's own (its slots are moved), used by the app for this test."""
+    own = LocalCluster(masters=2, replicas=False)
+    try:
+        use(own, settings)
+        yield own
+    finally:
+        own.stop()
+
+
+def _start_moving(slot: int, source, target) -> None:
+    source_id, target_id = (node.client.execute_command("CLUSTER MYID") for node in (source, target))
+    target.client.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
+    source.client.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+    moving = source.client.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000)
+    source.client.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *moving)
+
+
+def _end_moving(slot: int, cluster: LocalCluster, target) -> None:
+    target_id = target.client.execute_command("CLUSTER MYID")
+    for master in cluster.masters:
+        master.client.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+
+
+@pytest.mark.parametrize("moved", [False, True], ids=["ask", "moved"])
+def test_a_decision_whose_slot_is_being_moved_is_sent_where_redis_says_and_counts_once(two_masters, moved):
+    """A decision is written once, but a call that Redis redirected ran nothing: after ASK (the slot
+    is being migrated and its keys have gone) it goes to the node named, with ASKING; after MOVED (the
+    migration ended since the worker read the cluster's layout) the layout is read again."""
+    limited = policy(limit=100, window=3600)
+    assert hit(check(limited)).allowed  # the worker knows the layout: the counter's slot on its source
+    counter = keys.counter_key(limited, subject().key)
+    source = two_masters.master_of(counter)
+    [target] = [master for master in two_masters.masters if master is not source]
+    slot = engine.client().keyslot(counter)
+    _start_moving(slot, source, target)
+    if moved:
+        _end_moving(slot, two_masters, target)
+    with count_round_trips() as trips:
+        assert hit(check(limited)).allowed
+    assert trips[0] >= 2  # redirected: sent twice
+    if not moved:
+        _end_moving(slot, two_masters, target)
+    in_slot = [node.client.execute_command("CLUSTER COUNTKEYSINSLOT", slot) for node in (source, target)]
+    assert in_slot[0] == 0 and in_slot[1] >= 1  # the counter lives on the target only
+    assert hit(check(limited), dry_run=True).decisions[0].remaining == 98  # counted once, where it lives now
+
+
 @pytest.mark.django_db
 def test_refusals_the_policy_list_and_the_trend_merge_every_shard(cluster, client, admin_client):
     """Requests refused from the deny cache, in several shards, reach the totals the operator reads."""

@@ -27,9 +27,9 @@ def run_each(client: redis.Redis, script: Entry, calls: Sequence[tuple[Sequence[
     pending = list(range(len(calls)))
     asking: dict[int, object] = {}  # call -> the node an ASK named (a slot being migrated)
     try:
-        # at most three sends: FCALL; EVALSHA if the server turns out to have no Functions (or FCALL
-        # once the library is loaded); EVALSHA once the script is loaded. A MOVED slot takes one of them.
-        for _attempt in range(3):
+        # at most five sends: FCALL; EVALSHA if the server turns out to have no Functions (or FCALL
+        # once the library is loaded); EVALSHA once the script is loaded; one more after MOVED or ASK
+        for _attempt in range(5):
             functions = uses_functions(client)
 
             def command(i: int) -> tuple:
@@ -41,20 +41,23 @@ def run_each(client: redis.Redis, script: Entry, calls: Sequence[tuple[Sequence[
             for i, reply in zip(pending, _write_once(client, calls, pending, command, asking)):
                 replies[i] = reply
                 kind = refusal_kind(reply)
-                asking.pop(i, None)
+                asked = asking.pop(i, None)
                 if isinstance(reply, NoScriptError):
                     script_missing = True
                 elif kind == MISSING:
-                    node = node_of(calls[i][0][0]) if node_of else None
+                    node = asked or (node_of(calls[i][0][0]) if node_of else None)
                     nodes[node.name if node else None] = node
+                    if asked:
+                        asking[i] = asked  # the slot is still being moved there
                 elif kind == UNSUPPORTED:
                     give_up_functions(client)
                 elif isinstance(reply, MovedError) and node_of:
                     moved = True
                 elif isinstance(reply, AskError) and node_of:
                     asking[i] = client.get_node(host=reply.host, port=reply.port)
-                    if asking[i] is None:
-                        moved, asking[i] = True, None
+                    if asking[i] is None:  # a node the layout does not know yet
+                        del asking[i]
+                        moved = True
                 else:
                     continue
                 retry.append(i)
