@@ -31,20 +31,20 @@ STRATEGIES = ["fixed_window", "sliding_window", "sliding_log"]
 IP = "203.0.113.7"
 
 
-def cluster_cache(url: str) -> dict:
+def cluster_cache(url: str, socket_timeout: float = 0.25) -> dict:
     return {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": url,
         "OPTIONS": {
             "CONNECTION_FACTORY": "ratelimit_app.connection.ClusterConnectionFactory",
             "SOCKET_CONNECT_TIMEOUT": 0.25,
-            "SOCKET_TIMEOUT": 0.25,
+            "SOCKET_TIMEOUT": socket_timeout,
         },
     }
 
 
-def use(cluster: LocalCluster, settings) -> None:
-    settings.CACHES = {**settings.CACHES, "cluster": cluster_cache(cluster.url)}
+def use(cluster: LocalCluster, settings, socket_timeout: float = 0.25) -> None:
+    settings.CACHES = {**settings.CACHES, "cluster": cluster_cache(cluster.url, socket_timeout)}
     settings.RATELIMIT_CACHE = "cluster"
     settings.RATELIMIT_SHARDS = 16
 
@@ -359,12 +359,15 @@ def _relayed_client(master, relay) -> str:
 
 @pytest.fixture
 def two_masters(settings):
-    """A cluster of the test's own (its slots are moved), used by the app for this test."""
+    """A cluster of the test's own (its slots are moved, its masters stopped), used by the app for this test."""
+    tally.flush()  # what earlier tests counted goes to their own server
+    tally.discard()
     own = LocalCluster(masters=2, replicas=False)
     try:
         use(own, settings)
         yield own
     finally:
+        tally.discard()
         own.stop()
 
 

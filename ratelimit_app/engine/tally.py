@@ -21,14 +21,13 @@ from collections import Counter, deque
 from typing import TYPE_CHECKING, Iterable
 
 import redis
-from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
 from . import keys
 from ..conf import get_setting
-from .clients import client, is_cluster
+from .clients import client
 from .hooks import hooks
-from .batches import run_each
+from .batches import NotSent, run_each
 from .scripts import HEARTBEAT_EVERY, heartbeat, scripts
 from .server_clock import server_clock
 
@@ -155,26 +154,23 @@ class Tally:
             for member, score in entries.items():
                 args += (repr(score), member)
         try:
-            servers = _servers(client(), by_shard)  # a cluster client connects as it is created: inside the try
+            redis_client = client()  # a cluster client connects as it is created: inside the try
         except (redis.RedisError, RedisClusterException) as error:
-            self._put_back(pending, error)
+            self._keep(pending, error)
             return
         self._heartbeat()
-        kept = False
-        for server, shards in servers:
-            try:
-                _reachable(server)
-            except redis.RedisError as error:  # nothing was sent: this shard's records wait for the next flush
-                self._put_back(_of_shards(pending, shards), error)
-                kept = True
-                continue
-            try:
-                run_each(server, scripts.get("tally", server), [by_shard[shard] for shard in shards])
-            except redis.RedisError as error:
-                # Sent: the server may have run the script and only its answer is lost (a timeout).
-                # Never sent again: a few counts missing from a monitoring total beat counting them twice.
-                logger.warning("ratelimit: counts for the policies' totals may not have reached Redis: %s", error)
-        if not kept:
+        shards = list(by_shard)
+        replies = run_each(redis_client, scripts.get("tally", redis_client), [by_shard[shard] for shard in shards],
+                           raise_on_error=False)
+        unsent = [(shard, reply) for shard, reply in zip(shards, replies) if isinstance(reply, NotSent)]
+        lost = [reply for reply in replies if isinstance(reply, Exception) and not isinstance(reply, NotSent)]
+        if lost:
+            # Sent: the server may have run the script and only its answer is lost (a timeout).
+            # Never sent again: a few counts missing from a monitoring total beat counting them twice.
+            logger.warning("ratelimit: counts for the policies' totals may not have reached Redis: %s", lost[0])
+        if unsent:  # nothing was sent to these shards' servers: their records wait for the next flush
+            self._keep(_of_shards(pending, [shard for shard, _ in unsent]), unsent[0][1])
+        else:
             self._retry_in = FLUSH_SECONDS
 
     def _heartbeat(self) -> None:
@@ -190,7 +186,7 @@ class Tally:
         except (redis.RedisError, RedisClusterException) as error:
             logger.warning("ratelimit: could not say which library this worker runs: %s", error)
 
-    def _put_back(self, pending: _Pending, error: BaseException) -> None:
+    def _keep(self, pending: _Pending, error: BaseException) -> None:
         """Keep what could not be sent for a flush that waits longer after each failure (up to RETRY_MOST
         seconds): an idle worker sends it too, once Redis is back."""
         logger.warning("ratelimit: counts for the policies' totals could not reach Redis yet: %s", error)
@@ -261,18 +257,6 @@ def _fold(pending: _Pending, policy: CompiledPolicy, member: str, shard: int, re
         pending.entries.setdefault((policy, shard), {})[member] = after * bucket + min(63, count.bit_length() - 1) / 64
 
 
-def _servers(redis_client: redis.Redis | RedisCluster, by_shard: dict) -> list[tuple[redis.Redis, list[int]]]:
-    """The servers the shards' calls go to, each with its shards: one on a single server, on a cluster
-    each master with its own client (one that cannot be reached keeps only its own shards' counts)."""
-    if not is_cluster(redis_client):
-        return [(redis_client, list(by_shard))]
-    servers: dict[str, tuple[redis.Redis, list[int]]] = {}
-    for shard, (totals, _args) in by_shard.items():
-        node = redis_client.get_node_from_key(totals[0])
-        servers.setdefault(node.name, (redis_client.get_redis_connection(node), []))[1].append(shard)
-    return list(servers.values())
-
-
 def _of_shards(pending: _Pending, shards: list[int]) -> _Pending:
     """The part of `pending` that goes to these shards."""
     part, wanted = _Pending(), set(shards)
@@ -280,14 +264,6 @@ def _of_shards(pending: _Pending, shards: list[int]) -> _Pending:
     part.entries.update({group: members for group, members in pending.entries.items() if group[1] in wanted})
     part.moves.update({move: delta for move, delta in pending.moves.items() if move[1] in wanted})
     return part
-
-
-def _reachable(server: redis.Redis) -> None:
-    """Take a connection from the server's pool (connecting it if need be) and give it back, for the
-    pipeline that follows (the pool hands out the last one given back): raises, before anything is
-    sent, when the server cannot be reached."""
-    pool = server.connection_pool
-    pool.release(pool.get_connection())
 
 
 tally = Tally()
