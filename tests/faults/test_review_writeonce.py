@@ -13,9 +13,10 @@ import redis
 from ratelimit_app import engine
 from ratelimit_app.engine import keys
 from ratelimit_app.engine.tally import FLUSH_SECONDS, NOW, Tally, tally
-from tests.cluster import LocalCluster
+from tests.cluster import LocalCluster, wait_for, wait_replicated
 from tests.helpers import check, policy, subject
 from tests.test_cluster import two_masters, use  # noqa: F401 - two_masters is a fixture
+from tests.test_sentinel import sentinel  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.django_db
 
@@ -218,3 +219,22 @@ def test_guard_redirections_that_point_at_each_other_end_after_a_bounded_number_
         engine.decide([check(limited)])
     assert 2 <= sends(stats) <= 5
     assert [int(m.client.execute_command("CLUSTER COUNTKEYSINSLOT", slot)) for m in (source, target)] == [0, 0]
+
+
+def test_counts_pending_across_a_sentinel_failover_reach_the_new_master(sentinel):  # noqa: F811
+    """Guard. A forced failover (SENTINEL FAILOVER: the master becomes the replica of its former replica)
+    while a worker holds counts for the totals, its pooled connection made to the old master: the flush
+    reaches the new master (written once there), nothing is dropped as a lost answer."""
+    limited = policy(limit=100, window=3600)
+    assert engine.decide([check(limited, "ip:192.0.2.1")]).allowed
+    tally.flush()  # connected to the master, the library loaded
+    old, new = sentinel.master, sentinel.replica
+    with tally._flushing:  # no flush until the failover is done
+        for i in range(5):
+            assert engine.decide([check(limited, f"ip:198.51.100.{i}")]).allowed
+        wait_replicated(old, new)
+        sentinel.sentinel.client.execute_command("SENTINEL", "FAILOVER", sentinel.service)
+        wait_for(lambda: sentinel.master_port() == new.port and old.client.info("replication")["role"] == "slave",
+                 20, "the failover")
+    totals = keys.totals_key(limited, 0)
+    wait_for(lambda: _allowed(new.client.hgetall(totals)) == 6, 10, "the 5 counts (and the first) on the new master")
