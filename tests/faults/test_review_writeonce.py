@@ -233,7 +233,9 @@ def test_counts_pending_across_a_sentinel_failover_reach_the_new_master(sentinel
         for i in range(5):
             assert engine.decide([check(limited, f"ip:198.51.100.{i}")]).allowed
         wait_replicated(old, new)
-        sentinel.sentinel.client.execute_command("SENTINEL", "FAILOVER", sentinel.service)
+        # refused (NOGOODSLAVE) until the sentinel has seen the replica in sync
+        wait_for(lambda: sentinel.sentinel.client.execute_command("SENTINEL", "FAILOVER", sentinel.service), 20,
+                 "the sentinel to start the failover")
         wait_for(lambda: sentinel.master_port() == new.port and old.client.info("replication")["role"] == "slave",
                  20, "the failover")
     totals = keys.totals_key(limited, 0)
