@@ -84,6 +84,7 @@ class Tally:
         self._flushing = threading.Lock()  # a reader's flush waits for the one under way, then sees its counts
         self._flusher: threading.Timer | None = None
         self._retry_in = FLUSH_SECONDS  # until the next flush, after one that could not reach Redis
+        self._exiting = False  # the last flush: nothing is kept for later
         self._heartbeat_due = 0.0  # monotonic time of the next word that this worker runs its library
 
     def add(
@@ -131,6 +132,12 @@ class Tally:
         with self._flushing:
             self._flush()
         hooks.flushed()  # the metrics fold their tallies on this thread, which runs only while there are requests
+
+    def flush_at_exit(self) -> None:
+        """The process's last flush: what cannot reach Redis now is logged as lost, and no timer is armed
+        to send it (none would run; Python 3.12 refuses to start a thread at exit)."""
+        self._exiting = True
+        self.flush()
 
     def _flush(self) -> None:
         with self._lock:
@@ -189,6 +196,10 @@ class Tally:
     def _keep(self, pending: _Pending, error: BaseException) -> None:
         """Keep what could not be sent for a flush that waits longer after each failure (up to RETRY_MOST
         seconds): an idle worker sends it too, once Redis is back."""
+        if self._exiting:
+            logger.warning("ratelimit: counts for the policies' totals are lost: the process exits and Redis "
+                           "cannot be reached: %s", error)
+            return
         logger.warning("ratelimit: counts for the policies' totals could not reach Redis yet: %s", error)
         with self._lock:
             self._pending.merge(pending)
@@ -205,13 +216,13 @@ class Tally:
     def _forked(self) -> None:
         # a forked child has no flusher thread and must not add its parent's counts a second time
         self._pending, self._lock, self._flushing, self._flusher = _Pending(), threading.Lock(), threading.Lock(), None
-        self._retry_in = FLUSH_SECONDS
+        self._retry_in, self._exiting = FLUSH_SECONDS, False
         self._noted = deque()
         self._heartbeat_due = 0.0
 
     def _multiprocessing_child(self) -> None:
         # a multiprocessing child ends with os._exit, past atexit: its own exit hook flushes
-        multiprocessing.util.Finalize(None, self.flush, exitpriority=10)
+        multiprocessing.util.Finalize(None, self.flush_at_exit, exitpriority=10)
 
 
 NOTED = 10  # fields a decision notes for each of its policies (Tally.note)
@@ -267,6 +278,6 @@ def _of_shards(pending: _Pending, shards: list[int]) -> _Pending:
 
 
 tally = Tally()
-atexit.register(tally.flush)
+atexit.register(tally.flush_at_exit)
 os.register_at_fork(after_in_child=tally._forked)
 multiprocessing.util.register_after_fork(tally, Tally._multiprocessing_child)

@@ -5,6 +5,8 @@ resend found in a cluster's decisions (tests/test_cluster.py)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -17,6 +19,7 @@ from ratelimit_app.engine.tally import FLUSH_SECONDS, NOW, RETRY_MOST, Tally, ta
 from tests.cluster import wait_for
 from tests.helpers import check, policy
 from tests.relay import Relay
+from tests.servers import ROOT, site_env
 
 pytestmark = pytest.mark.django_db
 
@@ -105,3 +108,34 @@ def test_a_flush_that_cannot_reach_redis_is_tried_again_less_often_each_time(ser
         assert own._retry_in == FLUSH_SECONDS  # the next failure waits FLUSH_SECONDS again
     finally:
         back.stop()
+
+
+EXITING = """
+import sys, django
+django.setup()
+from ratelimit_app import engine
+from ratelimit_app.engine.tally import tally
+from tests.helpers import check, policy
+with tally._flushing:  # nothing flushed before the exit: the counts wait
+    assert engine.decide([check(policy(limit=100, window=3600))]).allowed
+    tally._flusher.cancel()
+print("counted", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_worker_that_exits_while_redis_is_down_says_its_counts_are_lost_without_a_traceback(server, tmp_path):
+    """A worker's last flush (at exit) that cannot reach Redis kept its counts for a retry timer that never
+    runs: the log said they would reach Redis later, and Python 3.12 refuses to start the timer's
+    thread at exit (a RuntimeError traceback). The last flush says the counts are lost, and arms nothing."""
+    child = subprocess.Popen([sys.executable, "-c", EXITING], cwd=ROOT, env=site_env(tmp_path / "db.sqlite3",
+                             REDIS_URL=server.url), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "counted"
+        server.stop()
+        _, errors = child.communicate("exit\n", timeout=60)
+    finally:
+        child.kill()
+    assert "totals are lost: the process exits" in errors, errors
+    assert "could not reach Redis yet" not in errors and "Traceback" not in errors, errors
