@@ -137,19 +137,33 @@ def _write_once(client, calls: Sequence, indexes: list[int], command: Callable[[
 
 
 def _read(connection: redis.Connection, group: list[int], asking: dict) -> dict[int, object]:
-    """The replies of the calls `group` written on `connection`; after a lost answer, the connection is
-    closed (its unread replies would answer its next user) and each unanswered call's reply is the error."""
-    replies: dict[int, object] = {}
+    """The replies of the calls `group` written on `connection`, each after ASKING's OK if it was asked."""
+    answers: list[int | None] = []  # the call each reply answers (None: ASKING's OK)
+    for i in group:
+        if i in asking:
+            answers.append(None)
+        answers.append(i)
+    return {i: reply for i, reply in zip(answers, read_replies(connection, len(answers))) if i is not None}
+
+
+def read_replies(connection: redis.Connection, count: int) -> list:
+    """The replies of `count` commands written on `connection`, an error reply as its exception. After a
+    lost answer the connection is closed (its unread replies would answer its next user), and each
+    unanswered command's reply is the error: a ConnectionError or TimeoutError (see `answered`)."""
+    replies: list = []
     try:
-        for i in group:
-            if i in asking:
-                _reply(connection)  # ASKING's OK
-            replies[i] = _reply(connection)
+        while len(replies) < count:
+            replies.append(_reply(connection))
     except (redis.ConnectionError, redis.TimeoutError, OSError) as error:
         connection.disconnect()
         lost = error if isinstance(error, redis.RedisError) else redis.ConnectionError(str(error))
-        replies.update({i: lost for i in group if i not in replies})
+        replies += [lost] * (count - len(replies))
     return replies
+
+
+def answered(reply: object) -> bool:
+    """Whether Redis answered (an error reply included): not a lost answer of read_replies."""
+    return not isinstance(reply, (redis.ConnectionError, redis.TimeoutError))
 
 
 def _reply(connection: redis.Connection) -> object:

@@ -13,13 +13,13 @@ from typing import Sequence
 import redis
 from asgiref.sync import sync_to_async
 
-from . import keys
-from .circuit import RedisUnavailable, breaker
-from .aclients import aclient
-from .clients import client, cluster_configured, is_cluster
-from . import decision_connection
-from .decision_connection import ALL_READ, UNREAD, decision_client, read_unread, replace_if_closed
 from ..values import Held
+from . import decision_connection, keys
+from .aclients import aclient
+from .batches import answered, read_replies
+from .circuit import RedisUnavailable, breaker
+from .clients import client, cluster_configured, is_cluster
+from .decision_connection import ALL_READ, UNREAD, decision_client, read_unread, replace_if_closed
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -199,24 +199,11 @@ def _send_answered(redis_client: redis.Redis, commands: Sequence[tuple], held: S
     connection = pool.get_connection()  # checked by the pool before it lends it
     try:
         connection.send_packed_command(connection.pack_commands(commands))
-        if not _read_replies(connection, len(commands)):
+        # a give-back that failed (an error reply) is not sent again: its lease runs out
+        if not all(answered(reply) for reply in read_replies(connection, len(commands))):
             owed.add(held)
     finally:
         pool.release(connection)
-
-
-def _read_replies(connection: redis.Connection, count: int) -> bool:
-    """Whether Redis answered all `count` commands written on `connection` (an error reply included)."""
-    try:
-        for _ in range(count):
-            try:
-                connection.read_response()
-            except redis.ResponseError:
-                pass  # nothing to do about a give-back that failed: its lease runs out
-    except (redis.ConnectionError, redis.TimeoutError, OSError):
-        connection.disconnect()
-        return False
-    return True
 
 
 def _send_unanswered(kept: redis.Connection, commands: Sequence[tuple], held: Sequence[Held]) -> None:
