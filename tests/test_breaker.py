@@ -8,10 +8,13 @@ import threading
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from ratelimit_app.engine.circuit import CircuitBreaker, RedisCommandError, RedisUnavailable
 
-DEAD = redis.Redis(port=1, socket_connect_timeout=0.2)  # nothing listens on port 1: refused at once
+# nothing listens on port 1: refused at once (redis-py's default retries would wait seconds first)
+DEAD = redis.Redis(port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
 
 
 @pytest.fixture
