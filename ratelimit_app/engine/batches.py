@@ -3,10 +3,11 @@ flushes, the live page's reads."""
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Sequence
 
 import redis
-from redis.exceptions import AskError, MovedError, NoScriptError, RedisClusterException
+from redis.exceptions import AskError, MovedError, NoScriptError, RedisClusterException, TryAgainError
 
 from .clients import is_cluster
 from .scripts import MISSING, UNSUPPORTED, Entry, give_up_functions, load_library, refusal_kind, uses_functions
@@ -14,6 +15,17 @@ from .scripts import MISSING, UNSUPPORTED, Entry, give_up_functions, load_librar
 
 class NotSent(redis.ConnectionError):
     """The reply of a call that was never written (its server could not be reached or placed): it ran nothing."""
+
+
+# the first pause before a call refused with TRYAGAIN is sent again (doubled at each send after it): its
+# slot's keys are split between two masters for as long as a resharding takes to move the rest
+TRYAGAIN_PAUSE = 0.025
+
+
+def ran_nothing(reply: object) -> bool:
+    """Whether a call's reply (run_each's, raise_on_error False) says it ran nothing: never written, or
+    still refused when run_each gave up (its slot moving: TRYAGAIN, MOVED, ASK)."""
+    return isinstance(reply, (NotSent, TryAgainError, MovedError, AskError))
 
 
 def run_each(
@@ -25,15 +37,18 @@ def run_each(
     Each call is written once: a call whose answer is lost (a timeout, a connection Redis closed after
     reading it) may have run, so it is never sent again. A call that Redis refused ran nothing and is
     sent again: the server lacked the library or the script (a restart, a failover: it is loaded
-    first, on each node that lacked it), or the slot has moved (MOVED, ASK). Raises the first error of
-    any call; with `raise_on_error` False, a call's error is its reply (NotSent: it ran nothing).
+    first, on each node that lacked it), the slot has moved (MOVED, ASK), or its keys are split by a
+    move under way (TRYAGAIN: after a pause). Raises the first error of any call; with `raise_on_error`
+    False, a call's error is its reply (ran_nothing tells those that ran nothing).
     """
     node_of = client.get_node_from_key if is_cluster(client) else None
     replies: list = [None] * len(calls)
     pending = list(range(len(calls)))
     asking: dict[int, object] = {}  # call -> the node an ASK named (a slot being migrated)
+    pause = TRYAGAIN_PAUSE
     # at most five sends: FCALL; EVALSHA if the server turns out to have no Functions (or FCALL once
-    # the library is loaded); EVALSHA once the script is loaded; one more after MOVED or ASK
+    # the library is loaded); EVALSHA once the script is loaded; one more after MOVED or ASK. TRYAGAIN
+    # shares them: four pauses wait 0.375 s in all, then the call fails alone (no outage)
     for _attempt in range(5):
         functions = uses_functions(client)
 
@@ -42,7 +57,7 @@ def run_each(
             name = script.function if functions else script.sha
             return ("FCALL" if functions else "EVALSHA", name, len(keys), *keys, *args)
 
-        retry, nodes, script_missing, moved = [], {}, False, False
+        retry, nodes, script_missing, moved, split = [], {}, False, False, False
         for i, reply in zip(pending, _write_once(client, calls, pending, command, asking)):
             replies[i] = reply
             kind = refusal_kind(reply)
@@ -63,11 +78,18 @@ def run_each(
                 if asking[i] is None:  # a node the layout does not know yet
                     del asking[i]
                     moved = True
+            elif isinstance(reply, TryAgainError):
+                split = True
+                if asked:
+                    asking[i] = asked
             else:
                 continue
             retry.append(i)
-        if not retry:
+        if not retry or _attempt == 4:
             break
+        if split:
+            time.sleep(pause)
+            pause *= 2
         try:
             if moved:
                 client.nodes_manager.initialize()

@@ -45,8 +45,9 @@ NOT_OUTAGES = (redis.ResponseError, ReplyLost, PoolFull, redis.exceptions.MaxCon
 
 def is_outage(error: redis.RedisError) -> bool:
     """Redis did not answer (refused, timed out, cluster down); an error reply, a lost reply or a full
-    pool is no outage."""
-    if isinstance(error, (redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError)):
+    pool is no outage, nor a slot whose keys a resharding is moving (TRYAGAIN: that shard's calls fail
+    alone)."""
+    if isinstance(error, redis.exceptions.ClusterDownError):
         return True
     return not isinstance(error, NOT_OUTAGES)
 

@@ -27,7 +27,7 @@ from . import keys
 from ..conf import get_setting
 from .clients import client
 from .hooks import hooks
-from .batches import NotSent, run_each
+from .batches import ran_nothing, run_each
 from .scripts import HEARTBEAT_EVERY, heartbeat, scripts
 from .server_clock import server_clock
 
@@ -169,13 +169,13 @@ class Tally:
         shards = list(by_shard)
         replies = run_each(redis_client, scripts.get("tally", redis_client), [by_shard[shard] for shard in shards],
                            raise_on_error=False)
-        unsent = [(shard, reply) for shard, reply in zip(shards, replies) if isinstance(reply, NotSent)]
-        lost = [reply for reply in replies if isinstance(reply, Exception) and not isinstance(reply, NotSent)]
+        unsent = [(shard, reply) for shard, reply in zip(shards, replies) if ran_nothing(reply)]
+        lost = [reply for reply in replies if isinstance(reply, Exception) and not ran_nothing(reply)]
         if lost:
             # Sent: the server may have run the script and only its answer is lost (a timeout).
             # Never sent again: a few counts missing from a monitoring total beat counting them twice.
             logger.warning("ratelimit: counts for the policies' totals may not have reached Redis: %s", lost[0])
-        if unsent:  # nothing was sent to these shards' servers: their records wait for the next flush
+        if unsent:  # these shards' calls ran nothing (never sent, or refused): their records wait for the next flush
             self._keep(_of_shards(pending, [shard for shard, _ in unsent]), unsent[0][1])
         else:
             self._retry_in = FLUSH_SECONDS
