@@ -22,7 +22,7 @@ from .engine.clients import when_flushed
 from .engine.tally import NOW, tally
 
 if TYPE_CHECKING:
-    from .values import Check, Decision
+    from .values import Check, CompiledPolicy, Decision
 
 MAX_ENTRIES = 10_000  # subjects over a limit at once in one process; beyond that, the oldest are forgotten
 
@@ -38,11 +38,10 @@ class DenyCache:
         self.epoch = 0
 
     @staticmethod
-    def _key(check: Check, cost: int) -> tuple:
-        policy = check.policy
+    def _key(policy: CompiledPolicy, subject_key: str, limit: int, cost: int) -> tuple:
         # whatever decides a refusal: a policy compiled anew with other terms meets none of its old entries
         terms = (policy.id, policy.generation, policy.shape, policy.mode, policy.window_ms, policy.bucket_ms)
-        return terms, check.subject.key, check.limit, cost
+        return terms, subject_key, limit, cost
 
     def denied(self, checks: Sequence[Check], cost: int = 1) -> list[Decision]:
         """The cached denials among these checks for a request of `cost` units, their times brought up
@@ -55,7 +54,7 @@ class DenyCache:
         for check in checks:
             if not check.policy.enforce:
                 continue  # a shadow policy never refuses, from memory or not
-            key = self._key(check, cost)
+            key = self._key(check.policy, check.subject.key, check.limit, cost)
             entry = self._until.get(key)
             if entry is None:
                 continue
@@ -71,19 +70,20 @@ class DenyCache:
             self._count(found)
         return found
 
-    def remember(self, checks: Sequence[Check], decisions: Sequence[Decision], epoch: int) -> None:
+    def remember(self, decisions: Sequence[Decision], epoch: int) -> None:
         """Keep every enforcing decision over its limit until its retry time, for its cost, unless the
         cache was cleared since `epoch` (read before Redis was asked)."""
         now = time.monotonic()
-        for check, decision in zip(checks, decisions):
+        for decision in decisions:
             # an in-flight place may come back any moment (its retry is a guess): never remembered
-            if not decision.allowed and decision.retry_after and not check.policy.holds:
+            if not decision.allowed and decision.retry_after and not decision.policy.holds:
                 with self._lock:
                     if epoch != self.epoch:
                         return
                     if len(self._until) >= MAX_ENTRIES:
                         del self._until[next(iter(self._until))]
-                    self._until[self._key(check, decision.cost)] = (now + decision.retry_after, decision)
+                    key = self._key(decision.policy, decision.subject.key, decision.limit, decision.cost)
+                    self._until[key] = (now + decision.retry_after, decision)
 
     @staticmethod
     def _count(refusals: Sequence[Decision]) -> None:

@@ -131,7 +131,7 @@ def settle(request, state: RequestState, checks: list[Check], verdict: Verdict, 
         elif decision.exceeded:
             _report_shadow(decision, request)
     if denied and epoch is not None and deny_cache_enabled():
-        deny_cache.remember(checks, verdict.decisions, epoch)
+        deny_cache.remember(verdict.decisions, epoch)
 
 
 def denied_from_memory(state: RequestState, checks: list[Check], cost: int = 1) -> bool:

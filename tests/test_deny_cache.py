@@ -78,7 +78,7 @@ def test_threads_refusing_many_subjects_at_once_never_fail(monkeypatch):
         def flood():
             for i in range(20_000):
                 subject_check = check(limited, f"ip:198.51.100.{i % 200}")
-                deny_cache.remember([subject_check], [refused], deny_cache.epoch)
+                deny_cache.remember([refused._replace(subject=subject_check.subject)], deny_cache.epoch)
                 deny_cache.denied([subject_check])
         _, errors = in_threads(flood, threads=4)
     finally:

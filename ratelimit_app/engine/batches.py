@@ -154,7 +154,7 @@ def _write_once(client, calls: Sequence, indexes: list[int], command: Callable[[
                 connection.disconnect()
             pool.release(connection)
     if is_cluster(client) and any(isinstance(reply, redis.ConnectionError) for reply in replies.values()):
-        _refresh_slots(client)
+        refresh_slots(client)
     return [replies[i] for i in indexes]
 
 
@@ -206,7 +206,7 @@ def _unsent(replies: list, indexes: list[int], error: BaseException) -> list:
     return [unsent if i in refused else reply for i, reply in enumerate(replies)]
 
 
-def _refresh_slots(client) -> None:
+def refresh_slots(client) -> None:
     """After a node failed: ask the cluster who serves which slot (a replica may have been promoted)."""
     try:
         client.nodes_manager.initialize()

@@ -1,6 +1,6 @@
 """Giving back the places of requests in flight (concurrency policies) when they end: one EVAL of
 lua/release.lua per slot, written without waiting for its reply (read later), owed while Redis cannot
-take it, and sent again when its connection closed before Redis answered."""
+take it, and sent again when its connection closed before Redis answered or a moving slot refused it."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from typing import Sequence
 
 import redis
 from asgiref.sync import sync_to_async
+from redis.exceptions import AskError, MovedError
 
 from ..values import Held
 from . import decision_connection, keys
 from .aclients import aclient
-from .batches import answered, read_replies
+from .batches import answered, ran_nothing, read_replies, refresh_slots
 from .circuit import RedisUnavailable, breaker
 from .clients import client, cluster_configured, is_cluster
 from .decision_connection import ALL_READ, UNREAD, decision_client, read_unread, replace_if_closed
@@ -166,14 +167,40 @@ owed = Owed()
 def send(redis_client, held: Sequence[Held]) -> None:
     if is_cluster(redis_client):
         for key, command, group in _release_commands(held, redis_client.keyslot):
-            _send_answered(redis_client.get_node_from_key(key).redis_connection, [command], group)
+            _send_to_slot(redis_client, key, command, group)
         return
     kept = getattr(redis_client, "connection", None)
     commands = _release_commands(held, None)
     if kept is None:
-        _send_answered(redis_client, [command for _, command, _ in commands], held)
+        _owe_unless_taken(_send_answered(redis_client, [command for _, command, _ in commands]), held)
     else:
         _send_unanswered(kept, [command for _, command, _ in commands], held)
+
+
+def _send_to_slot(cluster, key: str, command: tuple, held: Sequence[Held]) -> None:
+    """One slot's give-back, on the master the layout names; sent on to the node an ASK names (the slot
+    is being moved there: with ASKING), or after MOVED where the layout read again says. Refused
+    otherwise (TRYAGAIN: the slot's keys are split by the move), it ran nothing: owed."""
+    node, asking = cluster.get_node_from_key(key), False
+    for _ in range(3):
+        reply = _send_answered(cluster.get_redis_connection(node), [("ASKING",), command] if asking else [command])[-1]
+        if isinstance(reply, AskError):
+            node, asking = cluster.get_node(host=reply.host, port=reply.port), True
+        elif isinstance(reply, MovedError):
+            refresh_slots(cluster)
+            node, asking = cluster.get_node_from_key(key), False
+        else:
+            break
+        if node is None:  # a node the layout does not know yet
+            break
+    _owe_unless_taken([reply], held)
+
+
+def _owe_unless_taken(replies: Sequence, held: Sequence[Held]) -> None:
+    """Owe the places when a reply was lost or says the give-back ran nothing; one that failed otherwise
+    (an error reply) is not sent again: its lease runs out."""
+    if not all(answered(reply) and not ran_nothing(reply) for reply in replies):
+        owed.add(held)
 
 
 def _release_commands(held: Sequence[Held], slot_of) -> list[tuple[str, tuple, list[Held]]]:
@@ -191,17 +218,14 @@ def _release_commands(held: Sequence[Held], slot_of) -> list[tuple[str, tuple, l
             for counters, args, places in groups.values()]
 
 
-def _send_answered(redis_client: redis.Redis, commands: Sequence[tuple], held: Sequence[Held]) -> None:
-    """On a pooled connection: write `commands` and read their replies before lending it again (a
-    reply left on it would answer its next user). Unanswered (the connection closed first), they are
-    owed, and sent again."""
+def _send_answered(redis_client: redis.Redis, commands: Sequence[tuple]) -> list:
+    """On a pooled connection: write `commands` and read their replies (batches.read_replies) before
+    lending it again (a reply left on it would answer its next user)."""
     pool = redis_client.connection_pool
     connection = pool.get_connection()  # checked by the pool before it lends it
     try:
         connection.send_packed_command(connection.pack_commands(commands))
-        # a give-back that failed (an error reply) is not sent again: its lease runs out
-        if not all(answered(reply) for reply in read_replies(connection, len(commands))):
-            owed.add(held)
+        return read_replies(connection, len(commands))
     finally:
         pool.release(connection)
 

@@ -37,43 +37,67 @@ def _decide_across_shards(
     one request, never an over-admission), but no in-flight place stays taken: a refused request
     gives back, by its lease, what the shards that admitted it took.
     """
-    peeked = _pipelined(redis_client, groups, call._replace(dry_run=True))
-    if call.dry_run:
-        return _merged(checks, groups, peeked)
-    denying = {shard: groups[shard] for shard, verdict in peeked.items() if not verdict.allowed}
+    peeked = _pipelined(redis_client, groups, call._replace(dry_run=True), raise_on_error=False)
+    denying = {shard: groups[shard] for shard, verdict in peeked.items()
+               if isinstance(verdict, Verdict) and not verdict.allowed}
+    if call.dry_run or not denying:
+        _raise_first(peeked)  # a shard that could not answer leaves the request undecided, unless another denies
     if denying:
-        _refused_holds_nothing(redis_client, _pipelined(redis_client, denying, call), call)  # records the refusal
+        # records the refusal (a denying shard that cannot answer now recorded nothing)
+        _refused_holds_nothing(redis_client, _pipelined(redis_client, denying, call, raise_on_error=False), call,
+                               denying)
+    if call.dry_run or denying:
         return _merged(checks, groups, peeked)
     counted = _pipelined(redis_client, groups, call)
     verdict = _merged(checks, groups, counted)
     if not verdict.allowed:
-        _refused_holds_nothing(redis_client, counted, call)
+        _refused_holds_nothing(redis_client, counted, call, groups)
     return verdict
 
 
-def _refused_holds_nothing(redis_client, verdicts: dict[int, Verdict], call: Ask) -> None:
+def _refused_holds_nothing(redis_client, verdicts: dict[int, Verdict | Exception], call: Ask,
+                           groups: dict[int, list[Check]]) -> None:
     """The request is refused: the in-flight places that shards which admitted it took go back, by its
-    lease (the worker keeps no places of a refused request)."""
-    if call.lease:
-        held = [Held(d.policy, d.subject, call.lease, call.cost) for verdict in verdicts.values() if verdict.allowed
-                for d in verdict.decisions if d.policy.holds and not d.exceeded]
-        if held:
-            giveback.send(redis_client, held)
+    lease (the worker keeps no places of a refused request); a shard whose answer is lost may have taken
+    them too (giving back a place never taken changes nothing)."""
+    if not call.lease:
+        return
+    held = []
+    for shard, verdict in verdicts.items():
+        if isinstance(verdict, Exception):
+            held += [Held(c.policy, c.subject, call.lease, call.cost) for c in groups[shard] if c.policy.holds]
+        elif verdict.allowed:
+            held += [Held(d.policy, d.subject, call.lease, call.cost) for d in verdict.decisions
+                     if d.policy.holds and not d.exceeded]
+    if held:
+        giveback.send(redis_client, held)
 
 
-def _pipelined(redis_client, groups: dict[int, list[Check]], call: Ask) -> dict[int, Verdict]:
-    """One decide call per shard group, sent in one pipeline (on a cluster: to each node at once)."""
+def _pipelined(redis_client, groups: dict[int, list[Check]], call: Ask,
+               raise_on_error: bool = True) -> dict[int, Verdict | Exception]:
+    """One decide call per shard group, sent in one pipeline (on a cluster: to each node at once); with
+    `raise_on_error` False, a shard's error is its entry."""
     script = scripts.get(entry(call), redis_client)
     calls = [script_call(group, call, False) for group in groups.values()]
-    replies = run_each(redis_client, script, [(script_keys, args) for script_keys, args, _ in calls])
-    return {shard: verdict_of(group, reply, call, parts)
+    replies = run_each(redis_client, script, [(script_keys, args) for script_keys, args, _ in calls], raise_on_error)
+    return {shard: reply if isinstance(reply, Exception) else verdict_of(group, reply, call, parts)
             for (shard, group), reply, (_, _, parts) in zip(groups.items(), replies, calls)}
 
 
-def _merged(checks: Sequence[Check], groups: dict[int, list[Check]], verdicts: dict[int, Verdict]) -> Verdict:
-    """One verdict for the request, its decisions in the order of `checks`."""
+def _raise_first(verdicts: dict[int, Verdict | Exception]) -> None:
+    for verdict in verdicts.values():
+        if isinstance(verdict, Exception):
+            raise verdict
+
+
+def _merged(
+    checks: Sequence[Check], groups: dict[int, list[Check]], verdicts: dict[int, Verdict | Exception]
+) -> Verdict:
+    """One verdict for the request, its decisions in the order of `checks`: those of the shards that
+    answered (a request that a shard denied is denied whatever another could not say)."""
     decided = {}
     for shard, group in groups.items():
-        decided.update(zip(map(id, group), verdicts[shard].decisions))
-    decisions = tuple(decided[id(check)] for check in checks)
-    return Verdict(all(verdict.allowed for verdict in verdicts.values()), decisions, None)
+        if isinstance(verdicts[shard], Verdict):
+            decided.update(zip(map(id, group), verdicts[shard].decisions))
+    decisions = tuple(decided[id(check)] for check in checks if id(check) in decided)
+    return Verdict(all(isinstance(v, Verdict) and v.allowed for v in verdicts.values()), decisions, None)
