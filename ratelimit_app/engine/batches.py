@@ -7,7 +7,9 @@ import time
 from typing import Callable, Sequence
 
 import redis
-from redis.exceptions import AskError, MovedError, NoScriptError, RedisClusterException, TryAgainError
+from redis.exceptions import (
+    AskError, MovedError, NoScriptError, ReadOnlyError, RedisClusterException, TryAgainError,
+)
 
 from .clients import is_cluster
 from .scripts import MISSING, UNSUPPORTED, Entry, give_up_functions, load_library, refusal_kind, uses_functions
@@ -24,8 +26,9 @@ TRYAGAIN_PAUSE = 0.025
 
 def ran_nothing(reply: object) -> bool:
     """Whether a call's reply (run_each's, raise_on_error False) says it ran nothing: never written, or
-    still refused when run_each gave up (its slot moving: TRYAGAIN, MOVED, ASK)."""
-    return isinstance(reply, (NotSent, TryAgainError, MovedError, AskError))
+    still refused when run_each gave up (its slot moving: TRYAGAIN, MOVED, ASK), or refused by a replica
+    (READONLY: the address leads to one until it follows a failover)."""
+    return isinstance(reply, (NotSent, TryAgainError, MovedError, AskError, ReadOnlyError))
 
 
 def run_each(

@@ -139,3 +139,27 @@ def test_a_worker_that_exits_while_redis_is_down_says_its_counts_are_lost_withou
         child.kill()
     assert "totals are lost: the process exits" in errors, errors
     assert "could not reach Redis yet" not in errors and "Traceback" not in errors, errors
+
+
+def test_a_flush_refused_by_a_replica_is_kept_and_reaches_redis_once_it_is_a_master_again(server, caplog):
+    """The address now leads to a replica (a failover the address has not followed yet): Redis refuses the
+    flush (READONLY), which ran nothing. The counts are kept, not dropped as possibly sent; once the
+    server takes writes again, the next flush brings them, once."""
+    limited = policy(limit=100, window=3600)
+    assert engine.decide([check(limited, "ip:192.0.2.1")]).allowed
+    tally.flush()
+    admin = redis.Redis(port=server.port)
+    own = Tally()
+    own._pending.counts[(limited, 0, "a", NOW)] = 5
+    admin.execute_command("REPLICAOF", "127.0.0.1", "1")  # a replica now (of nothing that answers)
+    try:
+        own.flush()
+        if own._flusher is not None:
+            own._flusher.cancel()  # kept for a retry: the test flushes once the server is a master again
+            own._flusher = None
+    finally:
+        admin.execute_command("REPLICAOF", "NO", "ONE")
+    assert "may not have reached" not in caplog.text
+    own.flush()
+    assert _allowed_in_redis(admin, limited) == 6  # the decision's own one, and these five once
+    admin.close()
