@@ -181,7 +181,12 @@ def read_replies(connection: redis.Connection, count: int) -> list:
             replies.append(_reply(connection))
     except (redis.ConnectionError, redis.TimeoutError, OSError) as error:
         connection.disconnect()
-        lost = error if isinstance(error, redis.RedisError) else redis.ConnectionError(str(error))
+        if isinstance(error.__context__, ReadOnlyError):
+            # Sentinel's connection raises READONLY so (the master it knew was demoted): that server, a
+            # replica now, refused what was written to it
+            lost: Exception = error.__context__
+        else:
+            lost = error if isinstance(error, redis.RedisError) else redis.ConnectionError(str(error))
         replies += [lost] * (count - len(replies))
     return replies
 

@@ -18,7 +18,7 @@ from ..values import Held
 from . import decision_connection, keys
 from .aclients import aclient
 from .batches import answered, ran_nothing, read_replies, refresh_slots
-from .circuit import RedisUnavailable, breaker
+from .circuit import RedisUnavailable, breaker, describe
 from .clients import client, cluster_configured, is_cluster
 from .decision_connection import ALL_READ, UNREAD, decision_client, read_unread, replace_if_closed
 
@@ -38,8 +38,8 @@ def release(held: Sequence[Held]) -> None:
         return
     try:
         breaker.call(lambda: send(decision_client(), held))
-    except RedisUnavailable:
-        owed.add(held)
+    except RedisUnavailable as error:
+        owed.add(held, error)
 
 
 def _sendable(held: Sequence[Held]) -> tuple:
@@ -79,8 +79,8 @@ async def arelease(held: Sequence[Held]) -> None:
 
     try:
         await breaker.acall(send)
-    except RedisUnavailable:
-        owed.add(held)
+    except RedisUnavailable as error:
+        owed.add(held, error)
     except BaseException:  # cancelled (the request's client left) before the write: owed, never lost
         if not written:
             owed.add(held)
@@ -123,6 +123,7 @@ class Owed:
         self.places: list[Held] = []
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
+        self._cause = ""  # why the last places were owed, as logged if places are dropped
 
     def adding(self, held: Sequence[Held]) -> list[Held]:
         """`held` with what is owed (no longer owed: the caller sends it, or owes it again)."""
@@ -132,13 +133,16 @@ class Owed:
             owed, self.places = self.places, []
         return owed + list(held)
 
-    def add(self, held: Sequence[Held]) -> None:
+    def add(self, held: Sequence[Held], cause: BaseException | None = None) -> None:
+        """Owe `held`; `cause`: why Redis did not take them (else the circuit's last outage)."""
         with self._lock:
             self.places += held
+            if cause is not None:
+                self._cause = describe(cause)
             if len(self.places) > self.LIMIT:
                 dropped, self.places = self.places[: -self.LIMIT], self.places[-self.LIMIT:]
                 logger.warning("ratelimit: %d places in flight not given back (their leases run out instead): %s",
-                               len(dropped), breaker.cause)
+                               len(dropped), self._cause or breaker.cause)
             if self._timer is None:
                 self._timer = threading.Timer(1.0, self._retry)
                 self._timer.daemon = True
@@ -153,8 +157,8 @@ class Owed:
                 # on a pooled connection, answered before it goes back: a timer's thread ends at once,
                 # and a connection kept for it would go back to the pool with replies unread
                 breaker.call(lambda: send(client(), held))
-            except RedisUnavailable:
-                self.add(held)
+            except RedisUnavailable as error:
+                self.add(held, error)
 
     def forget(self) -> None:
         with self._lock:
@@ -199,8 +203,9 @@ def _send_to_slot(cluster, key: str, command: tuple, held: Sequence[Held]) -> No
 def _owe_unless_taken(replies: Sequence, held: Sequence[Held]) -> None:
     """Owe the places when a reply was lost or says the give-back ran nothing; one that failed otherwise
     (an error reply) is not sent again: its lease runs out."""
-    if not all(answered(reply) and not ran_nothing(reply) for reply in replies):
-        owed.add(held)
+    refused = [reply for reply in replies if not answered(reply) or ran_nothing(reply)]
+    if refused:
+        owed.add(held, refused[0])
 
 
 def _release_commands(held: Sequence[Held], slot_of) -> list[tuple[str, tuple, list[Held]]]:

@@ -36,23 +36,35 @@ def _decide_across_shards(
     in those races a shard may have counted a request that was refused (an under-admission of
     one request, never an over-admission), but no in-flight place stays taken: a refused request
     gives back, by its lease, what the shards that admitted it took.
+
+    A shard that cannot answer (TRYAGAIN while its slot moves, a lost answer) leaves the request
+    undecided, unless a shard that answered denies it: then it is denied, its verdict carrying the
+    decisions of the shards that answered.
     """
     peeked = _pipelined(redis_client, groups, call._replace(dry_run=True), raise_on_error=False)
-    denying = {shard: groups[shard] for shard, verdict in peeked.items()
-               if isinstance(verdict, Verdict) and not verdict.allowed}
+    denying = _denying(peeked, groups)
     if call.dry_run or not denying:
-        _raise_first(peeked)  # a shard that could not answer leaves the request undecided, unless another denies
+        _raise_first(peeked)
+    if call.dry_run:
+        return _merged(checks, groups, peeked)
     if denying:
         # records the refusal (a denying shard that cannot answer now recorded nothing)
-        _refused_holds_nothing(redis_client, _pipelined(redis_client, denying, call, raise_on_error=False), call,
-                               denying)
-    if call.dry_run or denying:
+        recorded = _pipelined(redis_client, denying, call, raise_on_error=False)
+        _refused_holds_nothing(redis_client, recorded, call, denying)
         return _merged(checks, groups, peeked)
-    counted = _pipelined(redis_client, groups, call)
+    counted = _pipelined(redis_client, groups, call, raise_on_error=False)
+    if not _denying(counted, groups):
+        _raise_first(counted)  # what the shards that answered took stays the request's, given back at its end
     verdict = _merged(checks, groups, counted)
     if not verdict.allowed:
         _refused_holds_nothing(redis_client, counted, call, groups)
     return verdict
+
+
+def _denying(verdicts: dict[int, Verdict | Exception], groups: dict[int, list[Check]]) -> dict[int, list[Check]]:
+    """The shards that answered with a denial, with their checks."""
+    return {shard: groups[shard] for shard, verdict in verdicts.items()
+            if isinstance(verdict, Verdict) and not verdict.allowed}
 
 
 def _refused_holds_nothing(redis_client, verdicts: dict[int, Verdict | Exception], call: Ask,
