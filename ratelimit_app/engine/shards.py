@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import redis
+from redis.exceptions import RedisClusterException
+
+from .. import quotas
 from ..values import Check, Held, Verdict
 from . import giveback, keys
 from .arguments import Ask, entry, script_call
@@ -33,9 +37,10 @@ def _decide_across_shards(
     the live page (they deny again: an enforcing policy at its limit counts nothing). Otherwise
     every shard counts in one more pipeline; each shard still decides atomically, so a shard that
     filled up in between denies and the request is denied. Nothing is ever admitted over a limit;
-    in those races a shard may have counted a request that was refused (an under-admission of
-    one request, never an over-admission), but no in-flight place stays taken: a refused request
-    gives back, by its lease, what the shards that admitted it took.
+    in those races a shard may have counted a request that was refused, or that is decided again
+    (a quota's counter lost since the look: asked again with its saved usage): an under-admission
+    of one request, never an over-admission. No in-flight place stays taken: a refused request, or
+    one decided again, gives back by its lease what the shards that admitted it took.
 
     A shard that cannot answer (TRYAGAIN while its slot moves, a lost answer) leaves the request
     undecided, unless a shard that answered denies it: then it is denied, its verdict carrying the
@@ -50,14 +55,16 @@ def _decide_across_shards(
     if denying:
         # records the refusal (a denying shard that cannot answer now recorded nothing)
         recorded = _pipelined(redis_client, denying, call, raise_on_error=False)
-        _refused_holds_nothing(redis_client, recorded, call, denying)
+        _give_back(redis_client, recorded, call, denying)
         return _merged(checks, groups, peeked)
     counted = _pipelined(redis_client, groups, call, raise_on_error=False)
     if not _denying(counted, groups):
+        if any(isinstance(verdict, quotas.QuotaAbsent) for verdict in counted.values()):
+            _give_back(redis_client, counted, call, groups)  # the call is made again, with the saved usage
         _raise_first(counted)  # what the shards that answered took stays the request's, given back at its end
     verdict = _merged(checks, groups, counted)
     if not verdict.allowed:
-        _refused_holds_nothing(redis_client, counted, call, groups)
+        _give_back(redis_client, counted, call, groups)
     return verdict
 
 
@@ -67,11 +74,12 @@ def _denying(verdicts: dict[int, Verdict | Exception], groups: dict[int, list[Ch
             if isinstance(verdict, Verdict) and not verdict.allowed}
 
 
-def _refused_holds_nothing(redis_client, verdicts: dict[int, Verdict | Exception], call: Ask,
-                           groups: dict[int, list[Check]]) -> None:
-    """The request is refused: the in-flight places that shards which admitted it took go back, by its
-    lease (the worker keeps no places of a refused request); a shard whose answer is lost may have taken
-    them too (giving back a place never taken changes nothing)."""
+def _give_back(redis_client, verdicts: dict[int, Verdict | Exception], call: Ask,
+               groups: dict[int, list[Check]]) -> None:
+    """The request is refused (or made again): the in-flight places that shards which admitted it took go
+    back, by its lease (the worker keeps no places of a refused request); a shard that did not answer may
+    have taken them too (giving back a place never taken changes nothing). Owed when Redis cannot take
+    them now: the refusal stands."""
     if not call.lease:
         return
     held = []
@@ -82,24 +90,39 @@ def _refused_holds_nothing(redis_client, verdicts: dict[int, Verdict | Exception
             held += [Held(d.policy, d.subject, call.lease, call.cost) for d in verdict.decisions
                      if d.policy.holds and not d.exceeded]
     if held:
-        giveback.send(redis_client, held)
+        try:
+            giveback.send(redis_client, held)
+        except (redis.RedisError, RedisClusterException, OSError) as error:
+            giveback.owed.add(held, error)
 
 
 def _pipelined(redis_client, groups: dict[int, list[Check]], call: Ask,
                raise_on_error: bool = True) -> dict[int, Verdict | Exception]:
     """One decide call per shard group, sent in one pipeline (on a cluster: to each node at once); with
-    `raise_on_error` False, a shard's error is its entry."""
+    `raise_on_error` False, a shard's error (or its quotas' absent counters) is its entry."""
     script = scripts.get(entry(call), redis_client)
     calls = [script_call(group, call, False) for group in groups.values()]
     replies = run_each(redis_client, script, [(script_keys, args) for script_keys, args, _ in calls], raise_on_error)
-    return {shard: reply if isinstance(reply, Exception) else verdict_of(group, reply, call, parts)
-            for (shard, group), reply, (_, _, parts) in zip(groups.items(), replies, calls)}
+    verdicts: dict[int, Verdict | Exception] = {}
+    for (shard, group), reply, (_, _, parts) in zip(groups.items(), replies, calls):
+        try:
+            verdicts[shard] = reply if isinstance(reply, Exception) else verdict_of(group, reply, call, parts)
+        except quotas.QuotaAbsent as absent:
+            if raise_on_error:
+                raise
+            verdicts[shard] = absent
+    return verdicts
 
 
 def _raise_first(verdicts: dict[int, Verdict | Exception]) -> None:
-    for verdict in verdicts.values():
-        if isinstance(verdict, Exception):
-            raise verdict
+    """Raise a shard's error; the quotas' absent counters of every shard first, in one QuotaAbsent (asked
+    again at once with their saved usage)."""
+    errors = [verdict for verdict in verdicts.values() if isinstance(verdict, Exception)]
+    absent = [error for error in errors if isinstance(error, quotas.QuotaAbsent)]
+    if absent:
+        raise quotas.QuotaAbsent([check for error in absent for check in error.checks], absent[0].now_ms)
+    if errors:
+        raise errors[0]
 
 
 def _merged(
