@@ -168,10 +168,11 @@ class Owed:
 owed = Owed()
 
 
-def send(redis_client, held: Sequence[Held]) -> None:
+def send(redis_client, held: Sequence[Held], strict: bool = False) -> None:
+    """Give back `held`; what Redis did not take is owed, or with `strict` (on a cluster) raised."""
     if is_cluster(redis_client):
         for key, command, group in _release_commands(held, redis_client.keyslot):
-            _send_to_slot(redis_client, key, command, group)
+            _send_to_slot(redis_client, key, command, group, strict)
         return
     kept = getattr(redis_client, "connection", None)
     commands = _release_commands(held, None)
@@ -181,7 +182,7 @@ def send(redis_client, held: Sequence[Held]) -> None:
         _send_unanswered(kept, [command for _, command, _ in commands], held)
 
 
-def _send_to_slot(cluster, key: str, command: tuple, held: Sequence[Held]) -> None:
+def _send_to_slot(cluster, key: str, command: tuple, held: Sequence[Held], strict: bool = False) -> None:
     """One slot's give-back, on the master the layout names; sent on to the node an ASK names (the slot
     is being moved there: with ASKING), or after MOVED where the layout read again says. Refused
     otherwise (TRYAGAIN: the slot's keys are split by the move), it ran nothing: owed."""
@@ -197,13 +198,15 @@ def _send_to_slot(cluster, key: str, command: tuple, held: Sequence[Held]) -> No
             break
         if node is None:  # a node the layout does not know yet
             break
-    _owe_unless_taken([reply], held)
+    _owe_unless_taken([reply], held, strict)
 
 
-def _owe_unless_taken(replies: Sequence, held: Sequence[Held]) -> None:
-    """Owe the places when a reply was lost or says the give-back ran nothing; one that failed otherwise
-    (an error reply) is not sent again: its lease runs out."""
+def _owe_unless_taken(replies: Sequence, held: Sequence[Held], strict: bool = False) -> None:
+    """Owe the places (`strict`: raise instead) when a reply was lost or says the give-back ran nothing;
+    one that failed otherwise (an error reply) is not sent again: its lease runs out."""
     refused = [reply for reply in replies if not answered(reply) or ran_nothing(reply)]
+    if refused and strict:
+        raise refused[0]
     if refused:
         owed.add(held, refused[0])
 

@@ -59,9 +59,14 @@ def _decide_across_shards(
         return _merged(checks, groups, peeked)
     counted = _pipelined(redis_client, groups, call, raise_on_error=False)
     if not _denying(counted, groups):
+        for verdict in counted.values():
+            if isinstance(verdict, Exception) and not isinstance(verdict, quotas.QuotaAbsent):
+                raise verdict  # what the shards that answered took stays the request's, given back at its end
         if any(isinstance(verdict, quotas.QuotaAbsent) for verdict in counted.values()):
-            _give_back(redis_client, counted, call, groups)  # the call is made again, with the saved usage
-        _raise_first(counted)  # what the shards that answered took stays the request's, given back at its end
+            # the call is made again under the same lease, with the saved usage: what the shards that
+            # admitted took goes back first, taken by Redis before that (never owed: it would free the new places)
+            _give_back(redis_client, counted, call, groups, owe=False)
+            _raise_first(counted)
     verdict = _merged(checks, groups, counted)
     if not verdict.allowed:
         _give_back(redis_client, counted, call, groups)
@@ -75,15 +80,18 @@ def _denying(verdicts: dict[int, Verdict | Exception], groups: dict[int, list[Ch
 
 
 def _give_back(redis_client, verdicts: dict[int, Verdict | Exception], call: Ask,
-               groups: dict[int, list[Check]]) -> None:
+               groups: dict[int, list[Check]], owe: bool = True) -> None:
     """The request is refused (or made again): the in-flight places that shards which admitted it took go
-    back, by its lease (the worker keeps no places of a refused request); a shard that did not answer may
-    have taken them too (giving back a place never taken changes nothing). Owed when Redis cannot take
-    them now: the refusal stands."""
+    back, by its lease (the worker keeps no places of a refused request); a shard whose answer is lost may
+    have taken them too (giving back a place never taken changes nothing). A shard whose quota was absent
+    ran nothing. When Redis cannot take them now, they are owed (`owe`: the refusal stands), or the error
+    is raised."""
     if not call.lease:
         return
     held = []
     for shard, verdict in verdicts.items():
+        if isinstance(verdict, quotas.QuotaAbsent):
+            continue
         if isinstance(verdict, Exception):
             held += [Held(c.policy, c.subject, call.lease, call.cost) for c in groups[shard] if c.policy.holds]
         elif verdict.allowed:
@@ -91,8 +99,10 @@ def _give_back(redis_client, verdicts: dict[int, Verdict | Exception], call: Ask
                      if d.policy.holds and not d.exceeded]
     if held:
         try:
-            giveback.send(redis_client, held)
+            giveback.send(redis_client, held, strict=not owe)
         except (redis.RedisError, RedisClusterException, OSError) as error:
+            if not owe:
+                raise
             giveback.owed.add(held, error)
 
 
