@@ -41,6 +41,17 @@ def _end_move(cluster, source, target, slot: int) -> None:
         master.client.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
 
 
+def _elsewhere(name: str = "ip:203.0.113.7") -> str:
+    """A subject whose shard differs from `name`'s."""
+    return next(f"ip:198.51.100.{i}" for i in range(1000)
+                if keys.shard_of(subject(f"ip:198.51.100.{i}").key) != keys.shard_of(subject(name).key))
+
+
+def _counts(*checks) -> list[int]:
+    """The units each check's policy counts for its subject, read by a dry run."""
+    return [d.count for d in engine.decide(list(checks), dry_run=True).decisions]
+
+
 def _remaining(*limited) -> list[int]:
     return [d.remaining for d in engine.decide([check(p) for p in limited], dry_run=True).decisions]
 
@@ -73,8 +84,7 @@ def test_a_shard_that_stays_split_fails_its_own_decisions_alone_and_opens_no_cir
     with pytest.raises(RedisCommandError, match="TRYAGAIN"):
         engine.decide([check(first), check(second)])
     assert breaker.open_until == 0.0, "a slot being moved is no outage"
-    elsewhere = next(f"ip:198.51.100.{i}" for i in range(1000)
-                     if keys.shard_of(subject(f"ip:198.51.100.{i}").key) != keys.shard_of(subject().key))
+    elsewhere = _elsewhere()
     assert engine.decide([check(first, elsewhere), check(second, elsewhere)]).allowed
     _end_move(two_masters, source, target, slot)
     assert _remaining(first, second) == [99, 99]  # the refused call counted nothing

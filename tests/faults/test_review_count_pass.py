@@ -16,8 +16,8 @@ from ratelimit_app import engine, quotas
 from ratelimit_app.engine import giveback, keys
 from ratelimit_app.engine.batches import read_replies
 from ratelimit_app.policies import compile_policy
-from tests.faults.test_resharding import _end_move, _split
-from tests.faults.test_review_shards import _after_look, _counts, _elsewhere, _owed_forgotten
+from tests.faults.test_resharding import _counts, _elsewhere, _end_move, _split
+from tests.faults.test_review_shards import _after_look, _owed_forgotten
 from tests.helpers import check, make_policy, policy, subject
 from tests.test_cluster import two_masters  # noqa: F401 - a fixture
 from tests.test_sentinel import sentinel  # noqa: F401 - a fixture

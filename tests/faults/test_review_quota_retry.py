@@ -11,9 +11,9 @@ import pytest
 
 from ratelimit_app import engine, quotas
 from ratelimit_app.engine import RedisCommandError, giveback, keys
-from tests.faults.test_resharding import _end_move, _split
+from tests.faults.test_resharding import _counts, _elsewhere, _end_move, _split
 from tests.faults.test_review_count_pass import _monthly, _on_the_other_master
-from tests.faults.test_review_shards import _after_look, _counts, _elsewhere, _owed_forgotten
+from tests.faults.test_review_shards import _after_look, _owed_forgotten
 from tests.helpers import check, policy, subject
 from tests.test_cluster import two_masters  # noqa: F401 - a fixture
 
@@ -49,6 +49,15 @@ def _counting_saved(monkeypatch, before=None) -> list:
 
     monkeypatch.setattr(quotas, "saved", saved)
     return calls
+
+
+def _deciding_with_saved_reads(monkeypatch, checks) -> tuple:
+    """engine.decide(checks), and the reads of the saved usage it made."""
+    reads = _counting_saved(monkeypatch)
+    try:
+        return engine.decide(checks), reads
+    finally:
+        monkeypatch.undo()
 
 
 # --- defects ----------------------------------------------------------------------------------------
@@ -138,11 +147,7 @@ def test_guard_two_shards_whose_quotas_are_both_absent_are_asked_once_and_count_
         engine.client().delete(keys.counter_key(monthly, subject(other).key))
 
     _after_look(monkeypatch, evict_both)
-    reads = _counting_saved(monkeypatch)
-    try:
-        verdict = engine.decide([check(monthly), check(monthly, other)])
-    finally:
-        monkeypatch.undo()
+    verdict, reads = _deciding_with_saved_reads(monkeypatch, [check(monthly), check(monthly, other)])
     assert verdict.allowed
     assert len(reads) == 1 and len(reads[0]) == 2, "the saved usage read once, for both quotas"
     assert _counts(check(monthly), check(monthly, other)) == [2, 2]
@@ -154,11 +159,7 @@ def test_guard_absent_in_the_look_on_both_shards_is_one_round(two_masters, monke
     other = _elsewhere()
     _used(monthly, WHO, 3)
     _used(monthly, other, 5)
-    reads = _counting_saved(monkeypatch)
-    try:
-        verdict = engine.decide([check(monthly), check(monthly, other)])
-    finally:
-        monkeypatch.undo()
+    verdict, reads = _deciding_with_saved_reads(monkeypatch, [check(monthly), check(monthly, other)])
     assert verdict.allowed and len(reads) == 1
     assert _counts(check(monthly), check(monthly, other)) == [4, 6]
 
@@ -171,11 +172,7 @@ def test_guard_a_look_that_one_shard_denies_and_another_finds_absent_is_denied(t
     other = _elsewhere()
     assert engine.decide([check(limited)]).allowed  # WHO at its limit
     _used(monthly, other, 2)
-    reads = _counting_saved(monkeypatch)
-    try:
-        verdict = engine.decide([check(limited), check(monthly, other)])
-    finally:
-        monkeypatch.undo()
+    verdict, reads = _deciding_with_saved_reads(monkeypatch, [check(limited), check(monthly, other)])
     assert not verdict.allowed
     assert [d.policy for d in verdict.decisions if d.exceeded] == [limited]
     assert not reads

@@ -20,7 +20,7 @@ from ratelimit_app.engine.tally import NOW, Tally, tally
 from ratelimit_app.policies import compile_policy
 from ratelimit_app.subjects import subject_for
 from ratelimit_app.values import Held
-from tests.faults.test_resharding import _end_move, _split
+from tests.faults.test_resharding import _counts, _elsewhere, _end_move, _split
 from tests.helpers import check, count_round_trips, make_policy, policy, subject
 from tests.test_cluster import two_masters  # noqa: F401 - a fixture
 from tests.test_sentinel import sentinel  # noqa: F401 - a fixture
@@ -29,15 +29,6 @@ pytestmark = pytest.mark.django_db
 
 WHO = "ip:203.0.113.7"
 IP = "203.0.113.7"
-
-
-def _elsewhere(name: str = WHO) -> str:
-    return next(f"ip:198.51.100.{i}" for i in range(1000)
-                if keys.shard_of(subject(f"ip:198.51.100.{i}").key) != keys.shard_of(subject(name).key))
-
-
-def _counts(*checks) -> list[int]:
-    return [d.count for d in engine.decide(list(checks), dry_run=True).decisions]
 
 
 def _after_look(monkeypatch, act) -> list:

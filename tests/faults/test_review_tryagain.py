@@ -19,23 +19,13 @@ from ratelimit_app import engine
 from ratelimit_app.engine import RedisCommandError, breaker, giveback, keys, shards
 from ratelimit_app.engine.tally import NOW, Tally
 from ratelimit_app.values import Held
-from tests.faults.test_resharding import _end_move, _split
+from tests.faults.test_resharding import _counts, _elsewhere, _end_move, _split
 from tests.helpers import check, policy, subject
 from tests.test_cluster import two_masters  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.django_db
 
 WHO = "ip:203.0.113.7"
-
-
-def _elsewhere(name: str = WHO) -> str:
-    """A subject whose shard differs from `name`'s."""
-    return next(f"ip:198.51.100.{i}" for i in range(1000)
-                if keys.shard_of(subject(f"ip:198.51.100.{i}").key) != keys.shard_of(subject(name).key))
-
-
-def _counts(*checks) -> list[int]:
-    return [d.count for d in engine.decide(list(checks), dry_run=True).decisions]
 
 
 def _split_after_look(monkeypatch, cluster, moved_key: str) -> list:
