@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 import redis
 from redis.exceptions import (
-    AskError, MovedError, NoScriptError, ReadOnlyError, RedisClusterException, TryAgainError,
+    AskError, ClusterDownError, MovedError, NoScriptError, ReadOnlyError, RedisClusterException, TryAgainError,
 )
 
 from .clients import is_cluster
@@ -26,9 +26,9 @@ TRYAGAIN_PAUSE = 0.025
 
 def ran_nothing(reply: object) -> bool:
     """Whether a call's reply (run_each's, raise_on_error False) says it ran nothing: never written, or
-    still refused when run_each gave up (its slot moving: TRYAGAIN, MOVED, ASK), or refused by a replica
-    (READONLY: the address leads to one until it follows a failover)."""
-    return isinstance(reply, (NotSent, TryAgainError, MovedError, AskError, ReadOnlyError))
+    still refused when run_each gave up (its slot moving: TRYAGAIN, MOVED, ASK), refused by a replica
+    (READONLY: the address leads to one until it follows a failover), or by a cluster judged down."""
+    return isinstance(reply, (NotSent, TryAgainError, MovedError, AskError, ReadOnlyError, ClusterDownError))
 
 
 def run_each(

@@ -5,6 +5,7 @@ open for RATELIMIT_BREAKER_SECONDS), and the tally dropped the flush as a lost a
 
 from __future__ import annotations
 
+import signal
 import threading
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from ratelimit_app import engine
 from ratelimit_app.engine import RedisCommandError, breaker, keys
 from ratelimit_app.engine.tally import NOW, Tally, tally
+from tests.cluster import wait_for
 from tests.helpers import check, policy, subject
 from tests.test_cluster import two_masters  # noqa: F401 - a fixture
 
@@ -109,4 +111,37 @@ def test_a_flush_refused_while_its_shard_is_split_is_kept_and_reaches_the_slots_
     _end_move(two_masters, source, target, slot)
     own.flush()
     allowed = sum(int(v) for k, v in target.client.hgetall(totals).items() if str(k)[:1] == "a" and k != "ac")
+    assert allowed == 6, "the first request and the 5 the refused flush held"
+
+
+def _cluster_state(node) -> str:
+    return node.client.cluster("info")["cluster_state"]
+
+
+def test_a_flush_refused_while_the_cluster_is_down_is_kept_and_reaches_redis_once_it_is_up(two_masters, caplog):  # noqa: F811
+    """A master stops answering (frozen): the other judges the cluster down and refuses every call
+    (CLUSTERDOWN), which ran nothing. The flush's counts are kept, not dropped as possibly sent, and
+    reach Redis once the cluster is up again."""
+    limited = policy(limit=100, window=3600)
+    assert engine.decide([check(limited)]).allowed
+    tally.flush()
+    shard = keys.shard_of(subject().key)
+    totals = keys.totals_key(limited, shard)
+    alive = two_masters.master_of(totals)
+    [frozen] = [master for master in two_masters.masters if master is not alive]
+    own = Tally()
+    own._pending.counts[(limited, shard, "a", NOW)] = 5
+    frozen.process.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: _cluster_state(alive) == "fail", 20, "the cluster to be judged down")
+        own.flush()
+        if own._flusher is not None:
+            own._flusher.cancel()  # kept for a retry: the test flushes once the cluster is up
+            own._flusher = None
+    finally:
+        frozen.process.send_signal(signal.SIGCONT)
+    assert "may not have reached" not in caplog.text
+    wait_for(lambda: _cluster_state(alive) == "ok", 20, "the cluster to be up again")
+    own.flush()
+    allowed = sum(int(v) for k, v in alive.client.hgetall(totals).items() if str(k)[:1] == "a" and k != "ac")
     assert allowed == 6, "the first request and the 5 the refused flush held"
