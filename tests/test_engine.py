@@ -246,7 +246,9 @@ def test_sliding_log_memory_is_proportional_to_the_limit(redis_client):
     log = next(iter(redis_client.keys("rl:{*")))
     members = redis_client.zcard(log)
     assert large > small * 5  # grows with the limit ...
-    assert large < members * 128  # ... by a bounded amount per admitted request (a skiplist node each)
+    # ... by a bounded amount per admitted request: a skiplist node each, about 128 bytes, more or less as
+    # Redis draws each node's levels at random (129 bytes a member was seen)
+    assert large < members * 160
     assert redis_client.zcount(log, f"({(T0 + 74.95 - 60) * 1000}", "+inf") == 500  # denied requests add nothing
     # what left the window is trimmed once per totals bucket (1 s, 20 requests here), not per request
     assert 500 <= members <= 500 + 20
