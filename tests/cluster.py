@@ -151,6 +151,33 @@ class LocalCluster:
                 wait_for(lambda replica=replica: replica.client.info("replication").get("master_link_status") == "up",
                          timeout, "replicas in sync")
 
+    def whole(self) -> bool:
+        """Whether every node still runs and answers at once (none was killed, stopped or frozen)."""
+        for node in self.nodes:
+            if node.process.poll() is not None:
+                return False
+            try:
+                with redis.Redis(port=node.port, socket_connect_timeout=0.2, socket_timeout=0.2) as probe:
+                    probe.ping()
+            except redis.RedisError:
+                return False
+        return True
+
+    def renew(self) -> None:
+        """The same processes as a new cluster: keys, libraries, statistics, clients and membership gone,
+        the slots split again. About 1 s (a reset master waits cluster-node-timeout before it takes writes)
+        rather than a new process's 2 s (Redis's CLUSTER_WRITABLE_DELAY) and its start."""
+        for node in self.nodes:
+            client = node.client
+            client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")  # the last test's pools
+            if client.info("replication")["role"] == "master":
+                client.flushall()
+            client.execute_command("CLUSTER", "RESET", "HARD")
+            client.function_flush()
+            client.script_flush()
+            client.config_resetstat()
+        self._join()
+
     def master_of(self, key: str) -> Node:
         """The node serving `key` now, as the cluster itself says."""
         live = next(node for node in self.nodes if node.process.poll() is None)

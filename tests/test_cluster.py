@@ -16,6 +16,7 @@ from django.urls import reverse
 from redis.cluster import RedisCluster
 
 from ratelimit_app import checks as system_checks
+from ratelimit_app.connection import ClusterConnectionFactory
 from ratelimit_app import engine, live, policies, testing
 from ratelimit_app.engine import keys, version
 from ratelimit_app.engine.arguments import Ask
@@ -357,18 +358,36 @@ def _relayed_client(master, relay) -> str:
     return max(clients, key=lambda c: int(c["id"]))["addr"]
 
 
+_renewable: list[LocalCluster] = []  # the last test's two masters, left whole: renewed for the next (atexit stops them)
+
+
 @pytest.fixture
 def two_masters(settings):
-    """A cluster of the test's own (its slots are moved, its masters stopped), used by the app for this test."""
+    """A cluster of the test's own (its slots are moved, its masters stopped), used by the app for this
+    test: the last one's processes renewed when it left them whole, else new ones."""
     tally.flush()  # what earlier tests counted goes to their own server
     tally.discard()
-    own = LocalCluster(masters=2, replicas=False)
+    own = _renewable.pop() if _renewable else None
+    if own is not None:
+        try:
+            own.renew()
+        except (redis.RedisError, RuntimeError):
+            own.stop()
+            own = None
+    own = own or LocalCluster(masters=2, replicas=False)
     try:
         use(own, settings)
         yield own
     finally:
         tally.discard()
-        own.stop()
+        # the app's client of this address (one per LOCATION and process) knew this test's topology
+        known = ClusterConnectionFactory._clusters.pop(own.url, None)
+        if known is not None:
+            known.disconnect_connection_pools()
+        if own.whole():
+            _renewable.append(own)
+        else:
+            own.stop()
 
 
 def _start_moving(slot: int, source, target) -> None:
