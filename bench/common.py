@@ -84,6 +84,7 @@ class Results:
     rows: list[Row] = field(default_factory=list)
     spread: list[Spread] = field(default_factory=list)
     spread_rounds: int = 3
+    spread_decisions: int = 10_000  # a round's decisions per process (2 processes), over 1,000 subjects
     unsupported: dict[str, str] = field(default_factory=dict)  # strategy -> why the engine cannot decide it
     memory: list = field(default_factory=list)  # (strategy, limit, bytes, entries)
     overhead: dict = field(default_factory=dict)

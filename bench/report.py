@@ -94,9 +94,9 @@ def _spread(results: Results) -> list[str]:
     limits = next((s for s in results.spread if s.name.startswith("limits fixed window")), None)
     lines = [
         "", "## Spread workload", "",
-        f"2 processes x 10,000 decisions over 1,000 subjects, the processes walking the same subjects from "
-        f"different places; fresh limits in each of {results.spread_rounds} round(s), so every subject's first decision "
-        "is in it (each subject is decided 20 times a round); rows in alternating rounds. p50 over every decision "
+        f"2 processes x {results.spread_decisions:,} decisions over 1,000 subjects, the processes walking the same "
+        f"subjects from different places; fresh limits in each of {results.spread_rounds} round(s), so every subject's "
+        f"first decision is in it (each subject is decided {2 * results.spread_decisions // 1_000} times a round); rows in alternating rounds. p50 over every decision "
         "of the run, against PING's under the same load; server figures from INFO commandstats over the run: the "
         "script command's own time (FCALL, EVALSHA: it includes the commands the script runs) apart from every "
         "other command's (those a script runs included), never added up; Redis CPU from INFO cpu over the run "

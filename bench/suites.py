@@ -31,7 +31,6 @@ BURST_TERMS = {"limit": 1_000_000, "window": MAX_WINDOW, "burst": 500_000}
 BURST_ROW = "ratelimit_app token_bucket, burst in use, 1 policy"
 COST_ROW = "ratelimit_app fixed_window, cost 3, 1 policy"
 SPREAD_SUBJECTS = 1_000
-SPREAD_DECISIONS = 10_000  # per process, 2 processes
 SMART = "django-smart-ratelimit fixed window (RedisBackend)"
 
 
@@ -305,7 +304,7 @@ def _pinging() -> Callable[[int], object]:
 
 
 def spread_workload(results: Results) -> None:
-    """2 processes x 10,000 decisions over 1,000 subjects, each contender with fresh limits in each
+    """2 processes x 10,000 decisions (results.spread_decisions) over 1,000 subjects, each contender with fresh limits in each
     round (every subject's first decision is in it), rows in alternating rounds; server-side commands
     and microseconds over the whole run from INFO commandstats, the server's CPU from INFO cpu."""
     ping = Contender("floor: PING", "floor", lambda: None, spread=lambda: _pinging)
@@ -317,15 +316,15 @@ def spread_workload(results: Results) -> None:
         for contender in contenders if number % 2 == 0 else reversed(contenders):
             make = contender.spread()
             before = server_work(redis_client)
-            rate, samples = spread(make, decisions=SPREAD_DECISIONS, subjects=SPREAD_SUBJECTS)
+            rate, samples = spread(make, decisions=results.spread_decisions, subjects=SPREAD_SUBJECTS)
             after = server_work(redis_client)
             total = totals[contender.name]
-            total["seconds"] += 2 * SPREAD_DECISIONS / rate
+            total["seconds"] += 2 * results.spread_decisions / rate
             total["samples"] += samples
             total["work"] = [sum_ + a - b for sum_, a, b in zip(total["work"], after, before)]
     for contender in contenders:
         total = totals[contender.name]
-        decisions = 2 * SPREAD_DECISIONS * results.spread_rounds
+        decisions = 2 * results.spread_decisions * results.spread_rounds
         commands, script_usec, other_usec, redis_cpu = total["work"]
         results.spread.append(Spread(contender.name, contender.kind, p50(total["samples"]), decisions / total["seconds"],
                                      commands / decisions, script_usec / decisions, other_usec / decisions,
@@ -382,6 +381,7 @@ def run_all(quick: bool = False) -> Results:
     results = Results(quick=quick, samples=500 if quick else 5000, seconds=0.3 if quick else 2.0)
     if quick:
         results.e2e_seconds, results.e2e_rounds, results.e2e_floor_rounds, results.spread_rounds = 1.0, 1, 1, 1
+        results.spread_decisions = 2_000  # every subject still decided twice a process
     versions(results)
     server().flushdb()
     parts = [
