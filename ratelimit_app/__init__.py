@@ -12,6 +12,8 @@ from __future__ import annotations
 
 __version__ = "0.2.0"  # the one version source: pyproject.toml reads it
 
+from .values import Unavailable  # noqa: E402  (hit(), check() and usage() raise it: see their docs)
+
 
 def __getattr__(name: str):
     # the decorator imports Django's machinery: loaded when asked for, not with the package

@@ -6,14 +6,16 @@ from __future__ import annotations
 from typing import Iterable, NamedTuple, Sequence
 
 from . import engine, policies
+from .boundary import CHECK, HIT, fail_open, guarded
 from .conf import get_setting
+from .events import outage
 from .drivers import Steps, arun, run
 from .doors import state_of
 from .limiter import Cost, RequestState, deciding, loading, request_cost
 from .overrides import CompiledOverride, matching_override
 from .plans import CompiledPlan, limit_in_effect, plan_of
 from .subjects import subject_for
-from .values import Check, CompiledPolicy, Subject, Verdict
+from .values import Check, CompiledPolicy, Subject, Unavailable, Verdict
 
 
 class Planned(NamedTuple):
@@ -68,13 +70,42 @@ def look(checks: Sequence[Check], *, now: float | None = None, cost: int = 1) ->
     return run(looking(checks, now=now, cost=cost))
 
 
+class Undecided(NamedTuple):
+    """The limiter could not decide, and RATELIMIT_FAIL_OPEN says to refuse: raised once out of the boundary."""
+
+    error: BaseException
+
+
+def _failure_rule(error: BaseException) -> Verdict | Undecided:
+    """hit() and check() when the limiter failed: an allowed verdict with no decision (fail open), else Undecided."""
+    return engine.NO_POLICIES if fail_open() else Undecided(error)
+
+
+def _answer(outcome: Verdict | Undecided) -> Verdict:
+    if isinstance(outcome, Undecided):
+        if isinstance(outcome.error, Unavailable):
+            raise outcome.error
+        raise Unavailable(f"the limiter could not decide ({outcome.error!r}); RATELIMIT_FAIL_OPEN is False") \
+            from outcome.error
+    return outcome
+
+
 def checking(request, action: str, cost: Cost | None = None) -> Steps[Verdict]:
-    """What would happen to `request` (of `cost` units) under the policies of `action`, counting nothing."""
+    """What would happen to `request` (of `cost` units) under the policies of `action`, counting nothing;
+    inside the boundary: while the limiter cannot say, the failure rule's answer."""
+    return _answer((yield from guarded(_checking(request, action, cost), CHECK, _failure_rule)))
+
+
+def _checking(request, action: str, cost: Cost | None) -> Steps[Verdict]:
     if not get_setting("RATELIMIT_ENABLED"):
         return engine.NO_POLICIES
     index = yield from loading(request)
     checks = checks_for(plan(request, [action], index=index))
-    return (yield from looking(checks, cost=_looked_cost(request, action, index, cost)))
+    try:
+        return (yield from looking(checks, cost=_looked_cost(request, action, index, cost)))
+    except engine.RedisUnavailable as error:
+        outage.record(error, request)
+        return _failure_rule(error)
 
 
 def _looked_cost(request, action: str, index: policies.PolicyIndex, cost: Cost | None) -> int:
@@ -84,14 +115,19 @@ def _looked_cost(request, action: str, index: policies.PolicyIndex, cost: Cost |
 
 def hitting(request, action: str, cost: Cost | None = None) -> Steps[Verdict]:
     """Count `request` under the policies of `action` not decided yet for it, taking `cost` units
-    (a number, or a function of the request; the admin's cost for the action wins); returns the verdict."""
+    (a number, or a function of the request; the admin's cost for the action wins); returns the verdict.
+    Inside the boundary: while the limiter cannot decide, the failure rule's answer."""
+    return _answer((yield from guarded(_hitting(request, action, cost), HIT, _failure_rule)))
+
+
+def _hitting(request, action: str, cost: Cost | None) -> Steps[Verdict]:
     if not get_setting("RATELIMIT_ENABLED"):
         return engine.NO_POLICIES
     state = state_of(request, [action])
     before = len(state.decisions)
     yield from deciding(request, state, cost=cost)
     if state.unavailable:
-        raise engine.RedisUnavailable("Redis unavailable and RATELIMIT_FAIL_OPEN is False")
+        return Undecided(state.outage or Unavailable("Redis unavailable and RATELIMIT_FAIL_OPEN is False"))
     decisions = tuple(state.decisions[before:])
     return Verdict(all(d.allowed for d in decisions), decisions, None)
 

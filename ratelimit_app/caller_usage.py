@@ -7,13 +7,14 @@ from datetime import datetime, timedelta, timezone
 from typing import NamedTuple, Sequence
 
 from . import engine, policies, quotas
+from .boundary import USAGE, guarded
 from .conf import get_setting
 from .drivers import Steps, arun, run
 from .limiter import loading
 from .overrides import matching_override
 from .plans import limit_in_effect, plan_of
 from .subjects import subject_for
-from .values import Check, Decision
+from .values import Check, Decision, Unavailable
 
 
 class Usage(NamedTuple):
@@ -78,9 +79,17 @@ def using(request) -> Steps[list[Usage]]:
     return _usage(checks, verdict.decisions)
 
 
+def _unavailable(error: BaseException) -> list[Usage]:
+    """usage() when the limiter failed: it cannot say, whatever RATELIMIT_FAIL_OPEN (an empty list would
+    say "nothing used"); the middleware answers the error 503."""
+    if isinstance(error, Unavailable):
+        raise error
+    raise Unavailable(f"the limiter could not read the caller's usage ({error!r})") from error
+
+
 def usage(request) -> list[Usage]:
-    return run(using(request))
+    return run(guarded(using(request), USAGE, _unavailable))
 
 
 async def ausage(request) -> list[Usage]:
-    return await arun(using(request))
+    return await arun(guarded(using(request), USAGE, _unavailable))

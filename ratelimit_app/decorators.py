@@ -18,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.decorators import method_decorator
 
 from . import registry
+from .boundary import DECORATOR
 from .doors import around_view, entering, has_decorator_inside, has_throttle_inside, passed_drf_throttles
 from .drivers import Io, arun, run
 from .limiter import Cost, valid_cost
@@ -118,8 +119,8 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, cost: Cost | No
     def steps(request, args, kwargs):
         _declared_again(declared)
         last = not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
-        turn = entering(request, [action], last=last, cost=cost)
-        return around_view(request, Io(view, view, (request, *args), kwargs), turn)
+        turn = entering(request, [action], last=last, cost=cost, door=DECORATOR)
+        return around_view(request, Io(view, view, (request, *args), kwargs), turn, DECORATOR)
 
     if iscoroutinefunction(view) if is_async is None else is_async:
         async def limited(request, *args, **kwargs):  # a coroutine function to inspect too, as the view was

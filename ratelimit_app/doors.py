@@ -9,11 +9,12 @@ from typing import Iterable, NamedTuple
 from django.urls import Resolver404, resolve
 
 from . import engine, policies
+from .boundary import MIDDLEWARE, Door, fail_open, faults, guarded, protected
 from .conf import get_setting
 from .drivers import Io, Steps, run
 from .limiter import Cost, RequestState, deciding, holding_now
 from .lru import byte_bounded_cache
-from .responses import answer, refusal
+from .responses import answer, bare_refusal, refusal
 from .subjects import http_request
 from .values import Held
 
@@ -93,37 +94,76 @@ def forget_routes() -> None:
 
 def through_middleware(request, get_response) -> Steps:
     """The middleware: first in (it decides, unless a door inside will), last out."""
-    route = route_of(request)
-    turn = entering(request, route.names, last=not route.door_inside, route=route)
-    return around_view(request, Io(get_response, get_response, (request,)), turn)
+    return around_view(request, Io(get_response, get_response, (request,)), _through(request), MIDDLEWARE)
 
 
-def around_view(request, view: Io, turn: Steps[RequestState | None]) -> Steps:
+def _through(request) -> Steps[RequestState | None]:
+    try:
+        route = route_of(request)
+    except Exception as error:  # noqa: BLE001 - resolving is the limiter's step too (boundary.py)
+        return undecided(request, error, MIDDLEWARE)
+    return (yield from entering(request, route.names, last=not route.door_inside, route=route))
+
+
+def around_view(request, view: Io, turn: Steps[RequestState | None], door: Door) -> Steps:
     """enter -> decide -> view -> leave, for a door around a view: returns the response. A request that
-    raises (or is cancelled: its client left) gives its places back at once."""
+    raises (or is cancelled: its client left) gives its places back at once. Every step but the view's
+    runs inside the boundary (`turn` is guarded by entering())."""
     try:
         state = yield from turn
         if state is not None and state.refused:
-            return (yield from leaving(request, refusal(request, state), state))
+            try:
+                return (yield from leaving(request, refusal(request, state), state))
+            except Exception as error:  # noqa: BLE001 - the boundary (boundary.py): refused all the same
+                faults.record(error, door)
+                return bare_refusal(state)
         response = yield view
         if state is None:
             state = _state(request)  # made inside the view: by a door, or hit()
             if state is None:  # most requests of a site: no policy met them, nothing to answer for or give back
                 return response
-        if state.awaiting:  # the door inside never ran (DRF refused first): decide now
-            yield from entering(request, (), last=True)
-        return (yield from leaving(request, answer(request, response, state), state))
+        try:
+            if state.awaiting:  # the door inside never ran (DRF refused first): decide now
+                yield from entering(request, (), last=True, door=door)
+            return (yield from leaving(request, answer(request, response, state), state))
+        except Exception as error:  # noqa: BLE001 - the boundary: the view's answer goes as it is
+            faults.record(error, door)
+            return response
     except GeneratorExit:  # dropped unfinished, which no driver does: nothing to give back from here
         raise
     except BaseException:
-        yield from letting_go(request)
+        yield from letting_go(request, door)
         raise
 
 
-def entering(request, names, *, last: bool, cost: Cost | None = None, route: Route | None = None) -> Steps:
+def undecided(request, error: Exception, door: Door) -> RequestState | None:
+    """What a door's way in gives when the limiter failed (recorded): nothing (the request goes on
+    undecided, fail open), or a state that refuses it with 503 (fail closed)."""
+    faults.record(error, door)
+    if fail_open():
+        return None
+    base = http_request(request)
+    state = base.__dict__.get(STATE_ATTRIBUTE)
+    if state is None:
+        state = base.__dict__[STATE_ATTRIBUTE] = RequestState()
+    state.unavailable = state.refused = True
+    state.awaiting = False
+    return state
+
+
+def entering(request, names, *, last: bool, cost: Cost | None = None, route: Route | None = None,
+             door: Door = MIDDLEWARE) -> Steps:
     """A door's way in: gather the `names` it knows and the code's `cost` (the door nearer the view says
     last); the last door to see the request makes its one call. The middleware's `route`: no state on
-    this app's admin pages or when no policy can apply (then a request costs nothing)."""
+    this app's admin pages or when no policy can apply (then a request costs nothing). Inside the
+    boundary: a failure gives undecided()'s answer."""
+    try:
+        return (yield from _entering(request, names, last, cost, route))
+    except Exception as error:  # noqa: BLE001 - the boundary (boundary.py)
+        return undecided(request, error, door)
+
+
+def _entering(request, names, last: bool, cost: Cost | None, route: Route | None) -> Steps:
     if not get_setting("RATELIMIT_ENABLED") or route is not None and route.exempt:
         return None
     index = policies.fresh_index()
@@ -195,16 +235,20 @@ async def _nothing():
     yield  # an async body with no chunk
 
 
-def letting_go(request) -> Steps[None]:
-    """The request failed (an exception, or its client left) before its answer left the door."""
-    held = _taken(request)
-    if held:
-        yield Io(engine.release, engine.arelease, (held,))
+def letting_go(request, door: Door) -> Steps[None]:
+    """The request failed (an exception, or its client left) before its answer left the door: its
+    places go back, and a failure to give them back never hides the request's own error."""
+    try:
+        held = _taken(request)
+        if held:
+            yield Io(engine.release, engine.arelease, (held,))
+    except Exception as error:  # noqa: BLE001 - the boundary (boundary.py)
+        faults.record(error, door)
 
 
-def finish(request, response):
+def finish(request, response, door: Door):
     """leaving(), for the DRF throttle's view (sync, as DRF's finalize_response is)."""
-    return run(leaving(request, response))
+    return run(guarded(leaving(request, response), door, lambda _error: response))
 
 
 def _taken(request, state: RequestState | None = None) -> list[Held]:
@@ -265,12 +309,15 @@ def request_began(**kwargs) -> None:
     holding_now.set([])
 
 
-def request_ended(**kwargs) -> None:
-    """request_finished (the server closed the response, or the client left): what no door gave back
-    goes back now, e.g. places taken by hit() on a site without the middleware."""
+def _request_ended(**kwargs) -> None:
     holders = holding_now.get()
     if holders:
         held = [place for state in holders for place in state.take_held()]
         holders.clear()
         if held:
             engine.release(held)
+
+
+#: request_finished (the server closed the response, or the client left): what no door gave back
+#: goes back now, e.g. places taken by hit() on a site without the middleware.
+request_ended = protected(_request_ended, MIDDLEWARE, lambda _error: None)

@@ -42,7 +42,10 @@ def request_cost(request, state: RequestState, index: policies.PolicyIndex, code
     code = state.cost if code is None else code
     if code is None:
         return 1
-    return valid_cost(code(request) if callable(code) else code, "the cost the view's code gives")
+    units = code(request) if callable(code) else code
+    if units is None:  # a function with nothing to say (a DRF view's get_throttle_cost): the default
+        return 1
+    return valid_cost(units, "the cost the view's code gives")
 
 
 class RequestState:

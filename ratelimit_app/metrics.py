@@ -75,6 +75,12 @@ if prometheus_client is not None:
         "Requests decided without Redis (down or circuit open), by outcome: allowed (RATELIMIT_FAIL_OPEN) or refused.",
         ["outcome"],
     )
+    FAULTS = prometheus_client.Counter(
+        "ratelimit_faults",
+        "Errors of the limiter's own (the database, a setting, a bug) that the boundary kept from the site, "
+        "by kind; each request concerned followed RATELIMIT_FAIL_OPEN.",
+        ["kind"],
+    )
     DENY_CACHE_HITS = prometheus_client.Counter(
         "ratelimit_deny_cache_hits",
         "Requests denied from the local deny cache, without asking Redis, per policy.",
@@ -241,6 +247,14 @@ def record_outage(allowed: bool) -> None:
     """A request decided without Redis: let through (fail open) or refused (fail closed)."""
     if _on:
         _key((OUTAGE_REQUESTS, "allowed" if allowed else "refused"))
+        if _folder is None:
+            _arm()
+
+
+def record_fault(kind: str) -> None:
+    """An error of the limiter's own, of `kind` (the exception's class), kept from the site."""
+    if _on:
+        _key((FAULTS, kind))
         if _folder is None:
             _arm()
 

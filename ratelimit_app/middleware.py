@@ -7,8 +7,8 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
 from .doors import through_middleware
 from .drivers import arun, run
-from .engine import RedisUnavailable
 from .responses import service_unavailable
+from .values import Unavailable
 
 
 class RateLimitMiddleware:
@@ -44,6 +44,6 @@ class RateLimitMiddleware:
     def process_exception(self, request, exception):
         # a view that asked Redis itself (usage() for a dashboard) and let the outage through: the app's 503
         # with its Retry-After, never a 500 the app caused
-        if isinstance(exception, RedisUnavailable):
+        if isinstance(exception, Unavailable):
             return service_unavailable(request)
         return None

@@ -11,13 +11,14 @@ and writes the rows of new ones first.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict
 from typing import Iterable
 
 from asgiref.sync import sync_to_async
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from . import registry
 from .engine import RedisUnavailable
@@ -28,6 +29,8 @@ from .loading import compile_policy, read_rows  # noqa: F401  (compile_policy: i
 from .overrides import PolicyOverrides
 from .plans import PlanAssignments
 from .values import CompiledPolicy
+
+logger = logging.getLogger("ratelimit_app")
 
 class PolicyIndex:
     """Enabled policies by how they match: everywhere ('*'), by path prefix, by name; and the costs of
@@ -108,6 +111,10 @@ class _IndexState:
         self.fresh_until = 0.0  # until then, get_index() returns the index without checking anything
         self.version_due_at = 0.0  # from then on, a decision call brings the version back
         self.stale = True
+        # the database could not be read: the policies loaded last stay in force (none: the error is
+        # raised again, for the doors' failure rule), and no request reads it again before retry_at
+        self.failure: BaseException | None = None
+        self.retry_at = 0.0
         self.lock = threading.Lock()
 
     def checked(self, now: float) -> None:
@@ -130,12 +137,21 @@ def load_index() -> PolicyIndex:
     return PolicyIndex(*read_rows())
 
 
+class PoliciesUnreadable(Exception):
+    """No policy could be loaded yet: the database did not answer (the doors apply RATELIMIT_FAIL_OPEN)."""
+
+
 def get_index() -> PolicyIndex:
-    """The current index; reloads it when it is stale or the version in Redis moved on."""
+    """The current index; reloads it when it is stale or the version in Redis moved on. While the
+    database cannot be read, the index loaded last stays in force and is read again once a second."""
     index = fresh_index()
     if index is not None:
         return index  # the common case: one clock read, no setting read
     state = _state
+    if state.failure is not None and time.monotonic() < state.retry_at:
+        if state.index is None:
+            raise PoliciesUnreadable(f"the policies cannot be read from the database: {state.failure}")
+        return state.index
     if time.monotonic() - state.loaded_at > get_setting("RATELIMIT_POLICY_RELOAD_SECONDS"):
         state.stale = True  # the safety net: whatever happened to the version, reload now and then
     if not state.stale and time.monotonic() - state.checked_at > get_setting("RATELIMIT_POLICY_RECHECK_SECONDS"):
@@ -170,21 +186,53 @@ def _reload() -> None:
     with state.lock:
         if not state.stale and state.index is not None:
             return
-        registry.write_pending()  # rows for declarations first seen since the last load, so that it reads them
-        state.stale = False  # a change arriving during the load marks it stale again
+        if state.failure is not None and time.monotonic() < state.retry_at:
+            return  # another thread failed meanwhile
         try:
-            version: bytes | None = policy_version.current_version()
-        except RedisUnavailable:
-            version = None
+            _load(state)
+        except DatabaseError as error:
+            state.failure, state.retry_at = error, time.monotonic() + RETRY_SECONDS
+            if state.index is None:
+                raise PoliciesUnreadable(f"the policies cannot be read from the database: {error}") from error
+            logger.warning("ratelimit: the policies cannot be read from the database (%s); the ones loaded %.0f s "
+                           "ago stay in force, read again in %.0f s", error, index_age(), RETRY_SECONDS)
+        else:
+            state.failure = None
+
+
+RETRY_SECONDS = 1.0  # between two reads of a database that failed, whatever the traffic
+
+
+def index_age() -> float | None:
+    """Seconds since this process last loaded the policies (None: never), for the live page and status."""
+    return None if _state.index is None else time.monotonic() - _state.loaded_at
+
+
+def load_failure() -> BaseException | None:
+    """Why the last load failed, while the policies loaded before stay in force; None when it did not."""
+    return _state.failure
+
+
+def _load(state: _IndexState) -> None:
+    registry.write_pending()  # rows for declarations first seen since the last load, so that it reads them
+    state.stale = False  # a change arriving during the load marks it stale again
+    try:
+        version: bytes | None = policy_version.current_version()
+    except RedisUnavailable:
+        version = None
+    try:
         state.index = load_index()
-        if version is not None and version != state.version:
-            # a reset or a change announced: refusals from before may no longer hold. With Redis
-            # unreachable nothing says so, and its refusals must outlast the outage; a policy whose
-            # terms changed in the database meets none of its old refusals anyway (deny_cache._key)
-            deny_cache.clear()
-        state.version = version
-        state.loaded_at = time.monotonic()
-        state.checked(state.loaded_at)
+    except BaseException:
+        state.stale = True  # not loaded: the next read after the retry time loads it
+        raise
+    if version is not None and version != state.version:
+        # a reset or a change announced: refusals from before may no longer hold. With Redis
+        # unreachable nothing says so, and its refusals must outlast the outage; a policy whose
+        # terms changed in the database meets none of its old refusals anyway (deny_cache._key)
+        deny_cache.clear()
+    state.version = version
+    state.loaded_at = time.monotonic()
+    state.checked(state.loaded_at)
 
 
 def version_due() -> bool:
@@ -212,6 +260,7 @@ def policies_changed(using: str = "default") -> None:
 def forget_index() -> None:
     """Load the index again at the next request (tests: the rows it holds may have been rolled back)."""
     _state.stale = True
+    _state.index, _state.failure, _state.retry_at = None, None, 0.0  # as a new process: nothing loaded
 
 
 def forget_settings() -> None:

@@ -65,6 +65,19 @@ def _replacing(refused, response):
     return refused
 
 
+def bare_refusal(state: RequestState) -> HttpResponse:
+    """The refusal when making the full one failed (a RATELIMIT_DENIED_VIEW that raised, a header that
+    could not be written): the status and Retry-After alone, so a refused request is still refused."""
+    if state.denied:
+        response = HttpResponse("Too many requests.\n", status=429, content_type="text/plain; charset=utf-8")
+        waits = [d.retry_after for d in state.denied if d.retry_after is not None]
+        response.headers["Retry-After"] = str(max(1, int(max(waits, default=UNAVAILABLE_RETRY_AFTER) + 0.999)))
+    else:
+        response = HttpResponse(UNAVAILABLE_MESSAGE + "\n", status=503, content_type="text/plain; charset=utf-8")
+        response.headers["Retry-After"] = str(UNAVAILABLE_RETRY_AFTER)
+    return _marked(response)
+
+
 def is_refusal(response) -> bool:
     """Whether `response` is one refusal() made (so the middleware passes it on as it is)."""
     return getattr(response, REFUSAL_MARK, False)

@@ -11,6 +11,7 @@ from rest_framework.exceptions import APIException
 from rest_framework.throttling import BaseThrottle
 
 from . import headers
+from .boundary import THROTTLE
 from .doors import entering, finish, letting_go, policy_throttle_is_last
 from .drivers import run
 from .registry import fixed_cost_problem
@@ -32,26 +33,27 @@ def _give_back_when_finalized(view, request) -> None:
     finalize, handle_exception = view.finalize_response, view.handle_exception
 
     def finalize_response(request, response, *args, **kwargs):
-        return finish(request, finalize(request, response, *args, **kwargs))
+        return finish(request, finalize(request, response, *args, **kwargs), THROTTLE)
 
     def handle(exc):
         try:
             return handle_exception(exc)
         except BaseException:
-            run(letting_go(request))
+            run(letting_go(request, THROTTLE))
             raise
 
     view.finalize_response, view.handle_exception = finalize_response, handle
 
 
-def view_cost(view, request):
-    """What a DRF view says a request costs: `get_throttle_cost(request)`, or `throttle_cost`; None: nothing.
+def view_cost(view):
+    """What a DRF view says a request costs: `get_throttle_cost(request)` (called inside the limiter's
+    boundary, as it decides), or `throttle_cost`; None: nothing.
 
     A `throttle_cost` that is not a whole number of at least 1 (check ratelimit_app.E018) is not used,
     with a logged error: the request costs what it would without it, never a 500."""
     get_cost = getattr(view, "get_throttle_cost", None)
     if get_cost is not None:
-        return get_cost(request)
+        return get_cost
     cost = getattr(view, "throttle_cost", None)
     if cost is None:
         return None
@@ -93,7 +95,7 @@ class PolicyThrottle(BaseThrottle):
         match = getattr(request, "resolver_match", None)
         names = (getattr(view, "throttle_scope", None), match.view_name if match else None)
         last = policy_throttle_is_last(self, view)
-        self.state = run(entering(request, names, last=last, cost=view_cost(view, request)))
+        self.state = run(entering(request, names, last=last, cost=view_cost(view), door=THROTTLE))
         if self.state is None:
             return True
         if self.state.held:

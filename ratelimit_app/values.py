@@ -6,6 +6,12 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 
+class Unavailable(Exception):
+    """The limiter could not decide (Redis, the database it reads policies from, a broken setting):
+    raised by hit(), check() and usage() where RATELIMIT_FAIL_OPEN says to refuse; the middleware
+    answers it 503 with Retry-After."""
+
+
 class Subject(NamedTuple):
     key: str  # 16 hex digits of blake2b(canonical subject): what Redis keys carry
     display: str  # readable, at most 100 characters, secrets masked: what the admin shows

@@ -24,6 +24,8 @@ def pytest_configure(config: pytest.Config) -> None:
         _private = PrivateRedis().start()
         os.environ["REDIS_URL"] = _private.url  # for subprocesses the tests start
     settings.CACHES["default"]["LOCATION"] = os.environ["REDIS_URL"]
+    # users made by tests log in without a million rounds of PBKDF2 each (servers the tests start keep the default)
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:

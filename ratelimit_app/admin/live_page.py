@@ -5,10 +5,12 @@ from __future__ import annotations
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.http import HttpResponseRedirect, JsonResponse
+from django.db import DatabaseError
+from django.http import HttpResponse, HttpResponseRedirect, JsonResponse
 from django.urls import reverse
 
 from .. import operations, strategies
+from ..boundary import LIVE, protected
 from ..engine import RedisUnavailable
 from ..rates import human_per, human_window
 from .pages import PolicyPage
@@ -18,9 +20,18 @@ class LivePage(PolicyPage):
     """The page, or its data as JSON (`?format=json`, which the page's script reads every few seconds)."""
 
     def get(self, request, pk: int):
+        try:
+            return self.page(request, pk)
+        except DatabaseError as error:  # the page stays an answer while the database is away, not a 500
+            message = f"The database cannot be read now ({error}); this page shows again once it can."
+            if request.GET.get("format") == "json":
+                return JsonResponse({"error": message}, status=503)
+            return HttpResponse(message, status=503, content_type="text/plain; charset=utf-8")
+
+    def page(self, request, pk: int):
         policy = self.policy(pk)
-        data, status = operations.live_snapshot(policy, rows=shown_rows(request))
-        data["trend"] = [] if "error" in data else operations.trend_data(policy)
+        data, status = live_snapshot(policy, rows=shown_rows(request))
+        data["trend"] = [] if "error" in data else trend_data(policy)
         if request.GET.get("format") == "json":
             return JsonResponse(data, status=status)
         return self.render(
@@ -67,6 +78,15 @@ class ResetPage(PolicyPage):
 
     def back_to(self, pk: int) -> HttpResponseRedirect:
         return HttpResponseRedirect(reverse("admin:ratelimit_app_policy_live", args=[pk]))
+
+
+def _unreadable(error: BaseException) -> tuple[dict, int]:
+    return {"error": f"The live data cannot be read now ({type(error).__name__}: {error})."}, 503
+
+
+# the operator's reads, inside the limiter's boundary: a failure shows on the page, never as a 500
+live_snapshot = protected(operations.live_snapshot, LIVE, _unreadable)
+trend_data = protected(operations.trend_data, LIVE, lambda _error: [])
 
 
 def shown_rows(request) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 from .. import policies
+from ..boundary import THROTTLE
 from ..actions import look
 from ..doors import entering, state_of
 from ..drivers import run
@@ -68,7 +69,7 @@ def refused_by_other_policies(request) -> bool:
         return False
     state = state_of(request)
     if state.awaiting:
-        run(entering(request, (), last=True))
+        run(entering(request, (), last=True, door=THROTTLE))
     return state.refused
 
 

@@ -12,13 +12,14 @@ from typing import Awaitable, Callable, NoReturn, TypeVar
 import redis
 
 from ..conf import get_setting
+from ..values import Unavailable
 from .hooks import Hooks, hooks
 
 T = TypeVar("T")
 logger = logging.getLogger("ratelimit_app")
 
 
-class RedisUnavailable(Exception):
+class RedisUnavailable(Unavailable):
     """Redis could not decide (down, timed out, the circuit is open, or it answered with an error);
     the doors apply RATELIMIT_FAIL_OPEN."""
 

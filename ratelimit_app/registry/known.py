@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Callable, Iterable, Iterator
 
 from django.core.exceptions import ImproperlyConfigured
@@ -14,6 +15,9 @@ from .declarations import CodePolicy, capacity, code_policy, settings_policies
 logger = logging.getLogger("ratelimit_app")
 
 
+RETRY_SECONDS = 1.0  # between two writes of declared rows that the database refused
+
+
 class _Registry:
     def __init__(self) -> None:
         self.declared: dict[str, CodePolicy] = {}
@@ -21,6 +25,7 @@ class _Registry:
         self.providers: list[Callable[[], list[CodePolicy]]] = [settings_policies]
         self.written: set[str] = set()  # names whose rows hold their current declaration (written or found)
         self.pending = True  # some declaration may have no row yet (startup, a new declaration, new settings)
+        self.retry_at = 0.0  # writing failed: not tried again before then (monotonic), whatever the traffic
         # the URLconf in use is read before declarations are (its views declare first), at a process's
         # first request or after a reset or a new ROOT_URLCONF
         self.routes_pending = True
@@ -175,7 +180,7 @@ def forget_routes() -> None:
 def take_pending() -> set[str] | None:
     """The names whose rows are written, if some declaration may have none (None: all have theirs).
     Clears the flag: a declaration made meanwhile sets it again."""
-    if not _registry.pending:
+    if not _registry.pending or _registry.retry_at and time.monotonic() < _registry.retry_at:
         return None
     with _registry.lock:
         _registry.pending = False
@@ -189,9 +194,10 @@ def mark_written(policies: Iterable[CodePolicy]) -> None:
 
 
 def retry_later() -> None:
-    """Writing failed: try again before the next load."""
+    """Writing failed: try again before a load RETRY_SECONDS from now (not at every request meanwhile)."""
     with _registry.lock:
         _registry.pending = True
+        _registry.retry_at = time.monotonic() + RETRY_SECONDS
 
 
 def not_written(policies: Iterable[CodePolicy]) -> None:
@@ -222,6 +228,7 @@ def forget_declarations() -> None:
                     del _registry.declared[policy.name]
         _registry.written.clear()
         _registry.pending = True
+        _registry.retry_at = 0.0
         _registry.routes_pending = True
     changed(None)
 
