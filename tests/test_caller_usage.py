@@ -1,5 +1,5 @@
 """usage() for a customer's dashboard: a caller sees only their own usage (subjects that name them, never one
-the request merely writes)."""
+the request merely writes), and looking at an unused quota costs one Redis call and no query."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.test import RequestFactory
 
 import ratelimit_app
-from tests.helpers import make_policy
+from ratelimit_app import quotas
+from ratelimit_app.models import QuotaUsage
+from tests.helpers import count_round_trips, make_policy
 
 KEY = "sk_live_0123456789abcdef"
 
@@ -74,3 +76,55 @@ def test_an_anonymous_caller_without_a_key_sees_the_limits_of_their_address_only
     make_policy(name="per-key", action="api:search", limit=10, window=60, key="header:X-Api-Key")
     make_policy(name="per-user-or-ip", action="api:search", limit=10, window=60, key="user_or_ip")
     assert [item.policy for item in ratelimit_app.usage(_request())] == ["per-user-or-ip"]
+
+
+# --- what looking costs ----------------------------------------------------------------------------------------
+
+
+def _monthly():
+    return make_policy(name="api-month", action="api:search", strategy="calendar_quota", period="month",
+                       time_zone="UTC", limit=1000, window=1, key="header:X-Api-Key")
+
+
+def _script_calls(redis_client) -> int:
+    stats = redis_client.info("commandstats")
+    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("fcall", "fcall_ro", "evalsha", "eval"))
+
+
+@pytest.mark.django_db
+def test_usage_of_a_quota_unused_this_period_costs_one_redis_call_and_no_query(server, django_assert_num_queries):
+    import redis
+
+    _monthly()
+    caller = _request(HTTP_X_API_KEY=KEY)
+    assert [item.used for item in ratelimit_app.usage(caller)] == [0]  # the first look of the period reads the database
+    own = redis.Redis.from_url(server.url)
+    own.config_resetstat()
+    with django_assert_num_queries(0), count_round_trips() as trips:
+        looks = [[(item.used, item.remaining) for item in ratelimit_app.usage(caller)] for _ in range(10)]
+    assert looks == [[(0, 1000)]] * 10
+    assert (trips[0], _script_calls(own)) == (10, 10)  # were 20 and 20, and 10 queries: the saved usage each time
+    assert ratelimit_app.hit(caller, "api:search").decisions[0].count == 1  # looking counted nothing
+
+
+@pytest.mark.django_db(transaction=True)
+def test_usage_shows_what_the_database_saved_each_time_redis_loses_the_period(redis_client,
+                                                                              django_assert_num_queries):
+    _monthly()
+    caller = _request(HTTP_X_API_KEY=KEY)
+    for _ in range(3):
+        assert ratelimit_app.hit(_request(HTTP_X_API_KEY=KEY), "api:search").allowed
+    assert quotas.saver.save() == 1
+    quotas.saver.discard()
+    redis_client.flushall()  # Redis lost the month: 3 saved
+    assert [item.used for item in ratelimit_app.usage(caller)] == [3]
+    with django_assert_num_queries(0):
+        assert [[item.used for item in ratelimit_app.usage(caller)] for _ in range(5)] == [[3]] * 5
+    counted = [ratelimit_app.hit(_request(HTTP_X_API_KEY=KEY), "api:search").decisions[0].count for _ in range(2)]
+    assert counted == [4, 5]  # the month goes on from the 3 saved
+    assert quotas.saver.save() == 1
+    quotas.saver.discard()
+    redis_client.flushall()  # lost again, after more was saved: the newer saved usage shows, nothing older
+    assert QuotaUsage.objects.get().used == 5
+    assert [[item.used for item in ratelimit_app.usage(caller)] for _ in range(2)] == [[5]] * 2
+    assert ratelimit_app.hit(_request(HTTP_X_API_KEY=KEY), "api:search").decisions[0].count == 6
