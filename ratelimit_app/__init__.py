@@ -55,7 +55,9 @@ async def ahit(request, action: str, cost=None):
 
 def usage(request):
     """The caller's usage of every limit that applies to them (used, limit, remaining, resets at), for
-    a customer's dashboard or an `/api/usage` view; counts nothing."""
+    a customer's dashboard or an `/api/usage` view; counts nothing. Only the caller's own: policies keyed
+    by `ip`, `user`, `user_or_ip`, a header not in RATELIMIT_PLAIN_HEADERS (an API key), a key function
+    marked `identifies_caller = True`, or a composite of these; never `param:`, `get:`, `post:`, `global`."""
     from .caller_usage import usage as usage_of
 
     return usage_of(request)

@@ -13,7 +13,7 @@ from .drivers import Steps, arun, run
 from .limiter import loading
 from .overrides import matching_override
 from .plans import limit_in_effect, plan_of
-from .subjects import subject_for
+from .subjects import identifies_the_caller, subject_for
 from .values import Check, Decision, Unavailable
 
 
@@ -35,12 +35,14 @@ class Usage(NamedTuple):
 
 
 def _checks(request, index: policies.PolicyIndex) -> list[Check]:
-    """Every enforced policy whose subject this request has, at the caller's limit (exemptions left out)."""
+    """Every enforced policy whose subject is the caller's own, at the caller's limit (exemptions left out)."""
     on_plan = plan_of(index.plans, request) if index.plans else None
     checks = []
     for policy in index.policies:
         if not policy.enforce or policy.holds:
             continue  # shadow policies never show to clients; requests in flight are no usage
+        if not identifies_the_caller(policy.key_spec):
+            continue  # a subject the request only names (?username=alice) is someone else's usage
         subject = subject_for(policy.key_spec, request)
         if subject is None:
             continue

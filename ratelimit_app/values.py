@@ -24,6 +24,8 @@ class KeyPart(NamedTuple):
     read: Callable[[object], str | None]  # request -> canonical value, or None when it cannot be computed
     show: Callable[[str], str]  # canonical value -> display
     reads_user: bool = False  # may read request.user (async views load the user before computing it)
+    # its value names the caller themselves, not something any request may write: usage() shows such subjects
+    identifies_caller: bool = False
 
 
 KeySpec = tuple[KeyPart, ...]

@@ -5,7 +5,8 @@
 -- count * 1000000 + the period's number (from its start), written with SET ... PXAT <the period's end>
 -- by the period's first request: a counter that exists is the current period's, so a repeat request is
 -- one INCRBY and reads no clock. A counter that is absent is reported (retry ABSENT) unless the call
--- brings the usage the database saved for the period (the seed), from which the period starts again.
+-- brings the usage the database saved for the period (the seed), from which the period starts again:
+-- a look (usage(), check()) writes the seed back too, so that the next look needs no database.
 do
   local PACK = 1000000
   local ABSENT = -3 -- decide.lua refuses the whole call: the worker asks again with the seed
@@ -59,6 +60,16 @@ do
     return stored % PACK == number
   end
 
+  -- the counter of the period containing the call's moment, holding `count` (Redis writes an integer's digits)
+  local function written(key, count, finish, number)
+    local value = count * PACK + number
+    if clock.given then
+      redis.call('SET', key, value, 'PX', finish - clock.ms() + 1000) -- the period's number tells it is over
+    else
+      redis.call('SET', key, value, 'PXAT', finish)
+    end
+  end
+
   local function look(key, limit, terms, cost)
     local stored = tonumber(redis.call('GET', key))
     if not stored or not of_now(stored, terms) then
@@ -68,8 +79,10 @@ do
         clock.ms() -- the worker reads the usage saved for the period of Redis's clock, not of its own
         return 0, ABSENT, 0, 1
       end
-      local start, finish = current(terms)
+      local start, finish, number = current(terms)
       local count = seed_at == start and seed or 0
+      -- counts nothing: the counter the period's next request would start from the same seed
+      written(key, count, finish, number)
       return count, count + cost > limit and finish - clock.ms() or 0, count > 0 and finish - clock.ms() or 0, 1
     end
     local count = math.floor(stored / PACK)
@@ -97,12 +110,7 @@ do
         local now = clock.ms()
         local count = seed_at == start and seed or 0
         local taken = count + cost <= limit
-        local value = (taken and count + cost or count) * PACK + number -- Redis writes an integer's digits
-        if clock.given then
-          redis.call('SET', key, value, 'PX', finish - now + 1000) -- the period's number tells it is over
-        else
-          redis.call('SET', key, value, 'PXAT', finish)
-        end
+        written(key, taken and count + cost or count, finish, number)
         if not taken then return false, count, finish - now, finish - now, -2 end
         return true, count, 0, finish - now, -1
       end

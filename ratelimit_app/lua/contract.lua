@@ -6,7 +6,8 @@
 -- fixed window's repeat request parses nothing but its limit.
 --
 --   look(key, limit, terms, cost) -> count, retry, reset, fields
---       reads only: the units counted; the ms until `cost` more fit (0: they fit now); the ms until
+--       counts nothing (a calendar quota given its saved usage writes it back, as its charge would start
+--       from it): the units counted; the ms until `cost` more fit (0: they fit now); the ms until
 --       every counted unit has left (0: none is counted); how many fields it read (the live page's
 --       budget). A retry or reset of -1 means "when the fixed window ends", which the worker works out
 --       from the reply's now, or its own clock when the reply has none.

@@ -91,9 +91,9 @@ def _plain(value: str) -> str:
 
 
 SIMPLE_PARTS = {
-    "ip": KeyPart("ip", read_ip, _plain),
-    "user": KeyPart("user", read_user, _plain, reads_user=True),
-    "user_or_ip": KeyPart("user_or_ip", _user_or_ip, _plain, reads_user=True),
+    "ip": KeyPart("ip", read_ip, _plain, identifies_caller=True),  # a client cannot choose its address (proxies.md)
+    "user": KeyPart("user", read_user, _plain, reads_user=True, identifies_caller=True),
+    "user_or_ip": KeyPart("user_or_ip", _user_or_ip, _plain, reads_user=True, identifies_caller=True),
     "global": KeyPart("global", lambda request: "global", _plain),
 }
 
@@ -111,7 +111,9 @@ def _header_part(name: str) -> KeyPart:
         plain = {header.lower() for header in get_setting("RATELIMIT_PLAIN_HEADERS")}
         return f"header:{name}={value if name.lower() in plain else mask(value)}"
 
-    return KeyPart(label, read, show)
+    # a header's value is the caller's credential (an API key) unless RATELIMIT_PLAIN_HEADERS says it is
+    # not a secret: identifies_the_caller() reads the setting when asked
+    return KeyPart(label, read, show, identifies_caller=True)
 
 
 def _param_part(kind: str, name: str) -> KeyPart:
@@ -149,7 +151,17 @@ def _callable_part(path: str) -> KeyPart:
         value = function(request)
         return None if value is None or value == "" else f"{label}={value}"
 
-    return KeyPart(label, read, _plain, reads_user=True)  # a project's function may look at the user
+    # a project's function may look at the user; it names the caller only when it says so
+    identifies_caller = getattr(function, "identifies_caller", False) is True
+    return KeyPart(label, read, _plain, reads_user=True, identifies_caller=identifies_caller)
+
+
+def identifies_the_caller(spec: KeySpec) -> bool:
+    """Whether every part of `spec` names the caller themselves (their address, user, a secret header such
+    as an API key, a key function marked `identifies_caller = True`), so that a subject of it computed from
+    a request is the caller's own: never a parameter or a plain header anyone may write, nor `global`."""
+    plain = {f"header:{name.lower()}" for name in get_setting("RATELIMIT_PLAIN_HEADERS")}
+    return all(part.identifies_caller and part.label not in plain for part in spec)
 
 
 # --- computing a subject -------------------------------------------------------------------------
