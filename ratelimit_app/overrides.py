@@ -17,7 +17,7 @@ from typing import Generic, Iterable, Iterator, Protocol, TypeVar
 from django.utils import timezone
 
 from .models import MatchKind, Override, SubjectMatch
-from .subjects import client_address, ip_network, meta_key
+from .subjects import client_address, header_value, ip_network, meta_key
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -95,7 +95,7 @@ class SubjectMatcher(Generic[Item]):
             yield from self.by_address.get(str(address), ())
         meta = request.META
         for name in self.headers:
-            yield from self.by_header.get((name, meta.get(name, "")), ())
+            yield from self.by_header.get((name, header_value(meta, name) or ""), ())
         if address is not None and self.networks:
             for network, item in self.networks:
                 if address.version == network.version and address in network:
