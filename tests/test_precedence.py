@@ -1,5 +1,5 @@
 """Which override or plan assignment wins when several match a request: one rule, the same for both,
-whatever order the rows were written in."""
+whatever order the rows were written in, and an import of an export never changes the winner."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from django.test import RequestFactory
 
 from ratelimit_app.actions import plan as plan_request
 from ratelimit_app.models import Override, Plan, PlanAssignment, PlanLimit
+from ratelimit_app.portable import export_data, import_data
 from tests.helpers import make_policy
 
 pytestmark = pytest.mark.django_db
@@ -107,3 +108,64 @@ def test_the_review_case_an_older_key_plan_beats_a_newer_user_plan(search, alice
     give("plan", "key", 1000, search, alice)  # enterprise, sold for the key
     give("plan", "user", 10, search, alice)  # free, given to the user later
     assert limit_for(request_of(alice)) == 1000
+
+
+# --- an import does not move anyone -------------------------------------------------------------------
+
+
+@pytest.fixture
+def monthly():
+    return make_policy(
+        name="api-month", action="demo:search", strategy="calendar_quota", period="month", time_zone="UTC",
+        limit=10, window=1, key="user",
+    )
+
+
+def two_group_plans(monthly):
+    """alice in `paying` (plan pro, 100000 a month: the older assignment) and `trial` (plan alpha, 50)."""
+    pro, alpha = Plan.objects.create(name="pro"), Plan.objects.create(name="alpha")
+    PlanLimit.objects.create(plan=pro, policy=monthly, limit=100000)
+    PlanLimit.objects.create(plan=alpha, policy=monthly, limit=50)
+    PlanAssignment.objects.create(plan=pro, kind="group", group=Group.objects.get(name="paying"))
+    PlanAssignment.objects.create(plan=alpha, kind="group", group=Group.objects.get(name="trial"))
+
+
+def test_importing_an_unchanged_export_keeps_every_customer_on_their_plan(monthly, alice):
+    two_group_plans(monthly)
+    assert limit_for(request_of(alice), "api-month") == 100000
+    kept = list(PlanAssignment.objects.values_list("pk", "created").order_by("pk"))
+    import_data(export_data())
+    assert limit_for(request_of(alice), "api-month") == 100000
+    assert list(PlanAssignment.objects.values_list("pk", "created").order_by("pk")) == kept
+
+
+def test_an_export_imported_where_the_plans_are_new_keeps_the_winner(monthly, alice):
+    two_group_plans(monthly)
+    exported = export_data()
+    Plan.objects.all().delete()  # another site: the plans are created by the import
+    import_data(exported)
+    assert limit_for(request_of(alice), "api-month") == 100000
+    assert export_data() == exported
+
+
+def test_importing_unchanged_overrides_keeps_the_winner(search, alice):
+    give("override", "group trial", 1000, search, alice)
+    give("override", "group paying", 50, search, alice)
+    kept = list(Override.objects.values_list("pk", "created").order_by("pk"))
+    import_data(export_data())
+    assert limit_for(request_of(alice)) == 1000
+    assert list(Override.objects.values_list("pk", "created").order_by("pk")) == kept
+
+
+def test_a_file_without_ages_keeps_the_rows_it_repeats_and_deletes_the_others(monthly, alice):
+    two_group_plans(monthly)
+    PlanAssignment.objects.create(plan=Plan.objects.get(name="pro"), kind="ip", network=IP)
+    exported = export_data()
+    for plan in exported["plans"]:  # as files exported before ages were written
+        plan["assignments"] = [{k: v for k, v in a.items() if k != "created"} for a in plan["assignments"]]
+    [pro] = [plan for plan in exported["plans"] if plan["name"] == "pro"]
+    pro["assignments"] = [a for a in pro["assignments"] if a["kind"] != "ip"]
+    kept = list(PlanAssignment.objects.filter(kind="group").values_list("pk", "created").order_by("pk"))
+    import_data(exported)
+    assert list(PlanAssignment.objects.values_list("pk", "created").order_by("pk")) == kept
+    assert limit_for(request_of(alice), "api-month") == 100000
