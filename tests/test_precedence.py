@@ -169,3 +169,14 @@ def test_a_file_without_ages_keeps_the_rows_it_repeats_and_deletes_the_others(mo
     import_data(exported)
     assert list(PlanAssignment.objects.values_list("pk", "created").order_by("pk")) == kept
     assert limit_for(request_of(alice), "api-month") == 100000
+
+
+def test_an_import_deletes_thousands_of_rows_the_file_no_longer_lists(search):
+    Override.objects.bulk_create(
+        Override(policy=search, kind="ip", network=f"10.0.{n // 250}.{n % 250}", limit=5) for n in range(1200)
+    )
+    exported = export_data()
+    [entry] = [policy for policy in exported["policies"] if policy["name"] == "search"]
+    entry["overrides"] = entry["overrides"][600:601]
+    assert import_data(exported).overrides == 1
+    assert list(Override.objects.values_list("network", flat=True)) == ["10.0.2.100"]

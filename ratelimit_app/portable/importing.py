@@ -169,7 +169,9 @@ def _replaced(existing, items: list, make: Callable[[Any], Any], label: str, pro
     """Save the rows `make` builds from `items` in place of the `existing` ones (a policy's overrides, a
     plan's assignments); returns how many were saved. A row matching the same subject as an existing one
     updates it: it keeps its id and its age, which decide between equals, unless the file gives its age."""
-    unused = {row.pk: row for row in existing.order_by("pk")}
+    by_subject: dict[tuple, list] = {}
+    for old in existing.order_by("pk"):
+        by_subject.setdefault(_subject(old), []).append(old)
     saved = 0
     for index, item in enumerate(items, 1):
         try:
@@ -177,16 +179,18 @@ def _replaced(existing, items: list, make: Callable[[Any], Any], label: str, pro
         except (ValidationError, LookupError) as error:
             problems.append(f"{label} {index}: {_messages(error)}")
             continue
-        same = next((old for old in unused.values() if _subject(old) == _subject(row)), None)
-        if same is not None:
-            row.pk = unused.pop(same.pk).pk
-            row.created = row.created or same.created
+        olds = by_subject.get(_subject(row))
+        if olds:
+            same = olds.pop(0)
+            row.pk, row.created = same.pk, row.created or same.created
         given = row.created  # a new row is stamped now by save(): the file's creation is written after
         if _saved(row, f"{label} {index}", problems):
             saved += 1
             if given and row.created != given:
                 type(row).objects.filter(pk=row.pk).update(created=given)
-    existing.filter(pk__in=unused).delete()
+    left = [old.pk for olds in by_subject.values() for old in olds]
+    for start in range(0, len(left), 500):  # within every database's limit of query parameters
+        existing.filter(pk__in=left[start : start + 500]).delete()
     return saved
 
 
