@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import AnonymousUser
+from django.db import connections
 from django.test import RequestFactory
 
 import ratelimit_app
@@ -39,8 +40,11 @@ async def test_a_non_ascii_api_key_gets_its_plan_through_asgi():
     from tests.test_async import ClientAt
 
     await sync_to_async(key_on_a_plan)()
-    # the ASGI client sends each header's latin-1 bytes: the key's UTF-8 bytes, as a browser or curl would
-    response = await ClientAt(IP).get("/demo/search/?q=a", headers={"X-Api-Key": ON_THE_WIRE})
+    try:
+        # the ASGI client sends each header's latin-1 bytes: the key's UTF-8 bytes, as a browser or curl would
+        response = await ClientAt(IP).get("/demo/search/?q=a", headers={"X-Api-Key": ON_THE_WIRE})
+    finally:  # the worker thread's connection would keep PostgreSQL from dropping the test database
+        await sync_to_async(connections.close_all)()
     assert response["RateLimit-Policy"] == '"api-per-key";q=1000;w=60'
 
 
