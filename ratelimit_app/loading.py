@@ -123,16 +123,18 @@ def _valid(rows, exclude: list[str], described, refused=_logged) -> list:
 OVERRIDES = (("policy", "user", "group"), lambda row: f"override id {row.pk} of policy {row.policy.name!r}")
 ASSIGNMENTS = (("plan", "user", "group"), lambda row: f"assignment id {row.pk} to plan {row.plan.name!r}")
 PLAN_LIMITS = (("plan", "policy"), lambda row: f"limit id {row.pk} of plan {row.plan.name!r}")
+# between rows of equal rank the older wins: by creation, which an import carries over, then by pk
+OLDEST_FIRST = ("created", "pk")
 
 
 def _load_overrides(policy_ids: set[int]) -> dict[int, PolicyOverrides]:
-    found = Override.objects.filter(policy_id__in=policy_ids).select_related(*OVERRIDES[0])
+    found = Override.objects.filter(policy_id__in=policy_ids).select_related(*OVERRIDES[0]).order_by(*OLDEST_FIRST)
     rows = _valid(found, [*OVERRIDES[0]], OVERRIDES[1])
     return compile_overrides(rows, _members({row.group_id for row in rows if row.group_id}))
 
 
 def _load_plans(policy_ids: set[int]) -> PlanAssignments | None:
-    found = PlanAssignment.objects.select_related(*ASSIGNMENTS[0]).order_by("pk")
+    found = PlanAssignment.objects.select_related(*ASSIGNMENTS[0]).order_by(*OLDEST_FIRST)
     assignments = _valid(found, [*ASSIGNMENTS[0]], ASSIGNMENTS[1])
     if not assignments:
         return None  # most sites sell nothing: no plan limit is read either

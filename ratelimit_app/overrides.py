@@ -1,10 +1,10 @@
 """Per-subject overrides: which limit is in effect for a request, resolved in Python from the index.
 
 Rows that match requests (overrides, plan assignments: models.SubjectMatch) are arranged by one
-SubjectMatcher. Precedence: an exact subject (a user, a single IP address, a header value) before an
-IP network (longest prefix first) before a group; between equals, the older row (lower id) first, in
-every process. An expired row no longer applies, and the next one in line does. Everything is read
-from the in-process index: no query, no Redis call.
+SubjectMatcher. Precedence, the narrowest subject first: a header value (an API key), a user, an IP
+address, an IP network (longest prefix first), a group; between equals, the older row (created first,
+then lower id), in every process. An expired row no longer applies, and the next one in line does.
+Everything is read from the in-process index: no query, no Redis call.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import itemgetter
 from typing import Generic, Iterable, Iterator, Protocol, TypeVar
 
 from django.utils import timezone
 
 from .models import MatchKind, Override, SubjectMatch
-from .subjects import client_address, ip_network, meta_key
+from .subjects import client_address, header_value, ip_network, meta_key
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -47,19 +48,21 @@ class CompiledOverride:
 class SubjectMatcher(Generic[Item]):
     """Compiled rows that match requests (each carried as an `Item`), arranged for lookup by each kind.
 
-    Several rows may match the same user, address or header value (one expired, one active):
-    all are kept, in the order rows are added (by pk), and the first active one applies.
+    Rows are added oldest first (by creation, then pk, as the loader reads them). Several rows may match the same
+    user, address or header value (one expired, one active): all are kept, and the first active one applies.
     """
 
     by_user: dict[int, list[Item]] = field(default_factory=dict)
     by_address: dict[str, list[Item]] = field(default_factory=dict)
     networks: list[tuple[IPNetwork, Item]] = field(default_factory=list)
-    by_header: dict[tuple[str, str], list[Item]] = field(default_factory=dict)
+    by_header: dict[tuple[str, str], list[tuple[int, Item]]] = field(default_factory=dict)  # (age rank, item)
     headers: dict[str, None] = field(default_factory=dict)  # META names some row reads, in row order
     by_group: list[tuple[frozenset[int], Item]] = field(default_factory=list)
+    added: int = 0
 
     def add(self, row: SubjectMatch, item: Item, members: dict[int, frozenset[int]]) -> None:
         """Match the requests `row` describes with `item`; `members`: group id -> its users' ids."""
+        self.added += 1
         if row.kind == MatchKind.USER:
             self.by_user.setdefault(row.user_id, []).append(item)
         elif row.kind == MatchKind.GROUP:
@@ -67,7 +70,7 @@ class SubjectMatcher(Generic[Item]):
         elif row.kind == MatchKind.HEADER:
             meta = meta_key(row.header)
             self.headers[meta] = None
-            self.by_header.setdefault((meta, row.value), []).append(item)
+            self.by_header.setdefault((meta, row.value), []).append((self.added, item))
         else:
             network = ip_network(row.network)  # as client addresses are matched: rows saved mapped match too
             if network.prefixlen == network.max_prefixlen:
@@ -81,11 +84,16 @@ class SubjectMatcher(Generic[Item]):
         return bool(self.by_user or self.by_group)
 
     def candidates(self, request) -> Iterator[Item]:
-        """Every item matching the request, most specific first.
+        """Every item matching the request, the narrowest subject first (see the module's docstring).
 
         Addresses are matched on the client's own address, not on the group a policy counts
         (RATELIMIT_IPV6_PREFIX, RATELIMIT_IPV4_PREFIX): an override for one client is that client's.
         """
+        if self.headers:
+            meta = request.META
+            found = [pair for name in self.headers for pair in self.by_header.get((name, header_value(meta, name)), ())]
+            # rows of several header names matching one request: the older row first, whatever its name
+            yield from (item for _, item in (sorted(found, key=itemgetter(0)) if len(found) > 1 else found))
         user = getattr(request, "user", None)
         user_id = user.pk if user is not None and user.is_authenticated else None
         if user_id is not None:
@@ -93,9 +101,6 @@ class SubjectMatcher(Generic[Item]):
         address = client_address(request) if (self.by_address or self.networks) else None
         if address is not None:
             yield from self.by_address.get(str(address), ())
-        meta = request.META
-        for name in self.headers:
-            yield from self.by_header.get((name, meta.get(name, "")), ())
         if address is not None and self.networks:
             for network, item in self.networks:
                 if address.version == network.version and address in network:
@@ -106,7 +111,7 @@ class SubjectMatcher(Generic[Item]):
                     yield item
 
     def first_active(self, request) -> Item | None:
-        """The most specific item matching the request that has not expired, or None."""
+        """The first item matching the request, by precedence, that has not expired, or None."""
         now = timezone.now()
         return next((item for item in self.candidates(request) if item.active(now)), None)
 

@@ -1,8 +1,8 @@
 """Plans: the limits a subject gets on several policies at once, by being assigned to a plan.
 
-Assignments match requests as overrides do (overrides.SubjectMatcher: a user, an address, a header
-value, a network, a group, most specific first, until an expiry), so a request is on at most one
-plan. Under a policy, an override matching the request wins over the plan; a plan that does not name
+Assignments match requests as overrides do (overrides.SubjectMatcher: a header value, a user, an
+address, a network, a group, the narrowest first, then the older row, until an expiry), so a request
+is on at most one plan. Under a policy, an override matching the request wins over the plan; a plan that does not name
 the policy leaves the policy's own limit. Resolved from the in-process index: no query, no Redis call.
 """
 
@@ -58,7 +58,7 @@ def compile_plans(
 
 
 def assignment_of(assignments: PlanAssignments | None, request) -> CompiledAssignment | None:
-    """The assignment that puts this request on a plan (the most specific one in effect), or None."""
+    """The assignment that puts this request on a plan (the first in effect, by precedence), or None."""
     return None if assignments is None else assignments.first_active(request)
 
 

@@ -267,6 +267,8 @@ def _plan_file(tmp_path, **plan) -> str:
         ({"assignments": [{"kind": "header", "header": "X-Api-Key"}]}, "assignment 1: field 'value': Required"),
         ({"assignments": [{"kind": "ip", "network": "10.0.0.300"}]}, "assignment 1: field 'network': Enter an IP address"),
         ({"assignments": [{"kind": "user", "user": "nobody"}]}, "assignment 1: no user 'nobody' here"),
+        ({"assignments": [{"kind": "ip", "network": "10.0.0.1", "created": "yesterday"}]},
+         "assignment 1: field 'created': 'yesterday' is not a date and time"),
         ({"name": "not a slug"}, "field 'name'"),
     ],
 )

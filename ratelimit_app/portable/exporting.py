@@ -24,6 +24,7 @@ def _export_match(row: SubjectMatch, fields: dict[str, tuple[str, bool]]) -> dic
     entry["user"] = row.user.get_username() if row.user_id else None
     entry["group"] = row.group.name if row.group_id else None
     entry["expires_at"] = row.expires_at.isoformat() if row.expires_at else None
+    entry["created"] = row.created.isoformat()  # the older of two equal rows wins: its age travels with it
     return entry
 
 

@@ -91,9 +91,8 @@ def _import_policies(entries: list[dict[str, Any]], written: list, problems: lis
             continue
         written.append((where, policy))
         policies += 1
-        policy.overrides.all().delete()
         made = lambda item: _matching(Override(policy=policy), item, OVERRIDE_FIELDS)  # noqa: E731
-        overrides += _each_saved(entry.get("overrides", []), made, f"{where}, override", problems)
+        overrides += _replaced(policy.overrides.all(), entry.get("overrides", []), made, f"{where}, override", problems)
     return policies, overrides
 
 
@@ -127,10 +126,11 @@ def _import_plans(entries: list[dict[str, Any]], problems: list[str]) -> tuple[i
             continue
         plans += 1
         plan.limits.all().delete()
-        plan.assignments.all().delete()
         _each_saved(entry.get("limits", []), lambda item: _plan_limit(plan, item), f"{where}, limit", problems)
         made = lambda item: _matching(PlanAssignment(plan=plan), item, MATCH_FIELDS)  # noqa: E731
-        assignments += _each_saved(entry.get("assignments", []), made, f"{where}, assignment", problems)
+        assignments += _replaced(
+            plan.assignments.all(), entry.get("assignments", []), made, f"{where}, assignment", problems
+        )
     return plans, assignments
 
 
@@ -165,6 +165,39 @@ def _each_saved(items: list, make: Callable[[Any], Any], label: str, problems: l
     return saved
 
 
+def _replaced(existing, items: list, make: Callable[[Any], Any], label: str, problems: list[str]) -> int:
+    """Save the rows `make` builds from `items` in place of the `existing` ones (a policy's overrides, a
+    plan's assignments); returns how many were saved. A row matching the same subject as an existing one
+    updates it: it keeps its id and its age, which decide between equals, unless the file gives its age."""
+    by_subject: dict[tuple, list] = {}
+    for old in existing.order_by("pk"):
+        by_subject.setdefault(_subject(old), []).append(old)
+    saved = 0
+    for index, item in enumerate(items, 1):
+        try:
+            row = make(item)
+        except (ValidationError, LookupError) as error:
+            problems.append(f"{label} {index}: {_messages(error)}")
+            continue
+        olds = by_subject.get(_subject(row))
+        if olds:
+            same = olds.pop(0)
+            row.pk, row.created = same.pk, row.created or same.created
+        given = row.created  # a new row is stamped now by save(): the file's creation is written after
+        if _saved(row, f"{label} {index}", problems):
+            saved += 1
+            if given and row.created != given:
+                type(row).objects.filter(pk=row.pk).update(created=given)
+    left = [old.pk for olds in by_subject.values() for old in olds]
+    for start in range(0, len(left), 500):  # within every database's limit of query parameters
+        existing.filter(pk__in=left[start : start + 500]).delete()
+    return saved
+
+
+def _subject(row: SubjectMatch) -> tuple:
+    return row.kind, row.user_id, row.group_id, row.network, row.header, row.value
+
+
 def _saved(row, where: str, problems: list[str]) -> bool:
     """Save `row` in a savepoint: a value the database refuses although it passed the checks is a
     problem of its entry (the import goes on collecting them), never a traceback."""
@@ -186,12 +219,13 @@ def _matching(row: SubjectMatch, item: dict[str, Any], fields: dict[str, tuple[s
         row.user = _lookup(get_user_model().objects, **{get_user_model().USERNAME_FIELD: item["user"]})
     if item.get("group"):
         row.group = _lookup(Group.objects, name=item["group"])
-    row.expires_at = _moment(item.get("expires_at"))
+    row.expires_at = _moment(item.get("expires_at"), "expires_at")
+    row.created = _moment(item.get("created"), "created")  # absent from files exported before it
     row.full_clean()
     return row
 
 
-def _moment(value: str | None) -> datetime | None:
+def _moment(value: str | None, field: str) -> datetime | None:
     if value is None:
         return None
     try:
@@ -200,7 +234,7 @@ def _moment(value: str | None) -> datetime | None:
         moment = None
     if moment is None:
         said = f"{value[:40]!r} is not a date and time such as 2030-01-31T12:00:00+00:00."
-        raise ValidationError({"expires_at": said})
+        raise ValidationError({field: said})
     return moment
 
 

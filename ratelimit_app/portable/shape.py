@@ -23,7 +23,7 @@ MATCH_FIELDS: dict[str, tuple[str, bool]] = {
     "reason": (TEXT, False),
 }
 MATCH_REFERENCES: dict[str, tuple[str, bool]] = {
-    "user": (TEXT, True), "group": (TEXT, True), "expires_at": (TEXT, True),
+    "user": (TEXT, True), "group": (TEXT, True), "expires_at": (TEXT, True), "created": (TEXT, True),
 }
 OVERRIDE_FIELDS: dict[str, tuple[str, bool]] = {**MATCH_FIELDS, "exempt": (FLAG, False), "limit": (WHOLE, True)}
 OVERRIDE_REFERENCES = MATCH_REFERENCES

@@ -20,7 +20,7 @@ from .addresses import (
     ip_network,
     unmapped,
 )
-from .reading import BODY_ERRORS, FORM_TYPES, JSON_ATTRIBUTE, http_request, meta_key
+from .reading import BODY_ERRORS, FORM_TYPES, JSON_ATTRIBUTE, header_value, http_request, meta_key
 from .specs import (
     DISPLAY_LIMIT,
     KINDS,
@@ -65,6 +65,7 @@ __all__ = [
     "client_ip",
     "forget_settings",
     "forget_warning",
+    "header_value",
     "http_request",
     "identifies_the_caller",
     "invalid_trusted_proxies",

@@ -23,6 +23,19 @@ def meta_key(header: str) -> str:
     return name if name in ("CONTENT_TYPE", "CONTENT_LENGTH") else f"HTTP_{name}"
 
 
+def header_value(meta, name: str) -> str | None:
+    """The header kept in `meta` under `name` as its sender typed it. Servers hand headers over as latin-1
+    text (WSGI's environ; Django decodes ASGI's bytes so too): UTF-8 read back as UTF-8 where it is valid,
+    as Django does for paths, so that a key typed 'clé-123' in the admin matches what a client sends."""
+    value = meta.get(name)
+    if not value or value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:  # latin-1 bytes that are not UTF-8, or text handed over as it is (a test client)
+        return value
+
+
 def http_request(request):
     """The Django HttpRequest behind a DRF Request (or the request itself)."""
     return request.__dict__.get("_request", request)  # a dict lookup: no AttributeError raised per request

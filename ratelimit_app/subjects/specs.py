@@ -15,7 +15,7 @@ from ..conf import get_setting
 from ..lru import byte_bounded_cache
 from ..values import KeyPart, KeySpec, Subject
 from .addresses import read_ip
-from .reading import body_field, meta_key
+from .reading import body_field, header_value, meta_key
 
 TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RFC 9110 token)
 DISPLAY_LIMIT = 100
@@ -103,7 +103,7 @@ def _header_part(name: str) -> KeyPart:
     label = f"header:{name.lower()}"
 
     def read(request) -> str | None:
-        value = request.META.get(meta)
+        value = header_value(request.META, meta)
         return f"{label}={value}" if value else None
 
     def show(canonical: str) -> str:
