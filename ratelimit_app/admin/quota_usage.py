@@ -19,6 +19,7 @@ from django.urls import path
 from ..loading import compile_policy
 from ..models import Policy, QuotaUsage
 from ..periods import periods_at, zone
+from ..quotas import as_instant, as_stored
 
 CHUNK = 2000  # rows per database fetch of the export
 
@@ -34,7 +35,7 @@ def period_starts(which: str, now_ms: int | None = None) -> Q:
             continue
         found = periods_at(policy.period, zone(policy.time_zone), now_ms)
         start = found.start if which == "current" else found.previous
-        query |= Q(policy=row, period_start=datetime.fromtimestamp(start / 1000, timezone.utc))
+        query |= Q(policy=row, period_start=as_stored(start))
     return query
 
 
@@ -63,7 +64,9 @@ def csv_rows(queryset: QuerySet) -> Iterator[str]:
         "policy__name", "display", "subject", "period_start", "used", "updated"
     )
     for name, display, subject, start, used, saved in rows.iterator(chunk_size=CHUNK):
-        yield writer.writerow([name, display, subject, start.isoformat(), used, saved.isoformat()])
+        # instants in UTC whichever way the database holds them (naive in TIME_ZONE with USE_TZ False)
+        start, saved = as_instant(start).isoformat(), as_instant(saved).isoformat()
+        yield writer.writerow([name, display, subject, start, used, saved])
 
 
 async def _chunked(rows: Iterator[str]) -> AsyncIterator[str]:
