@@ -94,3 +94,65 @@ def test_the_admin_lists_and_exports_the_current_and_previous_periods(admin_clie
         ["header:x-api-key:k-0", f"{0:016x}", begun, "1"], ["header:x-api-key:k-1", f"{1:016x}", begun, "2"]]
     assert all(line.split(",")[5].endswith("+00:00") for line in lines[1:])
 
+
+# --- deleting a quota policy takes its saved usage --------------------------------------------------
+
+
+def policy_url(row, page: str = "") -> str:
+    return f"/admin/ratelimit_app/policy/{row.pk}/{page}"
+
+
+def test_a_superuser_deletes_a_quota_policy_and_the_page_counts_the_usage_that_goes_with_it(admin_client, use_tz):
+    row = month()
+    found = periods_at("month", zone("Europe/Paris"), now_ms())
+    saved_usage(row, found.start, 2)
+    saved_usage(row, found.previous, 1, first=10)
+    other = month(name="other")
+    saved_usage(other, found.start, 1, first=20)
+    page = admin_client.get(policy_url(row, "delete/"))
+    shown = page.content.decode()
+    assert page.status_code == 200 and "Cannot delete" not in shown  # was "Cannot delete policy", the POST 403
+    assert "Quota usage: 3 saved rows" in shown  # its rows only, counted, not listed one by one
+    assert "<li>Quota usage: 3</li>" in shown  # Django's summary
+    answer = admin_client.post(policy_url(row, "delete/"), {"post": "yes"})
+    assert answer.status_code == 302
+    assert list(QuotaUsage.objects.values_list("policy__name", "used")) == [("other", 21)]
+
+
+def test_staff_with_the_delete_policy_permission_delete_a_quota_policy_with_saved_usage(client, use_tz):
+    from django.contrib.auth.models import Permission, User
+
+    staff = User.objects.create_user("ops", password="x", is_staff=True)
+    staff.user_permissions.set(Permission.objects.filter(codename__in=["view_policy", "delete_policy"]))
+    client.force_login(staff)
+    row = month()
+    saved_usage(row, periods_at("month", zone("Europe/Paris"), now_ms()).start, 1)
+    assert client.get(policy_url(row, "delete/")).status_code == 200
+    assert client.post(policy_url(row, "delete/"), {"post": "yes"}).status_code == 302
+    assert not QuotaUsage.objects.exists()
+
+
+def test_the_bulk_delete_action_confirms_then_deletes_quota_policies_with_their_usage(admin_client, use_tz):
+    start = periods_at("month", zone("Europe/Paris"), now_ms()).start
+    rows = [month(name="first"), month(name="second"), month(name="kept")]
+    for n, row in enumerate(rows):
+        saved_usage(row, start, n + 1, first=10 * n)
+    chosen = {"action": "delete_selected", "_selected_action": [rows[0].pk, rows[1].pk]}
+    confirm = admin_client.post("/admin/ratelimit_app/policy/", chosen)
+    shown = confirm.content.decode()
+    assert confirm.status_code == 200 and "Cannot delete" not in shown  # was "Cannot delete policies"
+    assert "Quota usage: 1 saved row " in shown and "Quota usage: 2 saved rows" in shown
+    assert "<li>Quota usage: 3</li>" in shown
+    done = admin_client.post("/admin/ratelimit_app/policy/", {**chosen, "post": "yes"})
+    assert done.status_code == 302
+    assert list(QuotaUsage.objects.values_list("policy__name", flat=True)) == ["kept"] * 3
+
+
+def test_the_usage_admin_itself_still_deletes_nothing(admin_client, use_tz):
+    row = month()
+    saved_usage(row, periods_at("month", zone("Europe/Paris"), now_ms()).start, 1)
+    [usage] = QuotaUsage.objects.all()
+    assert admin_client.get(f"{USAGE}{usage.pk}/delete/").status_code == 403
+    assert admin_client.post(USAGE, {"action": "delete_selected", "_selected_action": [usage.pk], "post": "yes"}
+                             ).status_code in (200, 302)
+    assert QuotaUsage.objects.count() == 1
