@@ -4,6 +4,7 @@ TIME_ZONE is New York, so a naive UTC instant written where local time is expect
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 
 import pytest
@@ -156,3 +157,57 @@ def test_the_usage_admin_itself_still_deletes_nothing(admin_client, use_tz):
     assert admin_client.post(USAGE, {"action": "delete_selected", "_selected_action": [usage.pk], "post": "yes"}
                              ).status_code in (200, 302)
     assert QuotaUsage.objects.count() == 1
+
+
+# --- the export's filters are the list's ------------------------------------------------------------
+
+ARABIC_INDIC = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
+
+
+def listed(answer) -> list[str]:
+    """The subjects a usage list shows, in its order."""
+    return re.findall(r"header:x-api-key:k-\d+", answer.content.decode().split('id="result_list"')[-1])
+
+
+def exported(answer) -> list[str]:
+    return [line.split(",")[1] for line in b"".join(answer.streaming_content).decode().splitlines()[1:]]
+
+
+def test_a_malformed_policy_filter_gives_the_export_a_400_where_the_list_refuses_it_never_a_500(admin_client, use_tz):
+    start = periods_at("month", zone("Europe/Paris"), now_ms()).start
+    row, other = month(), month(name="other")
+    saved_usage(row, start, 2)
+    saved_usage(other, start, 1, first=5)
+    mine = ["header:x-api-key:k-0", "header:x-api-key:k-1"]
+    # value -> what the list does with it, which the export follows: refused (the list's ?e=1), or its rows
+    cases = {
+        "²": None, "1e3": None, "": None, "1.0": None, "0x1": None, "\x00": None,
+        "-1": [], "9" * 400: [], "0": [],
+        str(row.pk).translate(ARABIC_INDIC): mine, f" {row.pk}": mine, str(row.pk): mine,  # int() reads them
+    }
+    admin_client.raise_request_exception = False
+    for value, rows in cases.items():
+        shown = admin_client.get(USAGE, {"policy__id__exact": value})
+        answer = admin_client.get(f"{USAGE}export.csv", {"policy__id__exact": value})
+        if rows is None:
+            assert (shown.status_code, shown["Location"]) == (302, f"{USAGE}?e=1"), value
+            assert answer.status_code == 400, value  # was 500 for ², the whole table for the others
+            assert answer.content.decode().startswith("The list's filters are not valid here: ")
+        else:
+            assert shown.status_code == 200 and sorted(listed(shown)) == rows, value
+            assert answer.status_code == 200 and exported(answer) == rows, value  # was every policy's rows for -1
+
+
+def test_the_export_has_every_filter_and_search_of_the_list(admin_client, use_tz):
+    found = periods_at("month", zone("Europe/Paris"), now_ms())
+    row, other = month(), month(name="other")
+    saved_usage(row, found.start, 3)
+    saved_usage(row, found.previous, 1, first=10)
+    saved_usage(other, found.start, 1, first=20)
+    for query in [{"period": "current", "policy__id__exact": row.pk}, {"period": "previous"}, {"q": "k-2"},
+                  {"used__gte": "2", "policy__id__exact": row.pk}, {"period": "bogus", "o": "zzz", "p": "x"}]:
+        shown = admin_client.get(USAGE, query)
+        assert shown.status_code == 200 and listed(shown), query
+        assert sorted(exported(admin_client.get(f"{USAGE}export.csv", query))) == sorted(listed(shown)), query
+    refused = admin_client.get(f"{USAGE}export.csv", {"used__gte": "many"})
+    assert refused.status_code == 400 and "expected a number but got 'many'" in refused.content.decode()

@@ -10,10 +10,12 @@ from typing import AsyncIterator, Iterator
 
 from asgiref.sync import sync_to_async
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.handlers.asgi import ASGIRequest
 from django.db.models import Q, QuerySet
-from django.http import StreamingHttpResponse
+from django.http import HttpResponseBadRequest, StreamingHttpResponse
 from django.urls import path
 
 from ..loading import compile_policy
@@ -83,6 +85,16 @@ def _next_lines(rows: Iterator[str]) -> str:
     return "".join(islice(rows, CHUNK))
 
 
+class ExportedRows(ChangeList):
+    """The list's rows, by the list's own filters and search, without reading a page of them: the export's."""
+
+    def get_results(self, request) -> None:
+        pass
+
+
+EXPORT = "ratelimit_app_quotausage_export"
+
+
 @admin.register(QuotaUsage)
 class QuotaUsageAdmin(admin.ModelAdmin):
     """Read only: the workers write usage; operators look at it and export it."""
@@ -105,22 +117,20 @@ class QuotaUsageAdmin(admin.ModelAdmin):
 
     def get_urls(self):
         export = self.admin_site.admin_view(self.export_view)
-        return [path("export.csv", export, name="ratelimit_app_quotausage_export"), *super().get_urls()]
+        return [path("export.csv", export, name=EXPORT), *super().get_urls()]
+
+    def get_changelist(self, request, **kwargs):
+        match = request.resolver_match
+        return ExportedRows if match and match.url_name == EXPORT else super().get_changelist(request, **kwargs)
 
     def export_view(self, request):
         """The rows the list shows (same filters and search), as CSV, streamed."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        queryset = self.get_queryset(request)
-        policy = request.GET.get("policy__id__exact", "")
-        if policy.isdigit():
-            queryset = queryset.filter(policy_id=int(policy))
-        which = request.GET.get("period")
-        if which in ("current", "previous"):
-            queryset = queryset.filter(period_starts(which))
-        queryset, duplicates = self.get_search_results(request, queryset, request.GET.get("q", ""))
-        if duplicates:
-            queryset = queryset.distinct()
+        try:  # the filters the list has, read as it reads them: the export is what the list shows
+            queryset = self.get_changelist_instance(request).queryset
+        except IncorrectLookupParameters as error:  # the list says so with ?e=1; a download can only answer
+            return HttpResponseBadRequest(f"The list's filters are not valid here: {error}", content_type="text/plain")
         rows = csv_rows(queryset)
         # an ASGI server lists a sync iterator whole before sending it: give it the rows a chunk at a time
         content = _chunked(rows) if isinstance(request, ASGIRequest) else rows
