@@ -33,7 +33,7 @@ def reset_all(policy: Policy) -> None:
             start = quotas.periods(compile_policy(policy), server_clock.now_ms()).start  # Redis's day
         except ValidationError:  # a bad row counts nothing: nothing of it to start afresh
             return
-        QuotaUsage.objects.filter(policy=policy, period_start=quotas.as_datetime(start)).delete()
+        QuotaUsage.objects.filter(policy=policy, period_start=quotas.as_stored(start)).delete()
 
 
 def reset_subject(policy: Policy, text: str) -> tuple[str, bool]:

@@ -16,8 +16,10 @@ import threading
 from datetime import datetime, timezone
 from typing import Iterable, NamedTuple, Sequence
 
+from django.conf import settings
 from django.db import DatabaseError, connections, router
 from django.db.models import Q
+from django.utils import timezone as django_timezone
 
 from .conf import get_setting
 from .models import Policy, QuotaUsage
@@ -77,13 +79,28 @@ def as_datetime(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, timezone.utc)
 
 
+def as_stored(ms: int) -> datetime:
+    """An instant as the database holds it: aware with USE_TZ, else naive in TIME_ZONE (what Django
+    writes and reads then; an aware value is refused by SQLite and MySQL)."""
+    moment = as_datetime(ms)
+    return moment if settings.USE_TZ else django_timezone.make_naive(moment, django_timezone.get_default_timezone())
+
+
+def as_instant(value: datetime) -> datetime:
+    """A datetime read from the database as an instant in UTC (a naive one is in TIME_ZONE: USE_TZ False).
+    A naive time of the hour a DST change repeats is read as its first pass."""
+    if django_timezone.is_naive(value):
+        value = django_timezone.make_aware(value, django_timezone.get_default_timezone())
+    return value.astimezone(timezone.utc)
+
+
 def saved(checks: Iterable[Check], now_ms: int) -> dict[tuple[int, str], tuple[int, int]]:
     """(policy id, subject key) -> (period start ms, used) for every check, 0 where nothing was saved:
     one query (the saver's pending usage counts too, being newer than the database)."""
     starts = {(check.policy.id, check.subject.key): periods(check.policy, now_ms).start for check in checks}
     query = Q()
     for (policy_id, subject), start in starts.items():
-        query |= Q(policy_id=policy_id, subject=subject, period_start=as_datetime(start))
+        query |= Q(policy_id=policy_id, subject=subject, period_start=as_stored(start))
     found = {key: (start, 0) for key, start in starts.items()}
     try:
         rows = QuotaUsage.objects.filter(query).values_list("policy_id", "subject", "used")
@@ -189,13 +206,13 @@ def _upsert(pending: dict[tuple[int, str, int], Usage]) -> None:
     connection = connections[alias]
     table = connection.ops.quote_name(QuotaUsage._meta.db_table)
     larger = {"postgresql": "GREATEST", "mysql": "GREATEST"}.get(connection.vendor, "MAX")
-    now = datetime.now(timezone.utc)
+    now = django_timezone.now()  # what auto_now writes, naive with USE_TZ False
     # a policy deleted meanwhile takes its usage with it; counts from before a reset of every subject are stale
     generations = dict(
         Policy.objects.using(alias).filter(pk__in={key[0] for key in pending}).values_list("pk", "generation")
     )
     rows = [
-        (policy_id, subject, usage.display[:100], as_datetime(start), usage.used, now)
+        (policy_id, subject, usage.display[:100], as_stored(start), usage.used, now)
         for (policy_id, subject, start), usage in pending.items()
         if usage.generation >= generations.get(policy_id, usage.generation + 1)
     ]

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.admin.utils import NestedObjects, quote
 from django.core.exceptions import ValidationError
-from django.urls import path, reverse
+from django.db import router
+from django.db.models import Count
+from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html
+from django.utils.text import capfirst
 
 from .. import operations, registry
 from ..engine import RedisUnavailable
-from ..models import Mode, Policy
+from ..models import Mode, Policy, QuotaUsage
 from ..periods import LABELS as PERIOD_LABELS
 from ..rates import format_rate, human_window
 from .forms import PolicyForm, PolicyListForm
@@ -199,6 +203,27 @@ class PolicyAdmin(admin.ModelAdmin):
             return False  # it would come back at the next load: disable it instead
         return super().has_delete_permission(request, obj)
 
+    def get_deleted_objects(self, objs, request):
+        """What deleting these policies takes, as Django's confirmation lists it, with each quota's saved usage
+        in one line that counts its rows: it goes with its policy without a permission of its own (its admin
+        is read only, so nobody deletes a row of it alone), and a million rows would not fit on the page."""
+        collector = _UsageCounted(using=router.db_for_write(Policy), origin=objs)
+        collector.collect(objs)
+        perms_needed: set[str] = set()
+
+        def shown(obj) -> str:
+            return _deleted_line(obj, request, self.admin_site, perms_needed)
+
+        usage = dict(
+            QuotaUsage.objects.using(collector.using).filter(policy__in=[policy.pk for policy in objs])
+            .values("policy").annotate(rows=Count("pk")).values_list("policy", "rows")
+        )
+        to_delete = _listed(collector.nested(), shown, usage)
+        counts = {model._meta.verbose_name_plural: len(found) for model, found in collector.model_objs.items()}
+        if usage:
+            counts[QuotaUsage._meta.verbose_name_plural] = sum(usage.values())
+        return to_delete, counts, perms_needed, [shown(obj) for obj in collector.protected]
+
     def changelist_view(self, request, extra_context=None):
         self._names_this_request = registry.declared_names()  # once per page, not once per row
         try:
@@ -229,6 +254,50 @@ class PolicyAdmin(admin.ModelAdmin):
             path("tester/", page(TesterPage), name="ratelimit_app_policy_tester"),
             path("changes/", page(ChangesPage), name="ratelimit_app_policy_changes"),
         ] + super().get_urls()
+
+
+# --- what a delete takes ------------------------------------------------------------------------------
+
+
+class _UsageCounted(NestedObjects):
+    """The objects deleting policies takes, their saved quota usage left to the database: counted, not loaded."""
+
+    def can_fast_delete(self, objs, from_field=None) -> bool:
+        model = objs._meta.model if hasattr(objs, "_meta") else getattr(objs, "model", None)
+        return model is QuotaUsage
+
+
+def _deleted_line(obj, request, admin_site, perms_needed: set[str]) -> str:
+    """One object of the confirmation page, as Django's admin shows it (a link to it where it has a page),
+    noting the permission the user lacks to delete it."""
+    opts = obj._meta
+    plain = f"{capfirst(opts.verbose_name)}: {obj}"
+    if not admin_site.is_registered(obj.__class__):
+        return plain
+    if not admin_site.get_model_admin(obj.__class__).has_delete_permission(request, obj):
+        perms_needed.add(opts.verbose_name)
+    try:
+        url = reverse(f"{admin_site.name}:{opts.app_label}_{opts.model_name}_change", None, (quote(obj.pk),))
+    except NoReverseMatch:
+        return plain
+    return format_html('{}: <a href="{}">{}</a>', capfirst(opts.verbose_name), url, obj)
+
+
+def _listed(tree: list, shown, usage: dict[int, int]) -> list:
+    """The nested list of objects as lines, a line of saved usage first under each policy that has some."""
+    listed: list = []
+    for item in tree:
+        if not isinstance(item, list):
+            listed.append(shown(item))
+            if isinstance(item, Policy) and usage.get(item.pk):
+                rows = usage[item.pk]
+                listed.append([f"{capfirst(QuotaUsage._meta.verbose_name)}: {rows} saved row{'s' * (rows != 1)} "
+                               "(what its subjects used, every period)"])
+        elif listed and isinstance(listed[-1], list):  # the policy's usage line opened its list of what goes
+            listed[-1].extend(_listed(item, shown, usage))
+        else:
+            listed.append(_listed(item, shown, usage))
+    return listed
 
 
 # --- the list's sparkline of denials -------------------------------------------------------------

@@ -10,15 +10,18 @@ from typing import AsyncIterator, Iterator
 
 from asgiref.sync import sync_to_async
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.handlers.asgi import ASGIRequest
 from django.db.models import Q, QuerySet
-from django.http import StreamingHttpResponse
+from django.http import HttpResponseBadRequest, StreamingHttpResponse
 from django.urls import path
 
 from ..loading import compile_policy
 from ..models import Policy, QuotaUsage
 from ..periods import periods_at, zone
+from ..quotas import as_instant, as_stored
 
 CHUNK = 2000  # rows per database fetch of the export
 
@@ -34,7 +37,7 @@ def period_starts(which: str, now_ms: int | None = None) -> Q:
             continue
         found = periods_at(policy.period, zone(policy.time_zone), now_ms)
         start = found.start if which == "current" else found.previous
-        query |= Q(policy=row, period_start=datetime.fromtimestamp(start / 1000, timezone.utc))
+        query |= Q(policy=row, period_start=as_stored(start))
     return query
 
 
@@ -63,7 +66,9 @@ def csv_rows(queryset: QuerySet) -> Iterator[str]:
         "policy__name", "display", "subject", "period_start", "used", "updated"
     )
     for name, display, subject, start, used, saved in rows.iterator(chunk_size=CHUNK):
-        yield writer.writerow([name, display, subject, start.isoformat(), used, saved.isoformat()])
+        # instants in UTC whichever way the database holds them (naive in TIME_ZONE with USE_TZ False)
+        start, saved = as_instant(start).isoformat(), as_instant(saved).isoformat()
+        yield writer.writerow([name, display, subject, start, used, saved])
 
 
 async def _chunked(rows: Iterator[str]) -> AsyncIterator[str]:
@@ -78,6 +83,16 @@ async def _chunked(rows: Iterator[str]) -> AsyncIterator[str]:
 
 def _next_lines(rows: Iterator[str]) -> str:
     return "".join(islice(rows, CHUNK))
+
+
+class ExportedRows(ChangeList):
+    """The list's rows, by the list's own filters and search, without reading a page of them: the export's."""
+
+    def get_results(self, request) -> None:
+        pass
+
+
+EXPORT = "ratelimit_app_quotausage_export"
 
 
 @admin.register(QuotaUsage)
@@ -102,22 +117,20 @@ class QuotaUsageAdmin(admin.ModelAdmin):
 
     def get_urls(self):
         export = self.admin_site.admin_view(self.export_view)
-        return [path("export.csv", export, name="ratelimit_app_quotausage_export"), *super().get_urls()]
+        return [path("export.csv", export, name=EXPORT), *super().get_urls()]
+
+    def get_changelist(self, request, **kwargs):
+        match = request.resolver_match
+        return ExportedRows if match and match.url_name == EXPORT else super().get_changelist(request, **kwargs)
 
     def export_view(self, request):
         """The rows the list shows (same filters and search), as CSV, streamed."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        queryset = self.get_queryset(request)
-        policy = request.GET.get("policy__id__exact", "")
-        if policy.isdigit():
-            queryset = queryset.filter(policy_id=int(policy))
-        which = request.GET.get("period")
-        if which in ("current", "previous"):
-            queryset = queryset.filter(period_starts(which))
-        queryset, duplicates = self.get_search_results(request, queryset, request.GET.get("q", ""))
-        if duplicates:
-            queryset = queryset.distinct()
+        try:  # the filters the list has, read as it reads them: the export is what the list shows
+            queryset = self.get_changelist_instance(request).queryset
+        except IncorrectLookupParameters as error:  # the list says so with ?e=1; a download can only answer
+            return HttpResponseBadRequest(f"The list's filters are not valid here: {error}", content_type="text/plain")
         rows = csv_rows(queryset)
         # an ASGI server lists a sync iterator whole before sending it: give it the rows a chunk at a time
         content = _chunked(rows) if isinstance(request, ASGIRequest) else rows
