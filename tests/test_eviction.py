@@ -1,0 +1,137 @@
+"""A Redis that evicts keys once full (maxmemory with an eviction policy) silently drops the counters: a
+subject starts again from zero. `check --deploy` and `ratelimit status` say so (W010), and never wait on
+a Redis that does not answer."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+import pytest
+import redis
+from django.core.cache import caches
+from django.core.checks import run_checks
+from django.core.management import call_command
+
+from project.devredis import PrivateRedis
+from ratelimit_app import engine
+from ratelimit_app.engine import keys
+from tests.helpers import check, make_policy, policy, stalled
+
+pytestmark = pytest.mark.django_db
+LIMIT = 10
+PAGE = "x" * 100_000  # one cached page of the site
+
+
+def serving(settings, *options: str, location: str | None = None) -> PrivateRedis:
+    """A private Redis started with `options`, holding the limiter's counters (db 0) and the site's cache
+    (db 1: a cache alias of its own, the memory of the same server)."""
+    server = PrivateRedis(options=options).start()
+    default = settings.CACHES["default"]
+    settings.CACHES = {
+        **settings.CACHES,
+        "own": {**default, "LOCATION": location or server.url},
+        "site": {**default, "LOCATION": f"redis://127.0.0.1:{server.port}/1"},
+    }
+    settings.RATELIMIT_CACHE = "own"
+    return server
+
+
+@pytest.fixture
+def started(settings):
+    servers = []
+    yield lambda *options, location=None: servers.append(serving(settings, *options, location=location)) or servers[-1]
+    for server in servers:
+        server.stop()
+
+
+def eviction_warnings(deploy: bool = True) -> list:
+    return [message for message in run_checks(include_deployment_checks=deploy) if message.id == "ratelimit_app.W010"]
+
+
+def fill_site_cache_until_gone(server: PrivateRedis, key: str) -> int:
+    """Write the site's pages (8 MB of maxmemory holds about 80) until `key` is gone; how many were written."""
+    counters = redis.Redis(port=server.port)
+    for written in range(1, 1001):  # 100 MB: only stops a loop that would never end
+        caches["site"].set(f"page:{written}", PAGE)
+        if written % 20 == 0 and not counters.exists(key):
+            return written
+    return 0
+
+
+@pytest.mark.parametrize("eviction_policy", ["allkeys-lru", "volatile-lru"])
+def test_a_server_that_evicts_admits_a_subject_past_its_limit_and_check_deploy_says_so(started, eviction_policy):
+    server = started("--maxmemory", "8mb", "--maxmemory-policy", eviction_policy)
+    limited = policy(limit=LIMIT, window=3600)
+    admitted = sum(engine.decide([check(limited)]).allowed for _ in range(LIMIT))
+    assert fill_site_cache_until_gone(server, keys.counter_key(limited, check(limited).subject.key))
+    admitted += sum(engine.decide([check(limited)]).allowed for _ in range(LIMIT + 1))
+    assert admitted == 2 * LIMIT  # 20 admitted against 10 an hour, and nothing said at the time
+    [warning] = eviction_warnings()
+    assert eviction_policy in warning.msg and "maxmemory 8 MB" in warning.msg
+    which = "keys with an expiry" if eviction_policy.startswith("volatile-") else "any key"
+    assert which in warning.msg
+
+
+def test_check_deploy_shows_the_warning_and_plain_check_does_not_ask_redis(started, capsys):
+    started("--maxmemory", "8mb", "--maxmemory-policy", "allkeys-lfu")
+    assert eviction_warnings(deploy=False) == []  # check, migrate and runserver never wait on Redis
+    call_command("check", deploy=True)
+    assert "ratelimit_app.W010" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("options", [
+    ("--maxmemory", "8mb", "--maxmemory-policy", "noeviction"),
+    ("--maxmemory-policy", "allkeys-lru"),  # no maxmemory: nothing is ever evicted
+], ids=["noeviction", "no-maxmemory"])
+def test_a_server_that_never_evicts_is_not_reported(started, options):
+    started(*options)
+    assert eviction_warnings() == []
+
+
+def test_the_policy_is_read_from_info_when_config_is_refused(started, settings):
+    """A managed Redis or an ACL user without CONFIG: INFO's memory section tells the same."""
+    server = started("--maxmemory", "8mb", "--maxmemory-policy", "volatile-ttl")
+    redis.Redis(port=server.port).acl_setuser("limiter", enabled=True, passwords=["+secret"], keys=["*"],
+                                              channels=["*"], commands=["+@all", "-config"])
+    settings.CACHES = {**settings.CACHES, "own": {**settings.CACHES["own"],
+                                                  "LOCATION": f"redis://limiter:secret@127.0.0.1:{server.port}/0"}}
+    with pytest.raises(redis.ResponseError):  # the user may not read CONFIG
+        redis.Redis(port=server.port, username="limiter", password="secret").config_get("maxmemory*")
+    [warning] = eviction_warnings()
+    assert "volatile-ttl" in warning.msg
+
+
+def test_a_server_that_refuses_config_and_info_is_skipped_without_error(started, settings):
+    server = started("--maxmemory", "8mb", "--maxmemory-policy", "allkeys-lru")
+    redis.Redis(port=server.port).acl_setuser("limiter", enabled=True, passwords=["+secret"], keys=["*"],
+                                              channels=["*"], commands=["+@all", "-config", "-info"])
+    settings.CACHES = {**settings.CACHES, "own": {**settings.CACHES["own"],
+                                                  "LOCATION": f"redis://limiter:secret@127.0.0.1:{server.port}/0"}}
+    assert eviction_warnings() == []
+
+
+def test_an_unreachable_redis_is_skipped_without_error(started):
+    server = started("--maxmemory", "8mb", "--maxmemory-policy", "allkeys-lru")
+    server.stop()
+    assert eviction_warnings() == []
+    call_command("check", deploy=True, stdout=StringIO(), stderr=StringIO())  # no error, no traceback
+
+
+def test_a_redis_that_does_not_answer_is_skipped_after_the_admin_timeout(started, settings):
+    server = started("--maxmemory", "8mb", "--maxmemory-policy", "allkeys-lru")
+    settings.RATELIMIT_ADMIN_TIMEOUT = 0.2
+    sleeping = stalled(server.port, 2)
+    try:
+        assert eviction_warnings() == []
+    finally:
+        sleeping.join()
+    assert len(eviction_warnings()) == 1  # awake again: asked anew
+
+
+def test_ratelimit_status_shows_the_warning(started):
+    started("--maxmemory", "8mb", "--maxmemory-policy", "allkeys-random")
+    make_policy(name="search-per-ip", action="demo:search", limit=3, window=60, key="ip")
+    out, err = StringIO(), StringIO()
+    call_command("ratelimit", "status", stdout=out, stderr=err)
+    assert "search-per-ip" in out.getvalue()
+    assert "allkeys-random" in err.getvalue() and "ratelimit_app.W010" in err.getvalue()
