@@ -135,3 +135,19 @@ def test_ratelimit_status_shows_the_warning(started):
     call_command("ratelimit", "status", stdout=out, stderr=err)
     assert "search-per-ip" in out.getvalue()
     assert "allkeys-random" in err.getvalue() and "ratelimit_app.W010" in err.getvalue()
+
+
+def test_on_a_cluster_each_master_is_asked_and_the_one_that_evicts_is_named(settings):
+    from tests.cluster import LocalCluster
+    from tests.test_cluster import use
+
+    cluster = LocalCluster(masters=2, replicas=False)
+    try:
+        use(cluster, settings)
+        evicting = cluster.masters[1]
+        evicting.client.config_set("maxmemory", "8mb")
+        evicting.client.config_set("maxmemory-policy", "allkeys-lru")
+        [warning] = eviction_warnings()
+        assert f"127.0.0.1:{evicting.port}" in warning.msg and "allkeys-lru" in warning.msg
+    finally:
+        cluster.stop()
