@@ -151,3 +151,19 @@ def test_on_a_cluster_each_master_is_asked_and_the_one_that_evicts_is_named(sett
         assert f"127.0.0.1:{evicting.port}" in warning.msg and "allkeys-lru" in warning.msg
     finally:
         cluster.stop()
+
+
+def test_through_sentinel_the_master_is_asked_and_named_by_its_service(settings):
+    from tests.cluster import LocalSentinel
+    from tests.test_sentinel import sentinel_cache
+
+    started = LocalSentinel()
+    try:
+        settings.CACHES = {**settings.CACHES, "sentinel": sentinel_cache(started)}
+        settings.RATELIMIT_CACHE = "sentinel"
+        started.master.client.config_set("maxmemory", "8mb")
+        started.master.client.config_set("maxmemory-policy", "volatile-lfu")
+        [warning] = eviction_warnings()
+        assert f"{started.service} (Sentinel's master)" in warning.msg and "volatile-lfu" in warning.msg
+    finally:
+        started.stop()

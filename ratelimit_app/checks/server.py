@@ -42,8 +42,12 @@ def _servers(client: object) -> list[tuple[str, redis.Redis]]:
 
     if is_cluster(client):
         return [(node.name, client.get_redis_connection(node)) for node in client.get_primaries()]
-    kwargs = client.connection_pool.connection_kwargs
-    where = kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+    pool = client.connection_pool
+    kwargs = pool.connection_kwargs
+    # Sentinel's: the master it names now (the admin's own pool connects through Sentinel's)
+    service = getattr(kwargs.get("connection_pool", pool), "service_name", None)
+    where = (f"{service} (Sentinel's master)" if service else kwargs.get("path")
+             or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}")
     return [(where, client)]
 
 
@@ -73,7 +77,7 @@ def _human(maxmemory: int | None) -> str:
 
 
 def eviction_warning(eviction: Eviction) -> Warning:
-    which = "keys with an expiry, as every counter has" if eviction.policy.startswith("volatile-") else "any key"
+    which = "keys with an expiry (every counter has one)" if eviction.policy.startswith("volatile-") else "any key"
     return Warning(
         f"The Redis at {eviction.server} evicts {which} once full ({_human(eviction.maxmemory)}, "
         f"maxmemory-policy {eviction.policy}): a counter it evicts starts again from zero, and its subject is "
