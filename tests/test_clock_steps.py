@@ -7,6 +7,7 @@ let the worker meet Redis's real time as it would after a real step."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -18,6 +19,7 @@ from ratelimit_app.engine import keys
 from ratelimit_app.engine.server_clock import server_clock
 from ratelimit_app.engine.tally import tally
 from tests.helpers import check, make_policy, policy
+from tests.test_cluster import cluster, shared_cluster  # noqa: F401 - the cluster fixtures
 
 IP = "203.0.113.7"
 
@@ -133,3 +135,25 @@ def test_a_reply_read_late_does_not_move_the_workers_reading(redis_client):
     sent = time.monotonic() - 2  # a call sent 2 s ago whose reply is read only now
     server_clock.seen(int(before + (sent + 1) * 1000), sent)  # Redis ran it 1 s after it was sent
     assert server_clock.offset_ms == before
+
+
+@pytest.mark.parametrize("through", ["async", "cluster"])
+def test_a_step_back_shows_through_the_async_client_and_on_a_cluster(redis_client, through, request):
+    """The same as the review's case, through redis-py's asyncio client, and on Redis Cluster (a pipeline to
+    each master): each reply says when its call was sent, which a step back needs to show."""
+    if through == "cluster":
+        request.getfixturevalue("cluster")
+    limited = policy(limit=1, window=60)
+    heartbeat()
+
+    def decide(*checks):
+        if through == "async":
+            return asyncio.run(engine.adecide(list(checks)))
+        return engine.decide(list(checks))
+
+    with tally._flushing:
+        assert decide(check(limited)).allowed
+        ends_in = _step_across_the_window_end(redis_client)
+        assert decide(check(policy(), "ip:192.0.2.1")).allowed  # a window's first: Redis's time comes back
+        [refused] = decide(check(limited)).decisions
+    assert not refused.allowed and refused.retry_after <= ends_in + 1, (refused.retry_after, ends_in)  # was 56
