@@ -167,3 +167,29 @@ def test_through_sentinel_the_master_is_asked_and_named_by_its_service(settings)
         assert f"{started.service} (Sentinel's master)" in warning.msg and "volatile-lfu" in warning.msg
     finally:
         started.stop()
+
+
+def fill_until_refused(server: PrivateRedis) -> None:
+    """Write the site's small keys until Redis refuses even those (OOM): the server is full."""
+    site = redis.Redis(port=server.port, db=1)
+    for batch in range(1000):  # 10 M keys: only stops a loop that would never end
+        pipe = site.pipeline(transaction=False)
+        for i in range(10_000):
+            pipe.set(f"k:{batch}:{i}", "y" * 40)
+        if any(isinstance(reply, redis.exceptions.OutOfMemoryError) for reply in pipe.execute(raise_on_error=False)):
+            return
+    raise AssertionError("the server never filled")
+
+
+def test_a_full_server_that_never_evicts_fails_the_limiter_loudly_never_past_its_limit(started, caplog):
+    """What the deployment guide says of noeviction on a shared server: once full, the limiter's calls are
+    refused with OOM (answered by RATELIMIT_FAIL_OPEN, logged), and no counter starts again from zero."""
+    server = started("--maxmemory", "8mb", "--maxmemory-policy", "noeviction")
+    limited = policy(limit=LIMIT, window=3600)
+    assert sum(engine.decide([check(limited)]).allowed for _ in range(LIMIT)) == LIMIT
+    fill_until_refused(server)
+    for who in ("ip:203.0.113.7", "ip:198.51.100.1"):  # at its limit, and new
+        with pytest.raises(engine.RedisUnavailable, match="OOM"):
+            engine.decide([check(limited, who)])
+    assert "OOM" in caplog.text
+    assert redis.Redis(port=server.port).get(keys.counter_key(limited, check(limited).subject.key))  # kept
