@@ -5,8 +5,9 @@ admits), and only while the engine itself would refuse: until the retry time the
 same subject, limit and cost under the same terms of the same enforcing policy (its generation, mode,
 strategy, window and bucket). A request of another cost asks Redis: its wait is not the one remembered.
 A reset, a policy change announced in Redis, a FLUSHDB through the app's client (a test's
-cache.clear()) or a change of the cache settings clears it, and a refusal Redis gave before such a
-clear is not remembered after it.
+cache.clear()), a step of Redis's clock (engine/server_clock.py: a refusal the worker timed by its old
+reading of that clock may end later than Redis's) or a change of the cache settings clears it, and a
+refusal Redis gave before such a clear is not remembered after it.
 The refusals still reach the policies' totals through the tally (engine/tally.py), as the engine's own do.
 """
 
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Sequence
 from .conf import get_setting
 from .engine import keys
 from .engine.clients import when_flushed
+from .engine.server_clock import server_clock
 from .engine.tally import NOW, tally
 
 if TYPE_CHECKING:
@@ -99,6 +101,9 @@ deny_cache = DenyCache()
 # a FLUSHDB or FLUSHALL sent through the app's client (django-redis' cache.clear() in a test) empties
 # Redis: refusals from before it no longer hold
 when_flushed(deny_cache.clear)
+# a fixed window's refusal ends when the worker's reading of Redis's clock says the window ends: once that
+# reading moves by a step, the ends remembered may lie past Redis's own (then it admits, and memory would not)
+server_clock.when_stepped(deny_cache.clear)
 
 
 def enabled() -> bool:

@@ -3,7 +3,7 @@ Lua script (lua/decide.lua, assembled by scripts.py)."""
 
 from __future__ import annotations
 
-from time import perf_counter
+from time import monotonic, perf_counter
 from typing import Sequence
 
 import redis
@@ -77,7 +77,9 @@ def _decide(redis_client: redis.Redis, checks: Sequence[Check], call: Ask, versi
     if not is_cluster(redis_client):
         # a single server does not check slots: every shard's keys go in one call, with the version
         script_keys, args, parts = script_call(checks, call, version)
-        return verdict_of(checks, scripts.get(entry(call), redis_client)(script_keys, args, redis_client), call, parts)
+        asked = monotonic()  # Redis's time in the reply is after this: a step of its clock shows (server_clock)
+        return verdict_of(checks, scripts.get(entry(call), redis_client)(script_keys, args, redis_client), call, parts,
+                          asked)
     verdict = decide_on_cluster(redis_client, checks, call)
     if version:  # the version key lives in a slot of its own
         verdict = verdict._replace(version=redis_client.get(keys.version_key()) or b"")
@@ -90,6 +92,7 @@ async def _asend(checks: Sequence[Check], call: Ask, version: bool) -> Verdict:
     redis_client = aclient()
     script = scripts.get(entry(call), redis_client)
     script_keys, args, parts = script_call(checks, call, version)
+    asked = monotonic()
     with Attempt(breaker):
         reply = await script(script_keys, args, redis_client)
-    return verdict_of(checks, reply, call, parts)
+    return verdict_of(checks, reply, call, parts, asked)

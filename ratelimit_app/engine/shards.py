@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from time import monotonic
 from typing import Sequence
 
 import redis
@@ -112,11 +113,12 @@ def _pipelined(redis_client, groups: dict[int, list[Check]], call: Ask,
     `raise_on_error` False, a shard's error (or its quotas' absent counters) is its entry."""
     script = scripts.get(entry(call), redis_client)
     calls = [script_call(group, call, False) for group in groups.values()]
+    asked = monotonic()
     replies = run_each(redis_client, script, [(script_keys, args) for script_keys, args, _ in calls], raise_on_error)
     verdicts: dict[int, Verdict | Exception] = {}
     for (shard, group), reply, (_, _, parts) in zip(groups.items(), replies, calls):
         try:
-            verdicts[shard] = reply if isinstance(reply, Exception) else verdict_of(group, reply, call, parts)
+            verdicts[shard] = reply if isinstance(reply, Exception) else verdict_of(group, reply, call, parts, asked)
         except quotas.QuotaAbsent as absent:
             if raise_on_error:
                 raise

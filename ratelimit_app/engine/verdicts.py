@@ -12,8 +12,10 @@ from .server_clock import server_clock
 from .tally import tally
 
 
-def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Sequence[list]) -> Verdict:
-    """The verdict decide.lua's `reply` says for `checks`, whose script parts (check_parts) were sent."""
+def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Sequence[list],
+               asked: float | None = None) -> Verdict:
+    """The verdict decide.lua's `reply` says for `checks`, whose script parts (check_parts) were sent at
+    `asked` (monotonic seconds; None: not known)."""
     cost = call.cost
     if type(reply) is int:  # one policy's count, the rest told by the worker's clock (decide.lua)
         reply = (-1, reply, -1, -1 if reply < 0 or reply == cost else -2)
@@ -21,7 +23,7 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Seq
     if now_ms < 0:  # the call read no clock (a fixed window's repeat): its window ends by Redis's, as told here
         now_ms = server_clock.now_ms()
     elif call.now is None:  # Redis's own time
-        server_clock.seen(now_ms)
+        server_clock.seen(now_ms, asked)
     if quotas.ABSENT in reply[3::3]:  # a quota without its counter: refused (a negative count), retry ABSENT
         absent = [check for i, check in enumerate(checks) if reply[1 + 3 * i] < 0 and reply[3 + 3 * i] == quotas.ABSENT]
         if absent:

@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from ratelimit_app import operations
+from ratelimit_app.checks.server import eviction_warning, evictions
 from ratelimit_app.engine import RedisUnavailable
 from ratelimit_app.models import Mode, Policy
 from ratelimit_app.rates import human_per
@@ -85,6 +86,9 @@ class Command(BaseCommand):
                 self.stdout.write("No policy yet: add one in the admin.")
         if error:
             raise CommandError(error)
+        for eviction in evictions():  # on stderr: --json's output stays the policies' list
+            warning = eviction_warning(eviction)
+            self.stderr.write(self.style.WARNING(f"{warning.id}: {warning.msg}\n  HINT: {warning.hint}"))
 
     # --- top --------------------------------------------------------------------------------
 
