@@ -66,8 +66,10 @@ def _usage(checks: Sequence[Check], decisions: Sequence[Decision]) -> list[Usage
 
 
 def _resets_at(check: Check, decision: Decision, now: datetime) -> datetime:
-    if check.policy.period:  # a quota starts again with its next period, used or not
-        return quotas.as_datetime(quotas.periods(check.policy, int(now.timestamp() * 1000)).end)
+    if check.policy.plugin:  # a quota starts again with its next period, used or not
+        again = check.policy.plugin.starts_again(check.policy, int(now.timestamp() * 1000))
+        if again is not None:
+            return quotas.as_datetime(again)
     return (now + timedelta(seconds=decision.reset_in) if decision.count else now).replace(microsecond=0)
 
 

@@ -7,7 +7,6 @@ import logging
 from collections import defaultdict
 from typing import NamedTuple
 
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 
@@ -32,6 +31,7 @@ def compile_policy(row: Policy) -> CompiledPolicy:
     strategy = strategies.get(row.strategy)
     key_spec = parse_key_spec(row.key)
     bucket_ms = strategy.bucket_ms(row)
+    period, time_zone = strategy.period_kind(row)
     return CompiledPolicy(
         id=row.pk,
         name=row.name,
@@ -54,8 +54,9 @@ def compile_policy(row: Policy) -> CompiledPolicy:
         counts_users=any(part.reads_user for part in key_spec),
         holds=strategy.holds,
         most=strategy.most,
-        period=row.period,
-        time_zone=(row.time_zone or settings.TIME_ZONE or "UTC") if row.period else "",
+        period=period,
+        time_zone=time_zone,
+        plugin=strategy if strategy.asked else None,
     )
 
 

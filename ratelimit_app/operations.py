@@ -14,7 +14,7 @@ from .engine.server_clock import server_clock
 from .engine.scripts import scripts
 from .live import PolicyActivity, policy_activity, policy_trends  # noqa: F401  (the policy list's columns)
 from .loading import compile_policy
-from .models import Policy, QuotaUsage
+from .models import Policy
 from .subjects import SubjectTextError, subject_from_text
 from .values import CompiledPolicy
 
@@ -28,12 +28,7 @@ def reset_all(policy: Policy) -> None:
     workers counted before and save after is dropped by its generation."""
     policy.generation += 1
     policy.save(update_fields=["generation", "updated"])
-    if policy.period:
-        try:
-            start = quotas.periods(compile_policy(policy), server_clock.now_ms()).start  # Redis's day
-        except ValidationError:  # a bad row counts nothing: nothing of it to start afresh
-            return
-        QuotaUsage.objects.filter(policy=policy, period_start=quotas.as_stored(start)).delete()
+    quotas.forget_current(policy, server_clock.now_ms())  # Redis's day
 
 
 def reset_subject(policy: Policy, text: str) -> tuple[str, bool]:

@@ -1,5 +1,6 @@
-"""Calendar quotas beside the engine: the periods a decision sends (by this worker's clock), the usage
-the database saved for a period Redis lost, and the saver that writes usage there every few seconds.
+"""Calendar quotas' usage in the database: what was saved for a period Redis lost, and the saver that
+writes usage there every few seconds. The engine reaches both through its hooks (set at the bottom);
+the periods are the strategy's own (its plug-in: strategies/base.py `asked`).
 
 A period's counter lives in Redis; its usage is also upserted here, batched, at most
 RATELIMIT_QUOTA_SAVE_SECONDS after a decision (the most a loss of Redis can take away). When Redis has
@@ -14,65 +15,21 @@ import logging
 import os
 import threading
 from datetime import datetime, timezone
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, NamedTuple
 
 from django.conf import settings
 from django.db import DatabaseError, connections, router
+from django.core.exceptions import ValidationError
 from django.db.models import Q
 from django.utils import timezone as django_timezone
 
 from .conf import get_setting
+from .engine import hooks
+from .loading import compile_policy
 from .models import Policy, QuotaUsage
-from .periods import Periods, periods_at, zone
 from .values import Check, CompiledPolicy
 
 logger = logging.getLogger("ratelimit_app")
-ABSENT = -3  # the retry a quota's script reports for a counter that is not there (lua/quota.lua)
-PACK = 1000000  # lua/calendar_quota.lua: a counter holds count * PACK + the number of its period
-
-# (period, zone) -> the periods around the last instant asked, and their text in a quota's terms
-_periods: dict[tuple[str, str], tuple[Periods, str]] = {}
-
-
-def _current(policy: CompiledPolicy, now_ms: int) -> tuple[Periods, str]:
-    """The periods of a calendar quota around `now_ms` and their text, worked out again only when a period ends."""
-    found = _periods.get((policy.period, policy.time_zone))
-    if found is None or not found[0].start <= now_ms < found[0].end:
-        at = periods_at(policy.period, zone(policy.time_zone), now_ms)
-        found = (at, f"{at.previous:x},{at.start:x},{at.end:x},{at.after:x}")
-        if len(_periods) > 256:
-            _periods.clear()
-        _periods[(policy.period, policy.time_zone)] = found
-    return found
-
-
-def periods(policy: CompiledPolicy, now_ms: int) -> Periods:
-    """The periods of a calendar quota around `now_ms`."""
-    return _current(policy, now_ms)[0]
-
-
-def bucket(policy: CompiledPolicy, now_ms: int, seed: tuple[int, int] | None) -> str:
-    """The `bucket` of a quota's terms (lua/calendar_quota.lua): its periods, and the saved usage when asked
-    again, in hex (the Lua half reads hex without strtod)."""
-    text = _current(policy, now_ms)[1]
-    return text if seed is None else f"{text},{seed[0]:x},{seed[1]:x}"
-
-
-def emptied(policy: CompiledPolicy, now_ms: int) -> tuple[str, int]:
-    """The value of a counter of the current period that has counted nothing, and when it ends (ms): what
-    a reset writes. A counter deleted instead would read as lost, and the next request would take the
-    saved usage back (lua/calendar_quota.lua numbers a period as here, never 0)."""
-    found = periods(policy, now_ms)
-    return str(found.start // 60000 % (PACK - 1) + 1), found.end
-
-
-class QuotaAbsent(Exception):
-    """Redis has no counter for these quota checks' period: ask again with the usage saved for it."""
-
-    def __init__(self, checks: Sequence[Check], now_ms: int) -> None:
-        super().__init__(f"{len(checks)} quota counter(s) absent")
-        self.checks = checks
-        self.now_ms = now_ms
 
 
 def as_datetime(ms: int) -> datetime:
@@ -97,7 +54,9 @@ def as_instant(value: datetime) -> datetime:
 def saved(checks: Iterable[Check], now_ms: int) -> dict[tuple[int, str], tuple[int, int]]:
     """(policy id, subject key) -> (period start ms, used) for every check, 0 where nothing was saved:
     one query (the saver's pending usage counts too, being newer than the database)."""
-    starts = {(check.policy.id, check.subject.key): periods(check.policy, now_ms).start for check in checks}
+    starts = {
+        (check.policy.id, check.subject.key): check.policy.plugin.span(check.policy, now_ms)[0] for check in checks
+    }
     query = Q()
     for (policy_id, subject), start in starts.items():
         query |= Q(policy_id=policy_id, subject=subject, period_start=as_stored(start))
@@ -238,6 +197,22 @@ def _upsert(pending: dict[tuple[int, str, int], Usage]) -> None:
             cursor.execute(f"INSERT INTO {table} ({columns}) VALUES {values} {conflict}", params)
 
 
+def forget_current(policy: Policy, now_ms: int) -> None:
+    """Every subject of `policy` starts afresh (a new generation): a quota's usage saved for the period
+    containing `now_ms` goes too, else the new counters would start from it."""
+    if not policy.period:
+        return
+    try:
+        compiled = compile_policy(policy)
+    except ValidationError:  # a bad row counts nothing: nothing of it to start afresh
+        return
+    if compiled.plugin is not None:
+        start = compiled.plugin.span(compiled, now_ms)[0]
+        QuotaUsage.objects.filter(policy=policy, period_start=as_stored(start)).delete()
+
+
 saver = Saver()
 atexit.register(saver.save)
 os.register_at_fork(after_in_child=saver._forked)
+# the engine hands each count of a quota to the saver, and asks here for a period Redis lost
+hooks.counted, hooks.saved_usage = saver.record, saved

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 
 class Unavailable(Exception):
@@ -62,6 +62,9 @@ class CompiledPolicy:
     period: str = ""  # a calendar quota's period (day, week, month), '' for a window of seconds
     time_zone: str = ""  # where a calendar quota's days begin (a zoneinfo name)
     most: int | None = None  # the largest cost one request may take (the strategy's bound); None: any
+    # its strategy when the engine asks it at each decision (terms that move, its span's end, usage kept
+    # beyond Redis: strategies/base.py `asked`); None for the others, whose terms are made once
+    plugin: Any = None
 
     def applies_to_method(self, method: str) -> bool:
         return not self.methods or method in self.methods

@@ -95,3 +95,25 @@ def test_a_request_through_the_middleware_visits_few_modules(client):
     print(f"\nroute: {figures(route)}\nevery call: {figures(every_call)}")
     assert {"middleware", "engine"} <= set(route)  # the policy applied: Redis was asked
     assert len(set(route)) <= MODULES and climbs(route) <= CLIMBS, figures(route)
+
+
+# A quota's first request of a period asks Redis twice (the counter is absent: the saved usage is read and
+# the call made again); the engine does that through its hooks, so the route is a window's. Budgeted apart.
+QUOTA_MODULES, QUOTA_CLIMBS = 9, 8
+
+
+def test_a_quotas_first_request_of_a_period_visits_few_modules(client):
+    from ratelimit_app import quotas
+    from ratelimit_app.models import QuotaUsage
+
+    make_policy(name="search-monthly", action="demo:search", limit=100, strategy="calendar_quota", period="month")
+    client.get("/demo/search/?q=a", REMOTE_ADDR="203.0.113.8")  # the index is loaded; the clients connect
+    quotas.saver.save()
+    route, every_call = walk(lambda: client.get("/demo/search/?q=a", REMOTE_ADDR="203.0.113.7"))
+    print(f"\nroute: {figures(route)}\nevery call: {figures(every_call)}")
+    assert "quotas" in every_call  # its first of the period: the saved usage was read
+    assert {"middleware", "engine"} <= set(route)
+    assert len(set(route)) <= QUOTA_MODULES and climbs(route) <= QUOTA_CLIMBS, figures(route)
+    quotas.saver.save()
+    assert QuotaUsage.objects.get(display="ip:203.0.113.7").used == 1  # and what it counted was saved
+

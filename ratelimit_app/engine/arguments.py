@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-from .. import quotas
 from ..values import Check, CompiledPolicy, Subject
 from . import keys
 from .scripts import STRATEGY_CODES, now_arg
@@ -19,8 +18,8 @@ class Ask(NamedTuple):
     dry_run: bool
     cost: int
     lease: str
-    # (policy id, subject key) -> (period start ms, used): what the database saved of quota periods
-    # that Redis did not hold (asked again after the script said so)
+    # (policy id, subject key) -> (span start ms, used): the usage saved of spans that Redis did not hold
+    # (asked again after the script said so: hooks.saved_usage)
     seeds: dict | None = None
 
 
@@ -52,8 +51,8 @@ def script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[list
             parts = check_parts(policy, subject, limit, plan, key_prefix, shard_count)
         found.append(parts)
         script_keys.append(parts[0])
-        if policy.period:  # a calendar quota's terms carry its periods, which move on
-            args.append(_quota_terms(policy, subject, parts[1][parts[4]], call))
+        if policy.plugin:  # its terms move on (a calendar quota's periods): its strategy says them at each call
+            args.append(_moving_terms(policy, subject, parts[1][parts[4]], call))
         else:
             args.append(parts[1][parts[4]])
     if version:
@@ -61,11 +60,11 @@ def script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[list
     return script_keys, args, found
 
 
-def _quota_terms(policy: CompiledPolicy, subject: Subject, head: str, call: Ask) -> str:
-    """A quota's terms: the check's `head` (what a window's terms are) and its periods at this call."""
+def _moving_terms(policy: CompiledPolicy, subject: Subject, head: str, call: Ask) -> str:
+    """An asked strategy's terms: the check's `head` (what a window's terms are) and its own at this call."""
     now_ms = server_clock.now_ms() if call.now is None else int(call.now * 1000)
     seed = call.seeds.get((policy.id, subject.key)) if call.seeds else None
-    return f"{head} {quotas.bucket(policy, now_ms, seed)}"
+    return f"{head} {policy.plugin.terms(policy, now_ms, seed)}"
 
 
 def _sent_cost(checks: Sequence[Check], cost: int) -> int:
@@ -121,7 +120,7 @@ def _first(policy: CompiledPolicy, limit: int, seen: int) -> str:
 def figures(policy: CompiledPolicy) -> str:
     """The rest of a policy's terms, the same for every subject and limit: "<window> <bucket> <totals
     bucket>" in hex, window and bucket 9 digits each (a year's ms fit), at fixed places that the Lua half
-    reads without a pattern; a quota's periods follow, made at each call (_quota_terms)."""
+    reads without a pattern; an asked strategy's own follow, made at each call (_moving_terms)."""
     if max(policy.window_ms, policy.bucket_ms) >= 16**9:
         raise ValueError(f"a window of {policy.window_ms} ms is beyond what the engine counts")
     return f"{policy.window_ms:09x} {policy.bucket_ms:09x} {policy.totals_bucket_ms:x}"

@@ -9,7 +9,6 @@ from typing import Sequence
 import redis
 from asgiref.sync import sync_to_async
 
-from .. import quotas
 from ..drivers import Io, Steps, arun, run
 from ..values import NO_POLICIES, Check, Verdict
 from . import keys
@@ -21,7 +20,7 @@ from .decision_connection import decision_client
 from .hooks import hooks
 from .scripts import scripts
 from .shards import decide_on_cluster
-from .verdicts import verdict_of
+from .verdicts import CounterAbsent, verdict_of
 
 
 def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False, version: bool = False,
@@ -56,15 +55,24 @@ def deciding(checks: Sequence[Check], *, now: float | None = None, dry_run: bool
         try:
             verdict = yield Io(_send, _asend, (checks, call, version))
             break
-        except quotas.QuotaAbsent as absent:
+        except CounterAbsent as absent:
             # on a cluster each shard reports its own absent counters, one shard a call: ask until none is
             # left (a counter given its saved usage is never absent again, so once per quota at most)
             if all((check.policy.id, check.subject.key) in seeds for check in absent.checks):
                 raise
-            seeds.update((yield Io(quotas.saved, sync_to_async(quotas.saved), (absent.checks, absent.now_ms))))
+            seeds.update((yield Io(_saved, _asaved, (absent.checks, absent.now_ms))))
             call = call._replace(seeds=dict(seeds))
     hooks.decided(perf_counter() - started)
     return verdict
+
+
+def _saved(checks: Sequence[Check], now_ms: int) -> dict:
+    # the usage the layer that keeps it saved (quotas.py sets the hook): read below the engine's own frame
+    return hooks.saved_usage(checks, now_ms)
+
+
+async def _asaved(checks: Sequence[Check], now_ms: int) -> dict:
+    return await sync_to_async(_saved)(checks, now_ms)
 
 
 def _send(checks: Sequence[Check], call: Ask, version: bool) -> Verdict:

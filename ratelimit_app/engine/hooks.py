@@ -1,13 +1,19 @@
-"""What the engine reports to the layers above it without importing them: events.py and metrics.py
-set these as they load; until then each does nothing."""
+"""What the engine reports to the layers above it, and asks of them, without importing them: events.py,
+metrics.py and quotas.py set these as they load; until then each does nothing (saved_usage: nothing saved)."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
+
+from ..values import Check, CompiledPolicy
 
 
 def _ignore(*args: object) -> None:
     pass
+
+
+def _nothing_saved(checks: Iterable[Check], now_ms: int) -> dict[tuple[int, str], tuple[int, int]]:
+    return {(c.policy.id, c.subject.key): (c.policy.plugin.span(c.policy, now_ms)[0], 0) for c in checks}
 
 
 class Hooks:
@@ -18,6 +24,12 @@ class Hooks:
         self.circuit_closed: Callable[[], None] = _ignore  # the first answer after an outage closed it
         self.decided: Callable[[float], None] = _ignore  # seconds a decision's Redis call took, round trip included
         self.flushed: Callable[[], None] = _ignore  # the tally's flush ended (on its thread, or a reader's, or at exit)
+        # a count of a strategy that keeps its usage beyond Redis (an `asked` one): (policy, subject key,
+        # subject display, its span's start ms, count), after every decision that counted
+        self.counted: Callable[[CompiledPolicy, str, str, int, int], None] = _ignore
+        # checks whose counter the Lua half found absent, at `now_ms` -> (policy id, subject key) -> (span
+        # start ms, usage saved) for each: the call is made again with it (a database query, once a span)
+        self.saved_usage: Callable[[Iterable[Check], int], dict[tuple[int, str], tuple[int, int]]] = _nothing_saved
 
 
 hooks = Hooks()

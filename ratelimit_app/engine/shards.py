@@ -9,13 +9,12 @@ from typing import Sequence
 import redis
 from redis.exceptions import RedisClusterException
 
-from .. import quotas
 from ..values import Check, Held, Verdict
 from . import giveback, keys
 from .arguments import Ask, entry, script_call
 from .batches import run_each
 from .scripts import scripts
-from .verdicts import verdict_of
+from .verdicts import CounterAbsent, verdict_of
 
 
 def decide_on_cluster(redis_client, checks: Sequence[Check], call: Ask) -> Verdict:
@@ -61,9 +60,9 @@ def _decide_across_shards(
     counted = _pipelined(redis_client, groups, call, raise_on_error=False)
     if not _denying(counted, groups):
         for verdict in counted.values():
-            if isinstance(verdict, Exception) and not isinstance(verdict, quotas.QuotaAbsent):
+            if isinstance(verdict, Exception) and not isinstance(verdict, CounterAbsent):
                 raise verdict  # what the shards that answered took stays the request's, given back at its end
-        if any(isinstance(verdict, quotas.QuotaAbsent) for verdict in counted.values()):
+        if any(isinstance(verdict, CounterAbsent) for verdict in counted.values()):
             # the call is made again under the same lease, with the saved usage: what the shards that
             # admitted took goes back first, taken by Redis before that (never owed: it would free the new places)
             _give_back(redis_client, counted, call, groups, owe=False)
@@ -91,7 +90,7 @@ def _give_back(redis_client, verdicts: dict[int, Verdict | Exception], call: Ask
         return
     held = []
     for shard, verdict in verdicts.items():
-        if isinstance(verdict, quotas.QuotaAbsent):
+        if isinstance(verdict, CounterAbsent):
             continue
         if isinstance(verdict, Exception):
             held += [Held(c.policy, c.subject, call.lease, call.cost) for c in groups[shard] if c.policy.holds]
@@ -119,7 +118,7 @@ def _pipelined(redis_client, groups: dict[int, list[Check]], call: Ask,
     for (shard, group), reply, (_, _, parts) in zip(groups.items(), replies, calls):
         try:
             verdicts[shard] = reply if isinstance(reply, Exception) else verdict_of(group, reply, call, parts, asked)
-        except quotas.QuotaAbsent as absent:
+        except CounterAbsent as absent:
             if raise_on_error:
                 raise
             verdicts[shard] = absent
@@ -127,12 +126,12 @@ def _pipelined(redis_client, groups: dict[int, list[Check]], call: Ask,
 
 
 def _raise_first(verdicts: dict[int, Verdict | Exception]) -> None:
-    """Raise a shard's error; the quotas' absent counters of every shard first, in one QuotaAbsent (asked
+    """Raise a shard's error; the quotas' absent counters of every shard first, in one CounterAbsent (asked
     again at once with their saved usage)."""
     errors = [verdict for verdict in verdicts.values() if isinstance(verdict, Exception)]
-    absent = [error for error in errors if isinstance(error, quotas.QuotaAbsent)]
+    absent = [error for error in errors if isinstance(error, CounterAbsent)]
     if absent:
-        raise quotas.QuotaAbsent([check for error in absent for check in error.checks], absent[0].now_ms)
+        raise CounterAbsent([check for error in absent for check in error.checks], absent[0].now_ms)
     if errors:
         raise errors[0]
 

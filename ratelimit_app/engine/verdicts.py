@@ -5,11 +5,22 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .. import quotas
 from ..values import Check, Decision, Verdict
 from .arguments import SEEN_COUNTED, SEEN_NOTHING, SEEN_REFUSED, Ask
+from .hooks import hooks
 from .server_clock import server_clock
 from .tally import tally
+
+ABSENT = -3  # the retry a strategy's Lua half reports for a counter it needs the saved usage of (contract.lua)
+
+
+class CounterAbsent(Exception):
+    """Redis has no counter for these checks' span (a quota's period): ask again with the usage saved for it."""
+
+    def __init__(self, checks: Sequence[Check], now_ms: int) -> None:
+        super().__init__(f"{len(checks)} counter(s) absent")
+        self.checks = checks
+        self.now_ms = now_ms
 
 
 def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Sequence[list],
@@ -24,10 +35,10 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Seq
         now_ms = server_clock.now_ms()
     elif call.now is None:  # Redis's own time
         server_clock.seen(now_ms, asked)
-    if quotas.ABSENT in reply[3::3]:  # a quota without its counter: refused (a negative count), retry ABSENT
-        absent = [check for i, check in enumerate(checks) if reply[1 + 3 * i] < 0 and reply[3 + 3 * i] == quotas.ABSENT]
+    if ABSENT in reply[3::3]:  # a quota without its counter: refused (a negative count), retry ABSENT
+        absent = [check for i, check in enumerate(checks) if reply[1 + 3 * i] < 0 and reply[3 + 3 * i] == ABSENT]
         if absent:
-            raise quotas.QuotaAbsent(absent, now_ms)
+            raise CounterAbsent(absent, now_ms)
     decisions = []
     seen = []  # the script leaves the totals and the live index to the worker (tally.py)
     denied = False
@@ -41,8 +52,8 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Seq
         else:
             retry_ms, before_ms = 0, third
         if reset_ms < 0 or retry_ms < 0:  # the call read no clock: the window or period ends by ours
-            if policy.period:
-                ends_in = quotas.periods(policy, now_ms).end - now_ms
+            if policy.plugin:
+                ends_in = policy.plugin.span(policy, now_ms)[1] - now_ms
             else:
                 ends_in = policy.window_ms - now_ms % policy.window_ms
             reset_ms = ends_in if reset_ms < 0 else reset_ms
@@ -52,11 +63,11 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Seq
         capacity = policy.capacity(limit)  # a token bucket's count is compared with its burst
         retry_after = retry_ms / 1000 if exceeded and cost <= policy.largest_cost(limit) else None  # None: never fits
         window = 0
-        if policy.period:  # the period the counter ends with: its length for `w`, its start for the database
-            period = quotas.periods(policy, now_ms + max(reset_ms, retry_ms, 1) - 1)
-            window = (period.end - period.start) // 1000
+        if policy.plugin:  # the span the counter ends with: its length for `w`, its start for the saved usage
+            start, end = policy.plugin.span(policy, now_ms + max(reset_ms, retry_ms, 1) - 1)
+            window = (end - start) // 1000
             if not call.dry_run:
-                quotas.saver.record(policy, subject.key, subject.display, period.start, count)
+                hooks.counted(policy, subject.key, subject.display, start, count)
         # positional: this runs for every policy of every request
         decision = Decision(
             policy, subject, allowed, exceeded, count, limit,

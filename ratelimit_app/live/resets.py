@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING, Sequence
 
 import redis
 
-from .. import quotas
 from ..deny_cache import deny_cache
 from ..engine import admin_call, keys
 from ..engine.server_clock import server_ms
@@ -31,7 +30,7 @@ def reset_subjects(policy: CompiledPolicy, subject_keys: Sequence[str]) -> list[
 
     def reset(client: redis.Redis) -> None:
         # a quota's counter is emptied for Redis's current period: its day, not this host's
-        now_ms = server_ms(client) if policy.period else 0
+        now_ms = server_ms(client) if policy.plugin else 0
         with client.pipeline(transaction=False) as pipe:
             _forget(pipe, policy, subject_keys, now_ms)
             for shard, entries in by_shard.items():
@@ -49,12 +48,13 @@ def reset_subjects(policy: CompiledPolicy, subject_keys: Sequence[str]) -> list[
 
 def _forget(pipe, policy: CompiledPolicy, subject_keys: Sequence[str], now_ms: int) -> None:
     # one key a command: a cluster pipeline refuses a command on keys of several slots
-    if not policy.period:
+    emptied = policy.plugin.emptied(policy, now_ms) if policy.plugin else None
+    if emptied is None:
         for key in subject_keys:
             pipe.delete(keys.counter_key(policy, key))
         return
     # a quota's counter is emptied, not deleted: a missing one is a loss, which the saved usage makes up for
-    value, ends = quotas.emptied(policy, now_ms)
+    value, ends = emptied
     for key in subject_keys:
         pipe.set(keys.counter_key(policy, key), value, pxat=ends)
 

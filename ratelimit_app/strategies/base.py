@@ -56,3 +56,31 @@ class Strategy:
     def live_batch(self, policy, batch: int, field_budget: int) -> int:
         """How many counters one read of the live page takes, at worst within its budget."""
         return batch
+
+    # --- what the engine asks at each decision of a strategy that is `asked` (engine/arguments.py, verdicts.py)
+    # Its terms move with the clock, its window ends by its own arithmetic, and its counts are kept beyond
+    # Redis: the engine hands each to hooks.counted, and asks hooks.saved_usage for a counter the Lua half
+    # reports absent (retry ABSENT, contract.lua). The others' terms are made once per subject.
+    asked: ClassVar[bool] = False
+
+    def period_kind(self, row) -> tuple[str, str]:
+        """The calendar period a policy of it counts and the time zone its days begin in ('', '': none)."""
+        return "", ""
+
+    def terms(self, policy, now_ms: int, seed: tuple[int, int] | None) -> str:
+        """What follows a check's terms in a call at `now_ms`, with `seed` (the start of the span in ms, the
+        usage saved) when the engine asks again after the Lua half said the counter was absent."""
+        return ""
+
+    def span(self, policy, at_ms: int) -> tuple[int, int]:
+        """The (start, end) in ms of the span its counter counts that contains `at_ms`."""
+        start = at_ms - at_ms % policy.window_ms
+        return start, start + policy.window_ms
+
+    def starts_again(self, policy, now_ms: int) -> int | None:
+        """When (ms) its count starts again, used or not (a calendar period's end); None: as its units leave."""
+        return None
+
+    def emptied(self, policy, now_ms: int) -> tuple[str, int] | None:
+        """What a reset of a subject writes in its counter, and when that ends (ms); None: it deletes it."""
+        return None

@@ -38,8 +38,9 @@ def _evict(monthly, who: str = WHO):
 
 
 def _counting_saved(monkeypatch, before=None) -> list:
-    """The real quotas.saved, counted (and `before()` run first, once): how often the usage was read."""
-    real, calls = quotas.saved, []
+    """The real quotas.saved (the engine's hooks.saved_usage), counted (and `before()` run first, once): how
+    often the usage was read."""
+    real, calls = engine.hooks.saved_usage, []
 
     def saved(checks, now_ms):
         if before is not None and not calls:
@@ -47,7 +48,7 @@ def _counting_saved(monkeypatch, before=None) -> list:
         calls.append(list(checks))
         return real(checks, now_ms)
 
-    monkeypatch.setattr(quotas, "saved", saved)
+    monkeypatch.setattr(engine.hooks, "saved_usage", saved)
     return calls
 
 
