@@ -45,3 +45,31 @@ def test_the_package_keeps_to_one_line_length():
     long_lua = [f"{path.name}:{number}" for path in sorted((ROOT / "ratelimit_app" / "lua").glob("*.lua"))
                 for number, line in enumerate(path.read_text().splitlines(), 1) if len(line) > 120]
     assert long_lua == []
+
+
+def _redis_private_names() -> set[str]:
+    """The private attributes redis-py's connections, pools, clients and retries hold (made, not connected)."""
+    import redis
+    import redis.asyncio
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    made = [redis.Connection(), redis.asyncio.Connection(), redis.ConnectionPool(), redis.Redis(),
+            Retry(NoBackoff(), 1), redis.asyncio.retry.Retry(NoBackoff(), 1)]
+    names = {name for thing in made for name in vars(thing)}
+    names |= {name for thing in made for klass in type(thing).__mro__ for name in vars(klass)}
+    return {name for name in names if name.startswith("_") and not name.startswith("__")}
+
+
+def test_redis_pys_private_attributes_are_read_in_one_module():
+    """A redis-py release that renames one is mended in one place (engine/clients.py), not wherever it was read."""
+    import ast
+
+    private = _redis_private_names()
+    reaching = set()
+    for path in (ROOT / "ratelimit_app").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr in private
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls", "super"))):
+                reaching.add(str(path.relative_to(ROOT)))
+    assert reaching <= {"ratelimit_app/engine/clients.py"}, reaching

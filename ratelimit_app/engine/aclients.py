@@ -17,7 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import get_setting
 from .circuit import PoolFull, ReplyLost, describe
-from .clients import DEFAULT_POOL_WAIT, MAX_PACKED, WRITE_ATTEMPTS, client
+from .clients import DEFAULT_POOL_WAIT, MAX_PACKED, WRITE_ATTEMPTS, client, retry_parts, writer_of
 
 # the commands whose packing a client keeps: the decisions' own, whose arguments are text and counts (a
 # command with a float equal to an int, 1.0 and 1, would otherwise find the other's packing)
@@ -226,7 +226,7 @@ async def write(connection: redis.asyncio.Connection, message: list[bytes]) -> N
     socket timeout, only when the transport holds data back (Redis stalled, or the connection lost)."""
     if not connection.is_connected:
         return await connection.send_packed_command(message, check_health=False)  # connects first
-    writer = connection._writer
+    writer = writer_of(connection)
     transport = writer.transport
     if transport.is_closing():  # the loop closed it (a reset read meanwhile): Python 3.13 fails the write
         await connection.disconnect(nowait=True)
@@ -256,7 +256,7 @@ def _async_connection_kwargs(connection_class: type, kwargs: dict) -> dict:
     converted = _accepted(connection_class, {name: value for name, value in kwargs.items() if name not in own})
     retry = converted.get("retry")
     if retry is not None and not isinstance(retry, redis.asyncio.retry.Retry):
-        converted["retry"] = redis.asyncio.retry.Retry(retry._backoff, retry._retries, retry._supported_errors)
+        converted["retry"] = redis.asyncio.retry.Retry(*retry_parts(retry))
     return converted
 
 

@@ -162,9 +162,28 @@ def pool_retry(pool_kwargs: dict) -> Retry:
     return redis.Connection(**options).retry
 
 
+# --- redis-py's private attributes, read here only: they have no public accessor, and a redis-py release
+# that renames one is mended in this one place (tests/test_architecture.py keeps them here)
+
+
+def socket_of(connection) -> object | None:
+    """The socket of a sync connection (None: not connected)."""
+    return connection._sock
+
+
+def writer_of(connection):
+    """The asyncio StreamWriter of a connected asyncio connection."""
+    return connection._writer
+
+
+def retry_parts(retry) -> tuple:
+    """A Retry's backoff, retries and the errors it retries after, to make an asyncio Retry of the same."""
+    return retry._backoff, retry._retries, retry._supported_errors
+
+
 def retries(retry: Retry, *errors: type[Exception]) -> bool:
     """Whether `retry` sends a command again after one of `errors`."""
-    supported = retry._supported_errors  # no public accessor
+    supported = retry_parts(retry)[2]
     return retry.get_retries() > 0 and any(issubclass(error, supported) for error in errors)
 
 

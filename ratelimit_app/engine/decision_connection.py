@@ -14,7 +14,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import MaxConnectionsError
 
 from .circuit import PoolFull, ReplyLost, breaker, describe
-from .clients import DEFAULT_POOL_WAIT, MAX_PACKED, WRITE_ATTEMPTS, client, is_cluster
+from .clients import DEFAULT_POOL_WAIT, MAX_PACKED, WRITE_ATTEMPTS, client, is_cluster, socket_of
 
 
 class _Pinned(threading.local):
@@ -62,7 +62,7 @@ class SentOnce(redis.Redis):
         are still to come on it, which its next user would read as its own (Redis runs what it got)."""
         kept = getattr(self, "connection", None)
         if kept is not None and getattr(kept, UNREAD, ALL_READ)[1]:
-            if kept._sock is not None:
+            if socket_of(kept) is not None:
                 read_unread(kept)  # those come: with nothing unread, the close is an orderly one Redis reads to the end
             if getattr(kept, UNREAD, ALL_READ)[1]:
                 kept.disconnect()
@@ -131,7 +131,7 @@ def read_unread(kept: redis.Connection, wait: bool = False) -> None:
     sock, count, held = getattr(kept, UNREAD, ALL_READ)
     try:
         while count:
-            if sock is not kept._sock:
+            if sock is not socket_of(kept):
                 raise redis.ConnectionError("reconnected with give-backs' replies due")
             if not wait and not kept.can_read(timeout=0):
                 break  # not answered yet: read after the next command is written, never waited for here
@@ -157,7 +157,7 @@ def replies_lost(held: list) -> None:
 def replace_if_closed(connection: redis.Connection) -> None:
     """Whether Redis closed this connection while it rested shows as a readable socket: its end of file
     (or an unsolicited reply). Then a new connection carries the command."""
-    sock = connection._sock
+    sock = socket_of(connection)
     if sock is None:
         return  # not connected: send_packed_command connects
     watch = getattr(connection, WATCH, None)

@@ -19,7 +19,7 @@ from . import decision_connection, keys
 from .aclients import aclient
 from .batches import answered, ran_nothing, read_replies, refresh_slots
 from .circuit import RedisUnavailable, breaker, describe
-from .clients import client, cluster_configured, is_cluster
+from .clients import client, cluster_configured, is_cluster, socket_of
 from .decision_connection import ALL_READ, UNREAD, decision_client, read_unread, replace_if_closed
 
 logger = logging.getLogger("ratelimit_app")
@@ -254,7 +254,7 @@ def _send_unanswered(kept: redis.Connection, commands: Sequence[tuple], held: Se
             owed.add(owing)
             due, owing = 0, []
         kept.send_packed_command(packed)
-    setattr(kept, UNREAD, (kept._sock, due + len(commands), [*owing, *held]))
+    setattr(kept, UNREAD, (socket_of(kept), due + len(commands), [*owing, *held]))
 
 
 decision_connection.replies_lost = owed.add
