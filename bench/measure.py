@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import gc
 import inspect
 import multiprocessing
@@ -100,8 +101,10 @@ def _command_calls() -> list[tuple[object, str]]:
     own call on a thread's kept connection (ratelimit_app.engine.decision_connection.execute, also as the
     scripts module imported it), which sends through the connection without execute_command, and the
     asyncio client of decisions (aclients.SentOnce), whose execute_command writes on a connection itself."""
-    from ratelimit_app.engine import aclients, decision_connection, scripts
+    from ratelimit_app.engine import aclients, decision_connection
 
+    # the module, not the `scripts` the engine's front door names (its instance of _Scripts)
+    scripts = importlib.import_module("ratelimit_app.engine.scripts")
     return [(redis.Redis, "execute_command"), (redis.asyncio.Redis, "execute_command"), (decision_connection, "execute"),
             (scripts, "execute"), (aclients.SentOnce, "execute_command")]
 

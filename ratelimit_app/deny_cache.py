@@ -18,10 +18,8 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 from .conf import get_setting
-from .engine import keys
-from .engine.clients import when_flushed
-from .engine.server_clock import server_clock
-from .engine.tally import NOW, tally
+from . import engine
+from .engine import NOW, shard_of, when_flushed
 
 if TYPE_CHECKING:
     from .values import Check, CompiledPolicy, Decision
@@ -89,7 +87,7 @@ class DenyCache:
 
     @staticmethod
     def _count(refusals: Sequence[Decision]) -> None:
-        tally.add((decision.policy, keys.shard_of(decision.subject.key), "d", NOW) for decision in refusals)
+        engine.tally.add((decision.policy, shard_of(decision.subject.key), "d", NOW) for decision in refusals)
 
     def clear(self) -> None:
         with self._lock:
@@ -103,7 +101,7 @@ deny_cache = DenyCache()
 when_flushed(deny_cache.clear)
 # a fixed window's refusal ends when the worker's reading of Redis's clock says the window ends: once that
 # reading moves by a step, the ends remembered may lie past Redis's own (then it admits, and memory would not)
-server_clock.when_stepped(deny_cache.clear)
+engine.server_clock.when_stepped(deny_cache.clear)
 
 
 def enabled() -> bool:

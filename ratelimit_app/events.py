@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Sequence
 
 from django.dispatch import Signal
 
-from . import metrics
+from . import engine, metrics
 from .conf import get_setting
 from .drivers import Io, Steps, arun, run
-from .engine import RedisCommandError, RedisUnavailable, hooks
+from .engine import RedisCommandError, RedisUnavailable
 from .subjects import http_request
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def breaker_closed() -> None:
 
 
 # the engine's circuit breaker reports through these (it imports nothing above it)
-hooks.circuit_opened, hooks.circuit_closed = breaker_opened, breaker_closed
+engine.hooks.circuit_opened, engine.hooks.circuit_closed = breaker_opened, breaker_closed
 
 
 class Outage:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from django.http import HttpRequest, HttpResponse
 
 from .conf import get_setting
-from .engine import hooks
+from . import engine
 
 try:
     import prometheus_client
@@ -305,7 +305,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
 
 
 _on = _switched_on()
-hooks.decided = record_call  # the engine times its calls and reports here (it imports nothing above it)
-hooks.flushed = fold  # the tally's background flush, while Redis is asked: its thread folds too
+engine.hooks.decided = record_call  # the engine times its calls and reports here (it imports nothing above it)
+engine.hooks.flushed = fold  # the tally's background flush, while Redis is asked: its thread folds too
 atexit.register(fold)
 os.register_at_fork(after_in_child=_forked)

@@ -7,11 +7,8 @@ import re
 
 from django.core.exceptions import ValidationError
 
-from . import live, quotas
-from .engine import RedisUnavailable, client
-from .engine.libraries import prune
-from .engine.server_clock import server_clock
-from .engine.scripts import scripts
+from . import engine, live, quotas
+from .engine import RedisUnavailable, client, prune
 from .live import PolicyActivity, policy_activity, policy_trends  # noqa: F401  (the policy list's columns)
 from .loading import compile_policy
 from .models import Policy
@@ -28,7 +25,7 @@ def reset_all(policy: Policy) -> None:
     workers counted before and save after is dropped by its generation."""
     policy.generation += 1
     policy.save(update_fields=["generation", "updated"])
-    quotas.forget_current(policy, server_clock.now_ms())  # Redis's day
+    quotas.forget_current(policy, engine.server_clock.now_ms())  # Redis's day
 
 
 def reset_subject(policy: Policy, text: str) -> tuple[str, bool]:
@@ -115,4 +112,4 @@ def prune_libraries() -> tuple[list[str], list[str]]:
 
 def own_library() -> str:
     """The name of this version's Functions library."""
-    return scripts.library_name
+    return engine.scripts.library_name

@@ -21,8 +21,7 @@ from asgiref.sync import sync_to_async
 from django.db import DatabaseError, transaction
 
 from . import registry
-from .engine import RedisUnavailable
-from .engine import version as policy_version
+from .engine import RedisUnavailable, bump_version, current_version, read_version
 from .conf import get_setting
 from .deny_cache import deny_cache
 from .loading import compile_policy, read_rows  # noqa: F401  (compile_policy: imported from here by tests, the bench)
@@ -156,7 +155,7 @@ def get_index() -> PolicyIndex:
         state.stale = True  # the safety net: whatever happened to the version, reload now and then
     if not state.stale and time.monotonic() - state.checked_at > get_setting("RATELIMIT_POLICY_RECHECK_SECONDS"):
         try:
-            observe_version(policy_version.read_version())
+            observe_version(read_version())
         except RedisUnavailable:
             state.checked(time.monotonic())  # the doors deal with the outage; check again later
     if state.stale or state.index is None:
@@ -217,7 +216,7 @@ def _load(state: _IndexState) -> None:
     registry.write_pending()  # rows for declarations first seen since the last load, so that it reads them
     state.stale = False  # a change arriving during the load marks it stale again
     try:
-        version: bytes | None = policy_version.current_version()
+        version: bytes | None = current_version()
     except RedisUnavailable:
         version = None
     try:
@@ -270,7 +269,7 @@ def forget_settings() -> None:
 
 def _publish_change() -> None:
     _state.stale = True
-    policy_version.bump_version()  # retried in the background until Redis takes it
+    bump_version()  # retried in the background until Redis takes it
 
 
 def _code_changed(using: str | None) -> None:

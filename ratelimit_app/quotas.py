@@ -24,7 +24,7 @@ from django.db.models import Q
 from django.utils import timezone as django_timezone
 
 from .conf import get_setting
-from .engine import hooks
+from . import engine
 from .loading import compile_policy
 from .models import Policy, QuotaUsage
 from .values import Check, CompiledPolicy
@@ -215,4 +215,4 @@ saver = Saver()
 atexit.register(saver.save)
 os.register_at_fork(after_in_child=saver._forked)
 # the engine hands each count of a quota to the saver, and asks here for a period Redis lost
-hooks.counted, hooks.saved_usage = saver.record, saved
+engine.hooks.counted, engine.hooks.saved_usage = saver.record, saved

@@ -11,10 +11,8 @@ from django.dispatch import receiver
 
 from . import conf, doors, events, metrics, policies, registry, subjects
 from .deny_cache import deny_cache
-from .engine import aclients, admin_connection, breaker, clients, decision_connection
-from .engine.giveback import owed
-from .engine.server_clock import server_clock
-from .engine.tally import tally
+from . import engine
+from .engine import breaker, forget_aclients, forget_admin_client, forget_clients, owed, unpin
 from .events import outage
 from .quotas import saver
 
@@ -23,13 +21,13 @@ CACHE_SETTINGS = {"CACHES", "RATELIMIT_CACHE", "RATELIMIT_USE_CACHE", "RATELIMIT
 # (settings, what forgets them); None: every setting. In order: the settings cache comes first.
 FORGET: tuple[tuple[set[str] | None, Callable[[], None]], ...] = (
     (None, conf.forget_settings),
-    (CACHE_SETTINGS, clients.forget_clients),
-    (CACHE_SETTINGS, aclients.forget_aclients),
-    (CACHE_SETTINGS, decision_connection.unpin),
+    (CACHE_SETTINGS, forget_clients),
+    (CACHE_SETTINGS, forget_aclients),
+    (CACHE_SETTINGS, unpin),
     (CACHE_SETTINGS, deny_cache.clear),  # another server's refusals, or a server another cache emptied
     ({"RATELIMIT_USE_CACHE"}, breaker.reset),  # django-ratelimit's tests switch caches around an open circuit
-    (CACHE_SETTINGS, admin_connection.forget_client),
-    (CACHE_SETTINGS, server_clock.forget),  # another server's clock
+    (CACHE_SETTINGS, forget_admin_client),
+    (CACHE_SETTINGS, engine.server_clock.forget),  # another server's clock
     (None, subjects.forget_settings),  # several settings shape subjects: cheap to forget
     ({"RATELIMIT_METRICS"}, metrics.forget_settings),
     ({"RATELIMIT_POLICY_RECHECK_SECONDS", "RATELIMIT_POLICY_RELOAD_SECONDS"}, policies.forget_settings),
@@ -54,11 +52,11 @@ class AppState:
 
 state = AppState((
     ("settings read", conf.forget_settings),  # first: what follows reads the settings again
-    ("Redis client per cache settings", clients.forget_clients),
-    ("asyncio Redis clients per loop", aclients.forget_aclients),
-    ("threads' kept decision connections", decision_connection.unpin),
-    ("the admin's Redis client", admin_connection.forget_client),
-    ("Redis's clock as this worker tells it", server_clock.forget),
+    ("Redis client per cache settings", forget_clients),
+    ("asyncio Redis clients per loop", forget_aclients),
+    ("threads' kept decision connections", unpin),
+    ("the admin's Redis client", forget_admin_client),
+    ("Redis's clock as this worker tells it", engine.server_clock.forget),
     ("subjects: trusted proxies, grouped addresses, displays", subjects.forget_settings),
     ("subjects: the warning about a request without an address", subjects.forget_warning),
     ("metrics switched on or off", metrics.forget_settings),
@@ -73,7 +71,7 @@ state = AppState((
     ("in-flight places owed back to Redis", owed.forget),
     ("quota usage not saved yet (what is saved stays)", saver.discard),
     # last: waits for a flush under way, so that what it sends lands before a caller empties Redis
-    ("counts not yet added to the policies' totals", tally.discard),
+    ("counts not yet added to the policies' totals", engine.tally.discard),
 ))
 
 

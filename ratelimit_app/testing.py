@@ -7,8 +7,8 @@ import contextlib
 from typing import Iterator
 
 from . import runtime
-from .engine import keys
 from .engine import client as redis_client
+from .engine import key_prefix
 from .deny_cache import deny_cache
 from .models import Policy
 from .policies import policies_changed
@@ -30,7 +30,7 @@ def reset() -> None:
 def reset_counters() -> int:
     """Delete every key under RATELIMIT_KEY_PREFIX (SCAN is fine here: this is for tests); returns how many."""
     client = redis_client()
-    names = list(client.scan_iter(match=f"{keys.prefix()}:*", count=1000))
+    names = list(client.scan_iter(match=f"{key_prefix()}:*", count=1000))
     if names:
         client.delete(*names)
     deny_cache.clear()  # the refusals of those counters

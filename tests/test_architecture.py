@@ -73,3 +73,27 @@ def test_redis_pys_private_attributes_are_read_in_one_module():
                     and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls", "super"))):
                 reaching.add(str(path.relative_to(ROOT)))
     assert reaching <= {"ratelimit_app/engine/clients.py"}, reaching
+
+
+def test_the_engine_reaches_no_database():
+    """Neither the engine nor any module of the package it imports, however indirectly, imports django.db
+    (import-linter names external packages whole: this part of its contract is checked here)."""
+    import ast
+
+    import grimp
+
+    graph = grimp.build_graph("ratelimit_app")
+    reached = {"ratelimit_app.engine", *graph.find_children("ratelimit_app.engine")}
+    reached |= graph.find_upstream_modules("ratelimit_app.engine", as_package=True)
+    importing = set()
+    for module in reached:
+        path = ROOT / (module.replace(".", "/") + ".py")
+        if not path.exists():
+            path = ROOT / module.replace(".", "/") / "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(name == "django.db" or name.startswith("django.db.") for name in names):
+                importing.add(module)
+    assert "ratelimit_app.engine.decision" in reached and "ratelimit_app.values" in reached
+    assert importing == set(), importing

@@ -118,7 +118,7 @@ RECOMMENDED_RETRY = ("'CONNECTION_POOL_KWARGS': "
 
 @register()
 def check_retries(app_configs: object = None, **kwargs: object) -> list:
-    from ..engine.clients import pool_retry, retries, uses_cluster_factory
+    from ..engine import pool_retry, retries, uses_cluster_factory
 
     alias = get_setting("RATELIMIT_CACHE")
     cache = settings.CACHES.get(alias, {})

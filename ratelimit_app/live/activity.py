@@ -7,10 +7,8 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from django.core.exceptions import ValidationError
 
-from ..engine import admin_call, admin_client, keys
-from ..engine.batches import run_each
-from ..engine.scripts import now_arg, scripts
-from ..engine.tally import tally
+from .. import engine
+from ..engine import admin_call, admin_client, now_arg, run_each
 from ..loading import compile_policy
 
 if TYPE_CHECKING:
@@ -20,10 +18,10 @@ if TYPE_CHECKING:
 def policy_totals(policy: CompiledPolicy, *, now: float | None = None) -> tuple[int, int, int, int]:
     """(allowed, denied, active subjects, now in ms by the server's clock) of the policy's window,
     summed over its shards (a subject lives in one shard)."""
-    tally.flush()  # what this process counted counts too
-    script = scripts.get("totals", admin_client())
+    engine.tally.flush()  # what this process counted counts too
+    script = engine.scripts.get("totals", admin_client())
     args = [now_arg(now), policy.window_ms, policy.totals_bucket_ms]
-    calls = [([keys.totals_key(policy, shard)], args) for shard in range(keys.shards())]
+    calls = [([engine.totals_key(policy, shard)], args) for shard in range(engine.shard_count())]
     replies = admin_call(lambda client: run_each(client, script, calls))
     allowed, denied, active = (sum(reply[i] for reply in replies) for i in (1, 2, 3))
     return allowed, denied, active, replies[0][0]
@@ -41,7 +39,7 @@ class PolicyActivity(NamedTuple):
 def policy_activity(policies: Sequence) -> dict[int, PolicyActivity | None]:
     """Activity of many policy rows in their window, one short script each, sent together; None
     for a row that fails validation (it is not enforced)."""
-    tally.flush()  # what this process counted counts too
+    engine.tally.flush()  # what this process counted counts too
     compiled: list[CompiledPolicy] = []
     activity: dict[int, PolicyActivity | None] = {}
     for row in policies:
@@ -51,10 +49,10 @@ def policy_activity(policies: Sequence) -> dict[int, PolicyActivity | None]:
             activity[row.pk] = None
     if not compiled:
         return activity
-    script = scripts.get("totals", admin_client())
-    shards = keys.shards()
+    script = engine.scripts.get("totals", admin_client())
+    shards = engine.shard_count()
     calls = [
-        ([keys.totals_key(policy, shard)], ["", policy.window_ms, policy.totals_bucket_ms])
+        ([engine.totals_key(policy, shard)], ["", policy.window_ms, policy.totals_bucket_ms])
         for policy in compiled
         for shard in range(shards)
     ]
@@ -91,7 +89,7 @@ def policy_trend(policy, *, now: float | None = None) -> list[TrendPoint]:
 def policy_trends(policies: Sequence, *, now: float | None = None) -> dict[int, list[TrendPoint]]:
     """The trends of many policy rows (or compiled policies), one short script each, sent together;
     a row that fails validation has none."""
-    tally.flush()  # what this process counted counts too
+    engine.tally.flush()  # what this process counted counts too
     compiled: list[CompiledPolicy] = []
     for row in policies:
         try:
@@ -101,11 +99,11 @@ def policy_trends(policies: Sequence, *, now: float | None = None) -> dict[int, 
     trends: dict[int, list[TrendPoint]] = {getattr(row, "pk", getattr(row, "id", None)): [] for row in policies}
     if not compiled:
         return trends
-    script = scripts.get("trend", admin_client())
-    shards = keys.shards()
+    script = engine.scripts.get("trend", admin_client())
+    shards = engine.shard_count()
     calls = [
         (
-            [keys.totals_key(policy, shard)],
+            [engine.totals_key(policy, shard)],
             [now_arg(now), policy.window_ms, policy.totals_bucket_ms, trend_windows(policy.window)],
         )
         for policy in compiled

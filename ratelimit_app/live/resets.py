@@ -4,13 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-import redis
-
+from .. import engine
 from ..deny_cache import deny_cache
-from ..engine import admin_call, keys
-from ..engine.server_clock import server_ms
-from ..engine.tally import tally
-from ..engine.version import bump_version
+from ..engine import Client, admin_call, bump_version, counter_key, live_key, server_ms, shard_of
 from .usage import INDEX_PAGE, parse_live_member
 
 if TYPE_CHECKING:
@@ -21,21 +17,21 @@ def reset_subjects(policy: CompiledPolicy, subject_keys: Sequence[str]) -> list[
     """Forget the counts of these subjects under this policy; returns how the index showed them."""
     if not subject_keys:
         return []
-    tally.flush()  # the index entries this process still owes name the subjects too
+    engine.tally.flush()  # the index entries this process still owes name the subjects too
     by_shard: dict[int, list[bytes]] = {}  # each shard's index entries of these subjects
     for key in subject_keys:
-        shard = keys.shard_of(key)
-        by_shard.setdefault(shard, []).extend(_index_entries(keys.live_key(policy, shard), key))
+        shard = shard_of(key)
+        by_shard.setdefault(shard, []).extend(_index_entries(live_key(policy, shard), key))
     members = [member for entries in by_shard.values() for member in entries]
 
-    def reset(client: redis.Redis) -> None:
+    def reset(client: Client) -> None:
         # a quota's counter is emptied for Redis's current period: its day, not this host's
         now_ms = server_ms(client) if policy.plugin else 0
         with client.pipeline(transaction=False) as pipe:
             _forget(pipe, policy, subject_keys, now_ms)
             for shard, entries in by_shard.items():
                 if entries:
-                    pipe.zrem(keys.live_key(policy, shard), *entries)
+                    pipe.zrem(live_key(policy, shard), *entries)
             pipe.execute()
 
     admin_call(reset)
@@ -51,12 +47,12 @@ def _forget(pipe, policy: CompiledPolicy, subject_keys: Sequence[str], now_ms: i
     emptied = policy.plugin.emptied(policy, now_ms) if policy.plugin else None
     if emptied is None:
         for key in subject_keys:
-            pipe.delete(keys.counter_key(policy, key))
+            pipe.delete(counter_key(policy, key))
         return
     # a quota's counter is emptied, not deleted: a missing one is a loss, which the saved usage makes up for
     value, ends = emptied
     for key in subject_keys:
-        pipe.set(keys.counter_key(policy, key), value, pxat=ends)
+        pipe.set(counter_key(policy, key), value, pxat=ends)
 
 
 def _index_entries(live_key: str, subject_key: str) -> list[bytes]:

@@ -5,16 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-import redis
-from redis.commands.core import Script
-
-from .. import strategies
+from .. import engine, strategies
 from ..conf import get_setting
-from ..engine import admin_call, admin_client, keys
-from ..engine.arguments import figures
-from ..engine.batches import run_each
-from ..engine.scripts import scripts
-from ..engine.tally import BLOCKED
+from ..engine import BLOCKED, Client, Script, admin_call, admin_client, figures, run_each
 from .activity import policy_totals
 
 if TYPE_CHECKING:
@@ -57,8 +50,8 @@ def live_usage(policy: CompiledPolicy, *, rows: int | None = None, now: float | 
     members, index_full = _listed_members(policy, now_ms)
     subjects: dict[str, SubjectUsage] = {}
     limits = [limit or policy.limit for _key, limit, *_ in members]
-    counts = _read_counters(policy, [keys.counter_key(policy, key) for key, *_ in members], now_ms, limits,
-                            [keys.shard_of(key) for key, *_ in members])
+    counts = _read_counters(policy, [engine.counter_key(policy, key) for key, *_ in members], now_ms, limits,
+                            [engine.shard_of(key) for key, *_ in members])
     for (subject_key, _limit, overridden, display, plan), limit, (count, reset_ms) in zip(members, limits, counts):
         if count > 0 and subject_key not in subjects:  # seen under two limits: the latest entry wins
             capacity = policy.capacity(limit)  # a token bucket's count is compared with its burst
@@ -75,14 +68,14 @@ def _listed_members(policy: CompiledPolicy, now_ms: int) -> tuple[list[tuple[str
 
     Read in pages, sent together (a page is a short command; Redis serves other clients between them).
     """
-    shards = keys.shards()
+    shards = engine.shard_count()
     size = -(-get_setting("RATELIMIT_LIVE_INDEX_SIZE") // shards)  # each shard's index keeps its share
     pages_per_shard = len(range(0, size + 1, INDEX_PAGE))  # + 1: an index may briefly hold one more than size
 
-    def read(client: redis.Redis) -> list:
+    def read(client: Client) -> list:
         with client.pipeline(transaction=False) as pipe:
             for shard in range(shards):
-                live_key = keys.live_key(policy, shard)
+                live_key = engine.live_key(policy, shard)
                 for start in range(0, size + 1, INDEX_PAGE):
                     pipe.zrevrange(live_key, start, start + INDEX_PAGE - 1, withscores=True)
             return pipe.execute()
@@ -108,7 +101,7 @@ def _read_counters(
     The batches are sent together; a call that spent its budget early leaves the rest of its batch
     for the next round.
     """
-    script = scripts.get("live", admin_client())
+    script = engine.scripts.get("live", admin_client())
     args = [str(now_ms), policy.strategy, figures(policy), FIELD_BUDGET]
     counts: dict[int, tuple[int, int]] = {}
     size = _batch_size(policy)
@@ -150,7 +143,7 @@ def _batch_size(policy: CompiledPolicy) -> int:
 
 
 def _run_batches(
-    client: redis.Redis, script: Script, batches: list[tuple[int, list[str]]], args: list, limits: list[int] | None
+    client: Client, script: Script, batches: list[tuple[int, list[str]]], args: list, limits: list[int] | None
 ) -> list:
     calls = [(batch, args + (limits[start : start + len(batch)] if limits else [])) for start, batch in batches]
     return run_each(client, script, calls)
