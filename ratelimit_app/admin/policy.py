@@ -4,7 +4,6 @@ their own (pages.py, live_page.py); get_urls() routes them."""
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.utils import NestedObjects, quote
 from django.core.exceptions import ValidationError
@@ -14,10 +13,9 @@ from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html
 from django.utils.text import capfirst
 
-from .. import operations, registry
+from .. import operations, registry, strategies
 from ..engine import RedisUnavailable
 from ..models import Mode, Policy, QuotaUsage
-from ..periods import LABELS as PERIOD_LABELS
 from ..rates import format_rate, human_window
 from .forms import PolicyForm, PolicyListForm
 from .live_page import LivePage, ResetPage
@@ -54,8 +52,10 @@ class PolicyAdmin(admin.ModelAdmin):
 
     @admin.display(description="limit", ordering="limit")
     def rate(self, policy: Policy) -> str:
-        if policy.period:
-            return f"{policy.limit} / {PERIOD_LABELS[policy.period]} ({policy.time_zone or settings.TIME_ZONE})"
+        kind = strategies.STRATEGIES.get(policy.strategy)
+        over = kind.counts_over(policy) if kind is not None else None
+        if over:  # a calendar quota's period, not its window
+            return f"{policy.limit} / {over}"
         burst = f", burst {policy.burst}" if policy.burst else ""
         return f"{policy.limit} / {human_window(policy.window)}{burst}"
 

@@ -77,6 +77,10 @@ class Strategy:
         start = at_ms - at_ms % policy.window_ms
         return start, start + policy.window_ms
 
+    def counts_over(self, row) -> str | None:
+        """What a limit of it counts over when that is no window of seconds, as the admin's list shows it."""
+        return None
+
     def starts_again(self, policy, now_ms: int) -> int | None:
         """When (ms) its count starts again, used or not (a calendar period's end); None: as its units leave."""
         return None

@@ -12,7 +12,7 @@ import zlib
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from ..periods import PERIODS, Periods, periods_at, zone
+from ..periods import LABELS, PERIODS, Periods, periods_at, zone
 from .base import Strategy
 
 PACK = 1000000  # lua/calendar_quota.lua: a counter holds count * PACK + the number of its period
@@ -65,6 +65,11 @@ class Quota(Strategy):
 
     def period_kind(self, row) -> tuple[str, str]:
         return row.period, row.time_zone or settings.TIME_ZONE or "UTC"
+
+    def counts_over(self, row) -> str | None:
+        if row.period not in LABELS:
+            return None
+        return f"{LABELS[row.period]} ({row.time_zone or settings.TIME_ZONE})"
 
     def terms(self, policy, now_ms: int, seed: tuple[int, int] | None) -> str:
         # the `bucket` of lua/calendar_quota.lua: its periods, and the saved usage when asked again, in hex
