@@ -100,6 +100,7 @@ def test_a_request_through_the_middleware_visits_few_modules(client):
 # A quota's first request of a period asks Redis twice (the counter is absent: the saved usage is read and
 # the call made again); the engine does that through its hooks, so the route is a window's. Budgeted apart.
 QUOTA_MODULES, QUOTA_CLIMBS = 9, 8
+PLAN_MODULES, PLAN_CLIMBS = 9, 8  # a subject on a plan: its limit is the plan's, resolved beside its subject
 
 
 def test_a_quotas_first_request_of_a_period_visits_few_modules(client):
@@ -117,3 +118,19 @@ def test_a_quotas_first_request_of_a_period_visits_few_modules(client):
     quotas.saver.save()
     assert QuotaUsage.objects.get(display="ip:203.0.113.7").used == 1  # and what it counted was saved
 
+
+
+def test_a_request_on_a_plan_visits_few_modules(client):
+    from ratelimit_app.models import Plan, PlanAssignment, PlanLimit
+
+    search = make_policy(name="search-per-ip", action="demo:search", limit=3)
+    pro = Plan.objects.create(name="pro")
+    PlanLimit.objects.create(plan=pro, policy=search, limit=10)
+    PlanAssignment.objects.create(plan=pro, kind="ip", network="203.0.113.0/24")
+    client.get("/demo/search/?q=a", REMOTE_ADDR="203.0.113.7")
+    route, every_call = walk(lambda: client.get("/demo/search/?q=a", REMOTE_ADDR="203.0.113.7"))
+    print(f"\nroute: {figures(route)}\nevery call: {figures(every_call)}")
+    assert {"middleware", "engine"} <= set(route)
+    assert len(set(route)) <= PLAN_MODULES and climbs(route) <= PLAN_CLIMBS, figures(route)
+    # the plan's limit was in effect: a 5th request within the minute passes, the policy's own 3 would refuse it
+    assert [client.get("/demo/search/?q=a", REMOTE_ADDR="203.0.113.7").status_code for _ in range(3)] == [200] * 3
