@@ -476,3 +476,17 @@ def test_the_live_page_lists_a_quotas_subjects_with_the_time_to_the_periods_end(
     ends = periods_at("day", zone("UTC"), ms(datetime.now(timezone.utc))).end / 1000 - datetime.now(timezone.utc).timestamp()
     assert all(abs(s.reset_in - ends) < 5 for s in shown.subjects)
     assert live.live_usage(limited, now=datetime.now(timezone.utc).timestamp()).subjects
+
+
+def test_an_engine_whose_usage_keeper_is_not_set_starts_a_quotas_period_from_nothing(monkeypatch, redis_client):
+    """The engine asks the saved usage through its hook; without the layer that sets it (quotas.py), a period
+    Redis does not hold starts from zero, and nothing of it is kept beyond Redis: the quota still counts."""
+    from ratelimit_app.engine.hooks import Hooks
+
+    bare = Hooks()
+    monkeypatch.setattr(engine.hooks, "saved_usage", bare.saved_usage)
+    monkeypatch.setattr(engine.hooks, "counted", bare.counted)
+    quotas.saver.discard()
+    limited = quota(period="day", zone_name="UTC", limit=2)
+    assert [engine.decide([check(limited)]).allowed for _ in range(3)] == [True, True, False]
+    assert quotas.saver.save() == 0  # nothing was handed to the saver
