@@ -21,7 +21,7 @@ from asgiref.sync import sync_to_async
 from django.db import DatabaseError, transaction
 
 from . import registry
-from .engine import RedisUnavailable
+from .engine import RedisUnavailable, hooks
 from .engine import version as policy_version
 from .conf import get_setting
 from .deny_cache import deny_cache
@@ -115,6 +115,7 @@ class _IndexState:
         # raised again, for the doors' failure rule), and no request reads it again before retry_at
         self.failure: BaseException | None = None
         self.retry_at = 0.0
+        self.loaded_wall = 0.0  # when the index in force was loaded, epoch seconds (what workers report)
         self.lock = threading.Lock()
 
     def checked(self, now: float) -> None:
@@ -213,6 +214,19 @@ def load_failure() -> BaseException | None:
     return _state.failure
 
 
+def worker_state() -> str:
+    """What this worker says of its policies in its heartbeat: when they were loaded, and why the
+    database could not be read since (engine.worker_reports() reads every worker's)."""
+    state = _state
+    if state.index is None:
+        return ""
+    error = "" if state.failure is None else str(state.failure).replace("\n", " ")[:200]
+    return f"{state.loaded_wall:.0f}|{error}"
+
+
+hooks.worker_state = worker_state
+
+
 def _load(state: _IndexState) -> None:
     registry.write_pending()  # rows for declarations first seen since the last load, so that it reads them
     state.stale = False  # a change arriving during the load marks it stale again
@@ -231,7 +245,7 @@ def _load(state: _IndexState) -> None:
         # terms changed in the database meets none of its old refusals anyway (deny_cache._key)
         deny_cache.clear()
     state.version = version
-    state.loaded_at = time.monotonic()
+    state.loaded_at, state.loaded_wall = time.monotonic(), time.time()
     state.checked(state.loaded_at)
 
 

@@ -13,9 +13,10 @@ from .decision import adecide, decide, deciding
 from .decision_connection import decision_client
 from .giveback import arelease, release
 from .hooks import hooks
+from .version import WorkerReport, worker_reports
 
 __all__ = [
     "Check", "Decision", "Verdict", "NO_POLICIES", "RedisUnavailable", "RedisCommandError", "decide", "adecide",
     "deciding", "release", "arelease", "live_member", "client", "aclient", "decision_client", "admin_client",
-    "admin_call", "is_cluster", "cluster_configured", "breaker", "hooks",
+    "admin_call", "is_cluster", "cluster_configured", "breaker", "hooks", "WorkerReport", "worker_reports",
 ]

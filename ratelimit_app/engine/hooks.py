@@ -18,6 +18,8 @@ class Hooks:
         self.circuit_closed: Callable[[], None] = _ignore  # the first answer after an outage closed it
         self.decided: Callable[[float], None] = _ignore  # seconds a decision's Redis call took, round trip included
         self.flushed: Callable[[], None] = _ignore  # the tally's flush ended (on its thread, or a reader's, or at exit)
+        # what this worker says of its policies in its heartbeat ('loaded_at|error'; '' says nothing)
+        self.worker_state: Callable[[], str] = str
 
 
 hooks = Hooks()
