@@ -51,7 +51,7 @@ class DenyCache:
         """The cached denials among these checks for a request of `cost` units, their times brought up
         to date; [] when none applies. Only a refusal of the same cost answers: fewer units may fit,
         and more wait longer than the time remembered (a client retrying then must fit)."""
-        if not self._until:
+        if not self._until.entries:  # the dict itself: no call on every request
             return []
         now = time.monotonic()
         found = []

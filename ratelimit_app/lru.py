@@ -11,6 +11,7 @@ functools.lru_cache alone bounds the number of entries: 8,192 entries keyed by 2
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -18,9 +19,10 @@ from collections import OrderedDict
 from functools import lru_cache, wraps
 from typing import Any, Callable, Hashable, Protocol, TypeVar
 
-from .conf import get_setting
+from .conf import DEFAULTS, get_setting
 
 F = TypeVar("F", bound=Callable[..., Any])
+logger = logging.getLogger("ratelimit_app")
 
 # Each cache's share of RATELIMIT_CACHE_BYTES (32 MB by default), by where it lives. The largest go to
 # what a decision sends: a subject's script arguments (about 500 bytes per policy) and its packed command.
@@ -82,7 +84,17 @@ def _register(cache: Bounded) -> None:
 
 def share(name: str) -> int:
     """The bytes cache `name` may hold: its share of RATELIMIT_CACHE_BYTES."""
-    return int(BUDGETS[name] * get_setting("RATELIMIT_CACHE_BYTES"))
+    return int(BUDGETS[name] * total())
+
+
+def total() -> int:
+    """RATELIMIT_CACHE_BYTES; the default, with a logged error, for a value that is no whole number >= 0."""
+    value = get_setting("RATELIMIT_CACHE_BYTES")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    logger.error("ratelimit: RATELIMIT_CACHE_BYTES = %r is not used: it is a whole number of bytes, at least 0; "
+                 "the caches keep the default %d bytes", value, DEFAULTS["RATELIMIT_CACHE_BYTES"])
+    return DEFAULTS["RATELIMIT_CACHE_BYTES"]
 
 
 def caches() -> dict[str, Bounded]:
@@ -122,6 +134,7 @@ class BoundedCache:
         self.name = name
         self._size = size
         self._entries: OrderedDict = OrderedDict()
+        self.entries = self._entries  # to read (its truth, a lookup), never to change: put() counts the bytes
         self.get = self._entries.get
         self._bytes = 0
         self._budget: int | None = None  # read at the first put: the settings may not be ready at import

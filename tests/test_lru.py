@@ -156,3 +156,10 @@ def test_a_bounded_cache_keeps_its_share_in_bytes_and_forgets_the_oldest_first(s
     assert ("day", "huge") not in cache and cache.held() <= budget
     cache.clear()
     assert cache.held() == 0 and len(cache) == 0
+
+
+@pytest.mark.parametrize("value", ["32MB", -1, 1.5, True])
+def test_a_cache_size_that_is_no_number_of_bytes_is_not_used(settings, caplog, value):
+    settings.RATELIMIT_CACHE_BYTES = value
+    assert lru.total() == lru.DEFAULTS["RATELIMIT_CACHE_BYTES"]
+    assert "RATELIMIT_CACHE_BYTES" in caplog.text and "not used" in caplog.text
