@@ -70,7 +70,7 @@ def test_threads_refusing_many_subjects_at_once_never_fail(settings):
     engine.decide([check(limited)])
     refused = engine.decide([check(limited)]).decisions[0]
     assert not refused.allowed
-    settings.RATELIMIT_CACHE_BYTES = 1 << 20  # the deny cache keeps about 80 refusals: every remember() evicts
+    settings.RATELIMIT_CACHE_BYTES = 1 << 20  # the deny cache keeps under a hundred refusals: every remember() evicts
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # threads change hands as often as a busy server makes them
     try:

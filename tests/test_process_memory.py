@@ -18,7 +18,6 @@ from ratelimit_app.engine import arguments, decision_connection, keys
 from ratelimit_app.engine.tally import tally
 from tests.helpers import check, policy
 
-
 ROOT = Path(__file__).resolve().parent.parent
 MOST_GROWTH = 50 * 2**20
 

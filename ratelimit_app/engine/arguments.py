@@ -78,7 +78,6 @@ def _sent_cost(checks: Sequence[Check], cost: int) -> int:
     return min(cost, max(check.policy.capacity(check.limit) for check in checks) + 1)
 
 
-
 def _parts_size(key: tuple, parts: list) -> int:
     # the key, its subject (shared by a request's policies: counted for each, a bound), the parts, their
     # counter key and live member; the terms are shared by a policy's subjects (_terms' own cache)
@@ -101,7 +100,7 @@ def check_parts(
     policy: CompiledPolicy, subject: Subject, limit: int, plan: str, key_prefix: str, shard_count: int
 ) -> list:
     """What one check adds to decide.lua's call (its counter, its terms) and what the worker's tally
-    writes for it (its live index entry, its shard), kept on the compiled policy for next time; with
+    writes for it (its live index entry, its shard), kept in script_parts for next time; with
     what its last decision here saw (SEEN_NOTHING, SEEN_REFUSED, SEEN_COUNTED), which picks the terms sent."""
     parts = [
         keys.counter_key(policy, subject.key, key_prefix),
