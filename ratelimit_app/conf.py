@@ -53,6 +53,9 @@ DEFAULTS: dict[str, Any] = {
     # "auto": the scripts run as a Redis Functions library (FUNCTION LOAD once, then FCALL) where the
     # server has Functions (Redis >= 7, Valkey), EVALSHA elsewhere; False: always EVALSHA.
     "RATELIMIT_REDIS_FUNCTIONS": "auto",
+    # Bytes a process keeps in its caches (script arguments, packed commands, subjects, refusals ...), all
+    # of them together: each takes its share (ratelimit_app.lru.BUDGETS), the oldest entries going first.
+    "RATELIMIT_CACHE_BYTES": 32 * 2**20,
 }
 
 

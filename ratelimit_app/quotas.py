@@ -22,6 +22,7 @@ from django.db.models import Q
 from django.utils import timezone as django_timezone
 
 from .conf import get_setting
+from .lru import BoundedCache, size_of
 from .models import Policy, QuotaUsage
 from .periods import Periods, periods_at, zone
 from .values import Check, CompiledPolicy
@@ -31,7 +32,7 @@ ABSENT = -3  # the retry a quota's script reports for a counter that is not ther
 PACK = 1000000  # lua/calendar_quota.lua: a counter holds count * PACK + the number of its period
 
 # (period, zone) -> the periods around the last instant asked, and their text in a quota's terms
-_periods: dict[tuple[str, str], tuple[Periods, str]] = {}
+_periods = BoundedCache("ratelimit_app.quotas.periods", lambda key, found: size_of(key, *key, found, *found))
 
 
 def _current(policy: CompiledPolicy, now_ms: int) -> tuple[Periods, str]:
@@ -39,10 +40,8 @@ def _current(policy: CompiledPolicy, now_ms: int) -> tuple[Periods, str]:
     found = _periods.get((policy.period, policy.time_zone))
     if found is None or not found[0].start <= now_ms < found[0].end:
         at = periods_at(policy.period, zone(policy.time_zone), now_ms)
-        found = (at, f"{at.previous:x},{at.start:x},{at.end:x},{at.after:x}")
-        if len(_periods) > 256:
-            _periods.clear()
-        _periods[(policy.period, policy.time_zone)] = found
+        text = f"{at.previous:x},{at.start:x},{at.end:x},{at.after:x}"
+        found = _periods.put((policy.period, policy.time_zone), (at, text))
     return found
 
 

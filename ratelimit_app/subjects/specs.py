@@ -192,7 +192,7 @@ def subject_of(spec: KeySpec, values: Sequence[str]) -> Subject:
     return Subject(subject_key(",".join(values)), bounded_display(display))
 
 
-@byte_bounded_cache(4 << 20)  # keyed by the canonical value: bounded in bytes, not entries
+@byte_bounded_cache()  # keyed by the canonical value: bounded in bytes, not entries
 def single_subject(value: str, show: Callable[[str], str]) -> Subject:
     """The subject of a one-part key whose part read `value`."""
     # the same clients come back: hashing and formatting them again is wasted work
