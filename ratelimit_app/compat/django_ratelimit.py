@@ -142,7 +142,8 @@ def get_usage(request, group=None, fn=None, key=None, rate=None, method=ALL,
     except RedisUnavailable:
         # a check that counts follows RATELIMIT_FAIL_OPEN (default False, as in django-ratelimit); one that
         # does not count cannot know and says "not limited", as django-ratelimit's cache lookup does
-        return None if getattr(settings, "RATELIMIT_FAIL_OPEN", False) or not increment else dict(FAIL_CLOSED)
+        fail_open = hasattr(settings, "RATELIMIT_FAIL_OPEN") and get_setting("RATELIMIT_FAIL_OPEN")  # "false" too
+        return None if fail_open or not increment else dict(FAIL_CLOSED)
     return None if decision is None else _usage(decision, window)  # None: disabled in the admin, or exempt
 
 
