@@ -214,6 +214,7 @@ TYPES: dict[str, Kind] = {
     "RATELIMIT_DENY_CACHE": BOOLEAN,
     "RATELIMIT_METRICS": Kind(f"None, or {BOOLEAN.expected}", _optional_boolean),
     "RATELIMIT_POLICIES": Kind("a list or tuple of policies (dictionaries), or None", _policies),
+    "RATELIMIT_CACHE_BYTES": whole(0, 2**40),
     "RATELIMIT_REDIS_FUNCTIONS": Kind('"auto" (or True), or False (or "false", "no", "off", "0")', _functions),
 }
 

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from functools import lru_cache, wraps
 from typing import Any, Callable, Hashable, Protocol, TypeVar
 
-from .conf import DEFAULTS, get_setting
+from .conf import get_setting
 
 F = TypeVar("F", bound=Callable[..., Any])
 logger = logging.getLogger("ratelimit_app")
@@ -88,13 +88,8 @@ def share(name: str) -> int:
 
 
 def total() -> int:
-    """RATELIMIT_CACHE_BYTES; the default, with a logged error, for a value that is no whole number >= 0."""
-    value = get_setting("RATELIMIT_CACHE_BYTES")
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    logger.error("ratelimit: RATELIMIT_CACHE_BYTES = %r is not used: it is a whole number of bytes, at least 0; "
-                 "the caches keep the default %d bytes", value, DEFAULTS["RATELIMIT_CACHE_BYTES"])
-    return DEFAULTS["RATELIMIT_CACHE_BYTES"]
+    """RATELIMIT_CACHE_BYTES (a value that is no whole number >= 0 gives way to the default: conf.TYPES)."""
+    return get_setting("RATELIMIT_CACHE_BYTES")
 
 
 def caches() -> dict[str, Bounded]:

@@ -12,6 +12,7 @@ import weakref
 import pytest
 
 import ratelimit_app
+from ratelimit_app.conf import DEFAULTS
 from ratelimit_app import lru
 from ratelimit_app.lru import ENTRY_OVERHEAD, byte_bounded_cache
 
@@ -87,6 +88,9 @@ NOT_CACHES = {
     "_registry.costs": "what the code declares: as many as the code has",
     "_registry.by_view": "what the code declares: as many as the code has",
     "_registry.listeners": "what the code declares: as many as the code has",
+    "faults.counts": "the limiter's own errors: one entry per kind (exception class)",
+    "faults.last": "the limiter's own errors: one entry per kind (exception class)",
+    "faults._logged_at": "the limiter's own errors: one entry per kind (exception class)",
 }
 CONTAINERS = (dict, set, list, collections.deque, weakref.WeakKeyDictionary, weakref.WeakValueDictionary,
               weakref.WeakSet, threading.local)
@@ -161,5 +165,5 @@ def test_a_bounded_cache_keeps_its_share_in_bytes_and_forgets_the_oldest_first(s
 @pytest.mark.parametrize("value", ["32MB", -1, 1.5, True])
 def test_a_cache_size_that_is_no_number_of_bytes_is_not_used(settings, caplog, value):
     settings.RATELIMIT_CACHE_BYTES = value
-    assert lru.total() == lru.DEFAULTS["RATELIMIT_CACHE_BYTES"]
-    assert "RATELIMIT_CACHE_BYTES" in caplog.text and "not used" in caplog.text
+    assert lru.total() == DEFAULTS["RATELIMIT_CACHE_BYTES"]
+    assert "RATELIMIT_CACHE_BYTES" in caplog.text and "ratelimit_app.E021" in caplog.text

@@ -24,6 +24,7 @@ from tests.helpers import check, make_policy
 # test_every_setting_has_a_wrong_value_here until it has one
 WRONG = {
     "RATELIMIT_ENABLED": "perhaps",
+    "RATELIMIT_CACHE_BYTES": "32MB",
     "RATELIMIT_CACHE": ["default"],
     "RATELIMIT_KEY_PREFIX": 5,
     "RATELIMIT_TRUSTED_PROXIES": 10,
