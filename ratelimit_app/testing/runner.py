@@ -1,0 +1,103 @@
+"""`manage.py test` with a Redis-compatible server of its own: TEST_RUNNER = "ratelimit_app.testing.RatelimitTestRunner",
+or RatelimitTestRunnerMixin before your own runner's base."""
+
+from __future__ import annotations
+
+import unittest
+
+from django.test import runner as django_runner
+from django.test.runner import DiscoverRunner, ParallelTestSuite, RemoteTestResult, RemoteTestRunner
+
+from .server import TestRedis
+
+_session: TestRedis | None = None  # the server of this process's tests, for the result classes
+
+
+def _worker() -> str:
+    # Django numbers its --parallel workers from 1; the main process is 0
+    worker = getattr(django_runner, "_worker_id", 0)
+    return f"w{worker}" if worker else ""
+
+
+class ResettingResult:
+    """Resets counters and the app's state around each test (a result's startTest and stopTest
+    frame each test, whatever the runner)."""
+
+    replayed = False  # set on the main process's result when workers ran the tests: it only replays them
+
+    def startTest(self, test) -> None:
+        if _session is not None and not self.replayed:
+            if _worker():
+                _session.enter_worker(_worker())
+            _session.before_test()
+        super().startTest(test)
+
+    def stopTest(self, test) -> None:
+        super().stopTest(test)
+        if _session is not None and not self.replayed:
+            _session.after_test()
+
+
+class _RemoteResult(ResettingResult, RemoteTestResult):
+    pass
+
+
+class _RemoteRunner(RemoteTestRunner):
+    resultclass = _RemoteResult
+
+
+def _spawned_worker(url: str, shared: bool) -> None:
+    """A --parallel worker started anew (spawn, macOS's default) points the cache at the parent's server."""
+    global _session
+    _session = TestRedis(url, "the parent process's", shared=shared)
+    _session.point_cache()
+
+
+class RatelimitParallelTestSuite(ParallelTestSuite):
+    runner_class = _RemoteRunner
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if _session is not None:
+            self.process_setup_args = (_session.url, _session.shared)
+
+    def run(self, result):
+        result.replayed = True
+        return super().run(result)
+
+    def process_setup(*args) -> None:  # called unbound, with process_setup_args, in spawned workers only
+        if args:
+            _spawned_worker(*args)
+
+
+class RatelimitTestRunnerMixin:
+    """Starts one Redis-compatible server for the run (or uses RATELIMIT_TEST_REDIS_URL's or REDIS_URL's),
+    points RATELIMIT_CACHE's alias at it, and resets counters and the app's state around each test;
+    --parallel workers share the server, each under a key prefix of its own."""
+
+    parallel_test_suite = RatelimitParallelTestSuite
+
+    def setup_test_environment(self, **kwargs) -> None:
+        global _session
+        super().setup_test_environment(**kwargs)
+        from .server import ratelimit_installed
+
+        if ratelimit_installed():
+            _session = TestRedis.begin(shared=getattr(self, "parallel", 1) > 1)
+            if self.verbosity >= 2:
+                print(f"ratelimit_app: tests use {_session.url} ({_session.origin})")
+
+    def teardown_test_environment(self, **kwargs) -> None:
+        global _session
+        super().teardown_test_environment(**kwargs)
+        if _session is not None:
+            _session.end()
+            _session = None
+
+    def get_resultclass(self):
+        base = super().get_resultclass() or unittest.TextTestResult
+        return type(f"Ratelimit{base.__name__}", (ResettingResult, base), {})
+
+
+class RatelimitTestRunner(RatelimitTestRunnerMixin, DiscoverRunner):
+    """Django's DiscoverRunner with a Redis-compatible server for the tests (RatelimitTestRunnerMixin)."""
