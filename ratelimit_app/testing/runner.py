@@ -1,5 +1,5 @@
-"""`manage.py test` with a Redis-compatible server of its own: TEST_RUNNER = "ratelimit_app.testing.RatelimitTestRunner",
-or RatelimitTestRunnerMixin before your own runner's base."""
+"""`manage.py test` with a Redis-compatible server of its own: `--testrunner ratelimit_app.testing.RatelimitTestRunner`
+(or TEST_RUNNER), or RatelimitTestRunnerMixin before your own runner's base."""
 
 from __future__ import annotations
 
