@@ -107,3 +107,15 @@ def test_assert_charged_asks_for_the_request_of_a_response_made_without_a_test_c
     with pytest.raises(TypeError, match="pass request="):
         assert_charged(HttpResponse("made by hand"), "home-per-ip", 1)
     assert charged(HttpResponse(), request=RequestFactory().get("/")) == {}
+
+
+def test_an_override_of_a_policy_a_view_declares_needs_no_request_first(client, settings):
+    settings.ROOT_URLCONF = "tests.code_urls"
+    with temporary_override("comments-per-ip", ip="127.0.0.1", exempt=True) as override:
+        assert override.policy.name == "comments-per-ip"
+
+
+def test_an_override_of_a_policy_nobody_declared_says_which_there_are(home):
+    with pytest.raises(LookupError, match=r"No policy named 'nope'; the policies are \['home-per-ip'\]"):
+        with temporary_override("nope", ip="127.0.0.1", exempt=True):
+            pass

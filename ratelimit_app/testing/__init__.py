@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from .. import runtime
+from .. import registry, runtime
 from ..engine import keys
 from ..engine import client as redis_client
 from ..deny_cache import deny_cache
@@ -72,7 +72,15 @@ def _matching(user=None, ip: str = "", header: str = "", value: str = "", group=
 
 
 def _policy(policy: Policy | str) -> Policy:
-    return policy if isinstance(policy, Policy) else Policy.objects.get(name=policy)
+    """The policy named, its row written first if views declare it and no request wrote it yet."""
+    if isinstance(policy, Policy):
+        return policy
+    registry.sync_pending()
+    try:
+        return Policy.objects.get(name=policy)
+    except Policy.DoesNotExist:
+        known = sorted(Policy.objects.values_list("name", flat=True))
+        raise LookupError(f"No policy named {policy!r}; the policies are {known}") from None
 
 
 @contextlib.contextmanager
