@@ -8,13 +8,11 @@ from django.http import HttpResponse
 from django.test import RequestFactory
 
 from ratelimit_app.models import ActionCost, Override, Plan, Policy
+from ratelimit_app import testing
 from ratelimit_app.testing import assert_charged, charged, temporary_override, temporary_plan, temporary_policy
 
-pytestmark = pytest.mark.django_db
-
-
 @pytest.fixture
-def home():
+def home(db):
     """Two requests a minute per address on the demo's home page."""
     with temporary_policy(name="home-per-ip", action="home", limit=2, window=60, strategy="fixed_window", key="ip"):
         yield
@@ -24,7 +22,7 @@ def statuses(client, times: int = 3) -> list[int]:
     return [client.get("/").status_code for _ in range(times)]
 
 
-def test_a_temporary_policy_limits_inside_its_block_only(client):
+def test_a_temporary_policy_limits_inside_its_block_only(db, client):
     with temporary_policy(name="home-per-ip", action="home", limit=1, window=60, key="ip"):
         assert statuses(client, 2) == [200, 429]
     assert statuses(client, 2) == [200, 200]
@@ -109,7 +107,7 @@ def test_assert_charged_asks_for_the_request_of_a_response_made_without_a_test_c
     assert charged(HttpResponse(), request=RequestFactory().get("/")) == {}
 
 
-def test_an_override_of_a_policy_a_view_declares_needs_no_request_first(client, settings):
+def test_an_override_of_a_policy_a_view_declares_needs_no_request_first(db, settings):
     settings.ROOT_URLCONF = "tests.code_urls"
     with temporary_override("comments-per-ip", ip="127.0.0.1", exempt=True) as override:
         assert override.policy.name == "comments-per-ip"
@@ -119,3 +117,12 @@ def test_an_override_of_a_policy_nobody_declared_says_which_there_are(home):
     with pytest.raises(LookupError, match=r"No policy named 'nope'; the policies are \['home-per-ip'\]"):
         with temporary_override("nope", ip="127.0.0.1", exempt=True):
             pass
+
+
+def test_reset_counters_needs_no_database_access(redis_client):
+    """A test without the database (no django_db mark) empties the counters too, e.g. in an autouse fixture."""
+    redis_client.set("rl:a-counter", 1)
+    redis_client.set("someone-elses", 1)
+    assert testing.reset_counters() == 1
+    left = set(redis_client.keys("*"))
+    assert b"rl:a-counter" not in left and b"someone-elses" in left
