@@ -126,3 +126,11 @@ def test_reset_counters_needs_no_database_access(redis_client):
     assert testing.reset_counters() == 1
     left = set(redis_client.keys("*"))
     assert b"rl:a-counter" not in left and b"someone-elses" in left
+
+
+def test_assert_charged_reads_a_shadow_policy_which_sends_no_headers(client, home):
+    with temporary_policy(name="watching", action="*", limit=1, window=60, key="ip", mode="shadow"):
+        response = client.get("/")
+    assert "watching" not in response.headers["RateLimit-Policy"]
+    assert_charged(response, "watching", 1)
+    assert_charged(response, "home-per-ip", 1)
