@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import redis
 
 from ratelimit_app.embedded import free_port
 from tests.servers import ROOT
@@ -160,8 +161,6 @@ def server_line(result) -> str:
 
 
 def refuses_connections(url: str) -> bool:
-    import redis
-
     try:
         redis.Redis.from_url(url, socket_connect_timeout=0.5).ping()
     except redis.ConnectionError:
@@ -182,6 +181,14 @@ def test_a_test_that_reached_a_limit_leaves_the_next_unlimited_in_any_order(tiny
     run_pytest(tiny, "-p", "randomly", f"--randomly-seed={seed}").assert_outcomes(passed=ALL)
 
 
+def test_a_server_that_cannot_be_started_is_a_usage_error_that_says_which(tiny, monkeypatch):
+    monkeypatch.setenv("RATELIMIT_REDIS_SERVER", "/nonexistent/valkey-server")
+    result = run_pytest(tiny)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: ratelimit_app: Could not start the Redis-compatible server "
+                                 "/nonexistent/valkey-server (RATELIMIT_REDIS_SERVER): *No such file*"])
+
+
 def test_without_the_plugin_the_same_tests_fail(tiny):
     result = tiny.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider")
     assert result.parseoutcomes().get("failed", 0) >= 6  # refused with 503: the settings' server is not there
@@ -195,8 +202,6 @@ def test_a_project_without_a_redis_cache_gets_one_added(tiny):
 
 @pytest.mark.parametrize("how", ["REDIS_URL", "RATELIMIT_TEST_REDIS_URL", "--ratelimit-redis"])
 def test_a_server_the_user_names_is_used_and_only_the_apps_keys_are_deleted(tiny, monkeypatch, private, how):
-    import redis
-
     mine = redis.Redis.from_url(private.url)
     mine.set("mine", "kept")
     last = ("-p", "no:randomly", "-k", "not server_is_named")  # the last test to run leaves counters
@@ -221,7 +226,7 @@ def test_each_xdist_worker_keeps_its_own_counters_on_a_server_the_user_names(tin
     pytest.importorskip("xdist")
     monkeypatch.setenv("REDIS_URL", private.url)
     run_pytest(tiny, "-n", "2", "-p", "randomly", "--randomly-seed=1").assert_outcomes(passed=ALL)
-    prefixes = {key.split(b":")[0] for key in __import__("redis").Redis.from_url(private.url).keys("rl-*")}
+    prefixes = {key.split(b":")[0] for key in redis.Redis.from_url(private.url).keys("rl-*")}
     assert prefixes <= {b"rl-gw0", b"rl-gw1"} and prefixes
 
 

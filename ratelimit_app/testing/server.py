@@ -48,7 +48,13 @@ class TestRedis:
                 session = cls(named, f"{source}, not started by ratelimit_app", shared=True)
                 break
         else:
-            server = PrivateRedis().start()
+            server = PrivateRedis()
+            try:
+                server.start()
+            except OSError as error:  # RATELIMIT_REDIS_SERVER names no program that runs
+                server.stop()
+                raise RuntimeError(f"Could not start the Redis-compatible server {server.binary} ({server.origin}): "
+                                   f"{error}") from None
             atexit.register(server.stop)  # a session that ends without its teardown (Ctrl-C) stops it too
             session = cls(server.url, f"{server.binary}, {server.origin}", server=server, shared=shared)
         session.point_cache()
