@@ -191,7 +191,8 @@ def test_a_server_that_cannot_be_started_is_a_usage_error_that_says_which(tiny, 
 
 def test_without_the_plugin_the_same_tests_fail(tiny):
     result = tiny.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider")
-    assert result.parseoutcomes().get("failed", 0) >= 6  # refused with 503: the settings' server is not there
+    # every request refused with 503 (the settings' server is not there); no ratelimit_server fixture
+    result.assert_outcomes(failed=ALL - 1, errors=1)
 
 
 def test_a_project_without_a_redis_cache_gets_one_added(tiny):
