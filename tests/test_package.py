@@ -1,10 +1,12 @@
 """The package as a new user gets it: built by `python -m build` from this tree (and passing `twine
 check`), installed in fresh virtualenvs beside new `django-admin startproject` projects into which the
-README's quick start and the migration guides are pasted, code block by code block, from the Markdown.
+README's quick start, the migration guides and the testing guide are pasted, code block by code block,
+from the Markdown.
 
-Two virtualenvs: one from the built wheel without Django REST framework (the quick start, the
+Three virtualenvs: one from the built wheel without Django REST framework (the quick start, the
 django-ratelimit guide, and the middleware, decorator, admin and commands), one by the DRF guide's
-`pip install "...[drf,hiredis]"` from a copy of the source tree. Dependencies come from the index at
+`pip install "...[drf,hiredis]"` from a copy of the source tree, one by the testing guide's
+`pip install "...[testing]"` from the wheel. Dependencies come from the index at
 the versions pinned in requirements.txt, but Django and DRF, which are those of the environment running
 these tests: each session of `make test-matrix` (nox) proves the package on its own Django and Python.
 RATELIMIT_PACKAGE_PYTHON names another interpreter for the virtualenvs (e.g. a python3.13).
@@ -33,7 +35,7 @@ import pytest
 
 from tests.servers import ROOT, fetch
 
-pytestmark = pytest.mark.slow  # a build, two virtualenvs, five projects: about two minutes
+pytestmark = pytest.mark.slow  # a build, three virtualenvs, six projects: about three minutes
 
 SOURCE_FILES = ("pyproject.toml", "README.md", "LICENSE", "ratelimit_app")
 DOCS = ROOT / "docs"
