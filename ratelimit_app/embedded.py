@@ -130,3 +130,15 @@ class PrivateRedis:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# Read by ratelimit_app.testing: the server a test session uses instead of starting one.
+TEST_SERVER_VARIABLE = "RATELIMIT_TEST_REDIS_URL"
+
+
+def use_parent_server(url: str = "") -> None:
+    """In a `manage.py test --parallel` worker started anew (multiprocessing's spawn, macOS's default),
+    before Django is set up: use the server the parent started. Lives here, where nothing imports Django's
+    models, because the worker imports it first of all."""
+    if url:
+        os.environ[TEST_SERVER_VARIABLE] = url

@@ -139,13 +139,17 @@ def tiny(pytester, monkeypatch):
 
 
 MANAGE = '''
+import multiprocessing
 import os
 import sys
 
 from django.core.management import execute_from_command_line
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tinysite.settings")
-execute_from_command_line(sys.argv)
+if __name__ == "__main__":
+    if os.environ.get("START_METHOD"):  # spawn: macOS's default, where workers inherit nothing
+        multiprocessing.set_start_method(os.environ["START_METHOD"])
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tinysite.settings")
+    execute_from_command_line(sys.argv)
 '''
 
 ALL = 9  # tests in the two files
@@ -199,6 +203,9 @@ def test_a_project_without_a_redis_cache_gets_one_added(tiny):
     settings = tiny.path / "tinysite" / "settings.py"
     settings.write_text(settings.read_text().replace('RATELIMIT_CACHE = "ratelimit"', ""))  # "default": LocMemCache
     run_pytest(tiny, "-p", "no:randomly").assert_outcomes(passed=ALL)
+    done = manage_test(tiny, "--testrunner", "ratelimit_app.testing.RatelimitTestRunner")
+    assert done.returncode == 0 and "Ran 5 tests" in done.stderr, done.stdout + done.stderr
+    assert "System check identified no issues" in done.stdout + done.stderr  # nothing to say of the added cache
 
 
 @pytest.mark.parametrize("how", ["REDIS_URL", "RATELIMIT_TEST_REDIS_URL", "--ratelimit-redis"])
@@ -231,15 +238,17 @@ def test_each_xdist_worker_keeps_its_own_counters_on_a_server_the_user_names(tin
     assert prefixes <= {b"rl-gw0", b"rl-gw1"} and prefixes
 
 
-def manage_test(pytester, *args: str) -> subprocess.CompletedProcess:
+def manage_test(pytester, *args: str, start_method: str = "") -> subprocess.CompletedProcess:
     pytester.path.joinpath("manage.py").write_text(MANAGE)
     return subprocess.run([sys.executable, "manage.py", "test", "test_cases", "-v", "2", *args], cwd=pytester.path,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "START_METHOD": start_method})
 
 
-@pytest.mark.parametrize("parallel", [[], ["--parallel", "2"]])
-def test_manage_py_test_with_the_runner_passes_against_a_server_it_starts(tiny, parallel):
-    done = manage_test(tiny, "--testrunner", "ratelimit_app.testing.RatelimitTestRunner", *parallel)
+@pytest.mark.parametrize("parallel, start_method", [([], ""), (["--parallel", "2"], "fork"),
+                                                    (["--parallel", "2"], "spawn")])
+def test_manage_py_test_with_the_runner_passes_against_a_server_it_starts(tiny, parallel, start_method):
+    done = manage_test(tiny, "--testrunner", "ratelimit_app.testing.RatelimitTestRunner", *parallel,
+                       start_method=start_method)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Ran 5 tests" in done.stderr and "OK" in done.stderr
     assert "ratelimit_app: tests use redis://127.0.0.1:" in done.stdout

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import os
 import unittest
 
 from django.test import runner as django_runner
 from django.test.runner import DiscoverRunner, ParallelTestSuite, RemoteTestResult, RemoteTestRunner
 
-from .server import TestRedis
+from ..embedded import TEST_SERVER_VARIABLE, use_parent_server
+from .server import TestRedis, ratelimit_installed
 
 _session: TestRedis | None = None  # the server of this process's tests, for the result classes
 
@@ -26,6 +28,9 @@ class ResettingResult:
     replayed = False  # set on the main process's result when workers ran the tests: it only replays them
 
     def startTest(self, test) -> None:
+        global _session
+        if _session is None and _worker() and os.environ.get(TEST_SERVER_VARIABLE) and ratelimit_installed():
+            _session = TestRedis.begin()  # a spawned worker: the parent's server, named by use_parent_server()
         if _session is not None and not self.replayed:
             if _worker():
                 _session.enter_worker(_worker())
@@ -46,28 +51,21 @@ class _RemoteRunner(RemoteTestRunner):
     resultclass = _RemoteResult
 
 
-def _spawned_worker(url: str, shared: bool) -> None:
-    """A --parallel worker started anew (spawn, macOS's default) points the cache at the parent's server."""
-    global _session
-    _session = TestRedis(url, "the parent process's", shared=shared)
-    _session.point_cache()
-
-
 class RatelimitParallelTestSuite(ParallelTestSuite):
+    """Django's parallel suite whose workers reset around each test, on the parent's server."""
+
     runner_class = _RemoteRunner
+
+    process_setup = use_parent_server  # called in spawned workers only
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if _session is not None:
-            self.process_setup_args = (_session.url, _session.shared)
+            self.process_setup_args = (_session.url,)
 
     def run(self, result):
         result.replayed = True
         return super().run(result)
-
-    def process_setup(*args) -> None:  # called unbound, with process_setup_args, in spawned workers only
-        if args:
-            _spawned_worker(*args)
 
 
 class RatelimitTestRunnerMixin:
@@ -80,8 +78,6 @@ class RatelimitTestRunnerMixin:
     def setup_test_environment(self, **kwargs) -> None:
         global _session
         super().setup_test_environment(**kwargs)
-        from .server import ratelimit_installed
-
         if ratelimit_installed():
             _session = TestRedis.begin(shared=getattr(self, "parallel", 1) > 1)
             if self.verbosity >= 2:
