@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import date, datetime, time, timedelta
 from functools import lru_cache
 from typing import NamedTuple
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 PERIODS = {"day": 86400, "week": 7 * 86400, "month": 31 * 86400}  # a policy's window: the longest period
 LABELS = {"day": "calendar day", "week": "calendar week (ISO, from Monday)", "month": "calendar month"}
@@ -34,10 +34,6 @@ def _zone(name: str) -> ZoneInfo:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError) as error:
         raise ValueError(f"{name!r} is not a time zone: use a name such as 'Europe/Paris' or 'UTC'.") from error
-
-
-def zone_names() -> list[str]:
-    return sorted(available_timezones())
 
 
 def _first_day(period: str, day: date) -> date:
