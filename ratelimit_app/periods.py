@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import date, datetime, time, timedelta
 from typing import NamedTuple
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .lru import byte_bounded_cache
 
@@ -35,10 +35,6 @@ def _zone(name: str) -> ZoneInfo:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError) as error:
         raise ValueError(f"{name!r} is not a time zone: use a name such as 'Europe/Paris' or 'UTC'.") from error
-
-
-def zone_names() -> list[str]:
-    return sorted(available_timezones())
 
 
 def _first_day(period: str, day: date) -> date:

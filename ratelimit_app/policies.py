@@ -27,7 +27,7 @@ from .conf import get_setting
 from .deny_cache import deny_cache
 from .loading import compile_policy, read_rows  # noqa: F401  (compile_policy: imported from here by tests, the bench)
 from .overrides import PolicyOverrides
-from .plans import PlanAssignments
+from .plans import PlanAssignments, RequestLimits, plan_of
 from .values import CompiledPolicy
 
 logger = logging.getLogger("ratelimit_app")
@@ -52,6 +52,8 @@ class PolicyIndex:
         }
         self.overrides = overrides or {}
         self.plans = plans  # who is on which plan; None when no one is
+        # an override or a plan may set a request's limit: else every limit is its policy's own
+        self.tailored = bool(self.overrides) or plans is not None
         self.holds = any(p.holds for p in self.policies)  # a policy counts requests in flight
         self.everywhere = tuple(p for p in self.policies if p.action == "*")
         self.by_prefix = tuple(p for p in self.policies if p.action.startswith("/"))
@@ -69,6 +71,14 @@ class PolicyIndex:
 
     def __bool__(self) -> bool:
         return bool(self.policies)  # a cost without a policy charges nothing
+
+    def limits_for(self, request) -> RequestLimits | None:
+        """What sets this request's limits besides its policies (plans.limit_in_effect reads it); None
+        when nothing does: no override anywhere, and the request is on no plan."""
+        if not self.tailored:
+            return None
+        plan = plan_of(self.plans, request)
+        return RequestLimits(request, self.overrides, plan) if self.overrides or plan is not None else None
 
     def cost_of(self, *, path: str, names: Iterable[str | None]) -> int | None:
         """The units a request to `path`, known by `names`, takes: the largest cost among the actions it

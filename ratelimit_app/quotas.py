@@ -28,7 +28,7 @@ from .periods import Periods, periods_at, zone
 from .values import Check, CompiledPolicy
 
 logger = logging.getLogger("ratelimit_app")
-ABSENT = -3  # the retry a quota's script reports for a counter that is not there (lua/quota.lua)
+ABSENT = -3  # the retry a quota's script reports for a counter that is not there (lua/calendar_quota.lua)
 PACK = 1000000  # lua/calendar_quota.lua: a counter holds count * PACK + the number of its period
 
 # (period, zone) -> the periods around the last instant asked, and their text in a quota's terms

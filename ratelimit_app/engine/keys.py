@@ -71,14 +71,6 @@ def workers_key(key_prefix: str | None = None) -> str:
     return f"{key_prefix or prefix()}:workers"
 
 
-def decision_keys(policy: CompiledPolicy, subject_key: str, key_prefix: str | None = None) -> tuple[str, str, str]:
-    """The keys one decision touches: the subject's counter, and the live index and totals of its shard."""
-    shard = shard_of(subject_key)
-    head, tail = counter_key_parts(policy, shard, key_prefix)
-    counter = head + subject_part(subject_key) + tail
-    return counter, live_key(policy, shard, key_prefix), totals_key(policy, shard, key_prefix)
-
-
 def live_key(policy: CompiledPolicy, shard: int, key_prefix: str | None = None) -> str:
     """The live index of the policy's subjects in `shard` (recently active subjects, bounded)."""
     return f"{key_prefix or prefix()}:live:{_tag(shard)}{policy.id}.{policy.generation}"
