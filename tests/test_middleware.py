@@ -269,3 +269,9 @@ def test_a_view_that_lets_unavailable_through_is_answered_503_saying_what_is_tru
     response = client.get("/api/usage/")
     assert response.status_code == 503 and response.headers["Retry-After"] == "1"
     assert response.content.decode() == "Rate limiting is unavailable. Retry shortly.\n"
+
+
+def test_a_request_without_the_header_a_per_key_policy_counts_is_not_limited_by_it(client):
+    make_policy(name="api-per-key", action="demo:search", limit=1, key="header:X-Api-Key")
+    assert [get(client).status_code for _ in range(3)] == [200, 200, 200]  # no key: no subject, not counted
+    assert [get(client, HTTP_X_API_KEY="k1").status_code for _ in range(2)] == [200, 429]
