@@ -68,6 +68,23 @@ def test_user_subject_and_anonymous_has_none():
     assert subject("user", request(user=User(pk=42))).display == "user:42"
 
 
+@pytest.mark.django_db
+def test_a_user_subject_is_shown_by_username_and_counted_by_id():
+    from ratelimit_app.subjects import subject_from_text
+
+    alice = subject("user", request(user=User(pk=42, username="alice")))
+    assert alice.display == "user:alice"
+    assert alice.key == subject("user", request(user=User(pk=42, username="renamed"))).key
+    assert alice.key == subject_from_text(parse_key_spec("user"), "user:42").key
+    # a name that would read as another user's id, or as two parts of a composite key: the id
+    assert subject("user", request(user=User(pk=42, username="7"))).display == "user:42"
+    assert subject("user", request(user=User(pk=42, username="a,b"))).display == "user:42"
+    assert subject("user_or_ip", request(user=User(pk=42, username="alice"))).display == "user:alice"
+    both = subject("ip,user", request(user=User(pk=42, username="alice")))
+    assert both.display == "ip:203.0.113.7, user:alice"
+    assert both.key == subject_from_text(parse_key_spec("ip,user"), "ip:203.0.113.7, user:42").key
+
+
 def test_user_or_ip():
     assert subject("user_or_ip", request()).display == "ip:203.0.113.7"
     assert subject("user_or_ip", request(user=User(pk=42))).display == "user:42"
