@@ -13,6 +13,8 @@ from .rows import readable_policies
 
 REGEX_SPECIALS = frozenset(".^$*+?{}[]\\|()")
 QUANTIFIERS = frozenset("?*+{")
+# the compatibility modules' own actions: their throttles and decorators count them, whatever the routes
+COMPAT_ACTIONS = ("drf:", "django-ratelimit:")
 
 
 @register()
@@ -55,7 +57,7 @@ def unrouted(action: str) -> str | None:
     colon is a URL name: reported when no route has it. A plain name may be one that code counts with
     hit() or check(): reported only when it is not a route's name but is a letter or two away from one.
     """
-    if not action or action == "*":
+    if not action or action == "*" or action.startswith(COMPAT_ACTIONS):
         return None
     try:
         patterns = get_resolver().url_patterns
