@@ -26,7 +26,7 @@ class Usage(NamedTuple):
     resets_at: datetime  # when the count is back to zero (a quota: when the next period starts), UTC
     period: str  # 'day', 'week' or 'month' for a calendar quota, '' for a window of seconds
     window: int  # seconds of the window, or of the current period
-    plan: str  # the plan that set the limit, '' when none did
+    plan: str | None  # the plan that set the limit, None (JSON null) when none did, as the live page's JSON
 
     def as_dict(self) -> dict:
         """For a JSON answer (resets_at as ISO 8601)."""
@@ -57,7 +57,7 @@ def _usage(checks: Sequence[Check], decisions: Sequence[Decision]) -> list[Usage
         Usage(
             check.policy.name, decision.count, decision.limit, decision.remaining,
             _resets_at(check, decision, now),
-            check.policy.period, decision.window or check.policy.window, check.plan,
+            check.policy.period, decision.window or check.policy.window, check.plan or None,
         )
         for check, decision in zip(checks, decisions)
     ]

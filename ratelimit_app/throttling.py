@@ -83,10 +83,11 @@ class PolicyThrottle(BaseThrottle):
 
         REST_FRAMEWORK = {"DEFAULT_THROTTLE_CLASSES": ["ratelimit_app.throttling.PolicyThrottle"]}
 
-    A refused request gets DRF's 429 with `Retry-After` (and the `RateLimit` headers when
-    `RateLimitMiddleware` is installed). A view's `throttle_cost = N` or `get_throttle_cost(request)`
-    makes a request count N units. With Redis unreachable and `RATELIMIT_FAIL_OPEN = False`, the
-    request is answered 503. Without DRF installed, importing this module fails; nothing else needs it.
+    A refused request gets a 429 with `Retry-After`; with `RateLimitMiddleware` installed, the app's
+    body (the limit, the policy, when to retry) in place of DRF's, and the `RateLimit` headers. A
+    view's `throttle_cost = N` or `get_throttle_cost(request)` makes a request count N units. With Redis
+    unreachable and `RATELIMIT_FAIL_OPEN = False`, the request is answered 503. Without DRF installed,
+    importing this module fails; nothing else needs it.
     """
 
     ratelimit_door = True  # tells the middleware that this throttle will see the request

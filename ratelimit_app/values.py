@@ -26,6 +26,8 @@ class KeyPart(NamedTuple):
     reads_user: bool = False  # may read request.user (async views load the user before computing it)
     # its value names the caller themselves, not something any request may write: usage() shows such subjects
     identifies_caller: bool = False
+    # (request, canonical value) -> display, where the request tells more than the value: a user's name
+    named: Callable[[object, str], str] | None = None
 
 
 KeySpec = tuple[KeyPart, ...]

@@ -476,3 +476,27 @@ def test_the_live_page_lists_a_quotas_subjects_with_the_time_to_the_periods_end(
     ends = periods_at("day", zone("UTC"), ms(datetime.now(timezone.utc))).end / 1000 - datetime.now(timezone.utc).timestamp()
     assert all(abs(s.reset_in - ends) < 5 for s in shown.subjects)
     assert live.live_usage(limited, now=datetime.now(timezone.utc).timestamp()).subjects
+
+
+@pytest.mark.django_db
+def test_a_quota_per_user_shows_the_users_name_in_the_admin_the_export_and_top(client, admin_client):
+    from io import StringIO
+
+    from django.contrib.auth.models import User
+    from django.core.management import call_command
+
+    row = make_policy(name="searches-per-user", action="demo:search", strategy="calendar_quota", period="month",
+                      time_zone="UTC", limit=100, window=1, key="user")
+    alice = User.objects.create_user("alice")
+    client.force_login(alice)
+    assert [client.get("/demo/search/?q=a").status_code for _ in range(3)] == [200] * 3
+    live = admin_client.get(f"/admin/ratelimit_app/policy/{row.pk}/live/?format=json").json()
+    assert [(s["subject"], s["count"]) for s in live["subjects"]] == [("user:alice", 3)]
+    top = StringIO()
+    call_command("ratelimit", "top", "searches-per-user", stdout=top)
+    assert "user:alice" in top.getvalue() and f"user:{alice.pk} " not in top.getvalue()
+    quotas.saver.save()
+    assert QuotaUsage.objects.get().display == "user:alice"
+    exported = b"".join(admin_client.get("/admin/ratelimit_app/quotausage/export.csv").streaming_content).decode()
+    assert exported.splitlines()[1].startswith("searches-per-user,user:alice,")
+    assert "user:alice" in admin_client.get("/admin/ratelimit_app/quotausage/").content.decode()
