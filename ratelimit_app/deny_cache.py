@@ -20,19 +20,23 @@ from typing import TYPE_CHECKING, Sequence
 from .conf import get_setting
 from . import engine
 from .engine import NOW, shard_of, when_flushed
+from .lru import BoundedCache, size_of
 
 if TYPE_CHECKING:
     from .values import Check, CompiledPolicy, Decision
 
-MAX_ENTRIES = 10_000  # subjects over a limit at once in one process; beyond that, the oldest are forgotten
+
+def _refusal_size(key: tuple, entry: tuple) -> int:
+    # the policy and the subject are shared with the request path: the key's tuples, the decision, its figures
+    return size_of(key, key[0], entry, entry[0], entry[1], entry[1].reset_in, entry[1].retry_after)
 
 
 class DenyCache:
     def __init__(self) -> None:
-        self._until: dict[tuple, tuple[float, Decision]] = {}
-        # every change of _until: evicting iterates it, which a change from another thread breaks
-        # (lookups need none: a single dict read is atomic)
-        self._lock = threading.Lock()
+        # subjects over a limit, within the deny cache's share of RATELIMIT_CACHE_BYTES: the oldest
+        # are forgotten first (a lookup takes no lock: a single dict read is atomic)
+        self._until = BoundedCache("ratelimit_app.deny_cache.refusals", _refusal_size)
+        self._lock = threading.Lock()  # the epoch and what remember() keeps move together
         # moves on with every clear(): a refusal asked for before a clear (a reset, a reload) may
         # describe what the clear discarded, so remember() keeps only those asked for since
         self.epoch = 0
@@ -47,7 +51,7 @@ class DenyCache:
         """The cached denials among these checks for a request of `cost` units, their times brought up
         to date; [] when none applies. Only a refusal of the same cost answers: fewer units may fit,
         and more wait longer than the time remembered (a client retrying then must fit)."""
-        if not self._until:
+        if not self._until.entries:  # the dict itself: no call on every request
             return []
         now = time.monotonic()
         found = []
@@ -61,8 +65,7 @@ class DenyCache:
             until, decision = entry
             left = until - now
             if left <= 0:
-                with self._lock:
-                    self._until.pop(key, None)
+                self._until.pop(key)
                 continue
             elapsed = decision.retry_after - left
             found.append(decision._replace(retry_after=left, reset_in=max(decision.reset_in - elapsed, left)))
@@ -80,10 +83,8 @@ class DenyCache:
                 with self._lock:
                     if epoch != self.epoch:
                         return
-                    if len(self._until) >= MAX_ENTRIES:
-                        del self._until[next(iter(self._until))]
                     key = self._key(decision.policy, decision.subject.key, decision.limit, decision.cost)
-                    self._until[key] = (now + decision.retry_after, decision)
+                    self._until.put(key, (now + decision.retry_after, decision))
 
     @staticmethod
     def _count(refusals: Sequence[Decision]) -> None:

@@ -13,13 +13,13 @@ the server tells subjects apart (an address, a user id) for no decision the clie
 from __future__ import annotations
 
 from math import ceil
-from functools import lru_cache
 from typing import Sequence
 
+from .lru import byte_bounded_cache
 from .values import Decision
 
 
-@lru_cache(maxsize=1024)  # policy names: a few, on every response
+@byte_bounded_cache()  # policy names: a few, on every response
 def _quoted(name: str) -> str:
     escaped = name.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
@@ -37,12 +37,12 @@ def quota(decision: Decision) -> str:
     return _quota(decision.policy.capacity(decision.limit), decision.window or decision.policy.window, decision.limit)
 
 
-@lru_cache(maxsize=1024)
+@byte_bounded_cache(entry_bytes=512)  # three numbers and a short text
 def _quota(q: int, window: int, limit: int) -> str:
     return f"q={q};w={-(-q * window // limit)}"
 
 
-@lru_cache(maxsize=1024)  # a few policies and limits, on every response
+@byte_bounded_cache()  # a few policies and limits, on every response
 def _policy_item(name: str, q: int, window: int, limit: int, in_flight: bool) -> str:
     if in_flight:
         return f'{_quoted(name)};q={q};qu="concurrent-requests"'

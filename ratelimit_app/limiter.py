@@ -14,8 +14,7 @@ from .events import outage
 from .deny_cache import deny_cache
 from .deny_cache import enabled as deny_cache_enabled
 from .drivers import Io, Steps, nothing
-from .overrides import matching_override
-from .plans import limit_in_effect, plan_of
+from .plans import limit_in_effect
 from .subjects import http_request, subject_for
 from .values import Check, CompiledPolicy, Decision, Held, Verdict
 
@@ -97,8 +96,8 @@ def pending_checks(request, state: RequestState, index: policies.PolicyIndex | N
     checks: list[Check] = []
     if not index.policies:
         return checks
-    decided, overrides = state.decided, index.overrides
-    on_plan = plan_of(index.plans, request) if index.plans else None
+    decided = state.decided
+    limits = index.limits_for(request) if index.tailored else None
     if matched is None:
         matched = index.matching(path=request.path_info, names=state.names, method=request.method)
     for policy in matched:
@@ -107,11 +106,10 @@ def pending_checks(request, state: RequestState, index: policies.PolicyIndex | N
         subject = subject_for(policy.key_spec, request)
         if subject is None:
             continue
-        if not (overrides or on_plan):  # most requests: the policy's own limit, no lookup
+        if limits is None:  # most requests: the policy's own limit, no lookup
             checks.append(Check(policy, subject, policy.limit))
             continue
-        override = matching_override(overrides.get(policy.id), request) if overrides else None
-        limit, plan_name = limit_in_effect(policy.limit, policy.id, override, on_plan)
+        limit, plan_name, _override = limit_in_effect(limits, policy.id, policy.limit)
         if limit is None:
             metrics.record_exempt(policy)
         else:

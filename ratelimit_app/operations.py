@@ -38,7 +38,8 @@ def reset_subject(policy: Policy, text: str) -> tuple[str, bool]:
 
 
 def live_snapshot(policy: Policy, rows: int = LIVE_ROWS) -> tuple[dict, int]:
-    """The live page's data in the JSON shape of DESIGN.md, and the HTTP status to answer with."""
+    """The live page's data as its JSON answers it (the policy, its subjects with their counts, the
+    totals allowed and denied, how many subjects are active, shown and blocked), and the HTTP status."""
     data: dict = {
         "policy": {
             "id": policy.pk, "name": policy.name, "action": policy.action, "limit": policy.limit,

@@ -4,9 +4,10 @@ one starts and ends, with months of their real length and days of 23 or 25 hours
 from __future__ import annotations
 
 from datetime import date, datetime, time, timedelta
-from functools import lru_cache
 from typing import NamedTuple
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from .lru import byte_bounded_cache
 
 PERIODS = {"day": 86400, "week": 7 * 86400, "month": 31 * 86400}  # a policy's window: the longest period
 LABELS = {"day": "calendar day", "week": "calendar week (ISO, from Monday)", "month": "calendar month"}
@@ -26,7 +27,7 @@ def zone(name: str) -> ZoneInfo:
     return _zone(name)
 
 
-@lru_cache(maxsize=256)
+@byte_bounded_cache(max_chars=64)  # zone names; a ZoneInfo is shared by zoneinfo itself
 def _zone(name: str) -> ZoneInfo:
     if not name or name != name.strip() or name.startswith(("/", ".")) or ".." in name:
         raise ValueError(f"{name!r} is not a time zone: use a name such as 'Europe/Paris' or 'UTC'.")
@@ -34,10 +35,6 @@ def _zone(name: str) -> ZoneInfo:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError) as error:
         raise ValueError(f"{name!r} is not a time zone: use a name such as 'Europe/Paris' or 'UTC'.") from error
-
-
-def zone_names() -> list[str]:
-    return sorted(available_timezones())
 
 
 def _first_day(period: str, day: date) -> date:

@@ -13,11 +13,12 @@ from typing import Iterable
 
 from .models import PlanAssignment, PlanLimit
 from .subjects.matching import (
-    CompiledAssignment, CompiledPlan, PlanAssignments, SubjectMatcher, assignment_of, limit_in_effect, plan_of,
+    CompiledAssignment, CompiledPlan, InEffect, PlanAssignments, RequestLimits, SubjectMatcher, assignment_of,
+    limit_in_effect, limits_of, plan_of,
 )
 
-__all__ = ["CompiledAssignment", "CompiledPlan", "PlanAssignments", "assignment_of", "compile_plans",
-           "limit_in_effect", "plan_of"]
+__all__ = ["CompiledAssignment", "CompiledPlan", "InEffect", "PlanAssignments", "RequestLimits", "assignment_of",
+           "compile_plans", "limit_in_effect", "limits_of", "plan_of"]
 
 
 def compile_plans(

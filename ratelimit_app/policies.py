@@ -15,21 +15,23 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from typing import Iterable
+from functools import partial
+from typing import Callable, Iterable
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, transaction
 
-from . import registry
+from . import engine, registry
 from .engine import RedisUnavailable, bump_version, current_version, read_version
 from .conf import get_setting
 from .deny_cache import deny_cache
 from .loading import compile_policy, read_rows  # noqa: F401  (compile_policy: imported from here by tests, the bench)
 from .overrides import PolicyOverrides
-from .plans import PlanAssignments
+from .plans import PlanAssignments, RequestLimits, limits_of
 from .values import CompiledPolicy
 
 logger = logging.getLogger("ratelimit_app")
+
 
 class PolicyIndex:
     """Enabled policies by how they match: everywhere ('*'), by path prefix, by name; and the costs of
@@ -51,6 +53,11 @@ class PolicyIndex:
         }
         self.overrides = overrides or {}
         self.plans = plans  # who is on which plan; None when no one is
+        # an override or a plan may set a request's limit: else every limit is its policy's own
+        self.tailored = bool(self.overrides) or plans is not None
+        # limits_for(request): what sets this request's limits besides its policies (limit_in_effect reads it),
+        # None when nothing does; subjects/matching.py's own, so that the request path does not climb back here
+        self.limits_for: Callable[[object], RequestLimits | None] = partial(limits_of, self.overrides, plans)
         self.holds = any(p.holds for p in self.policies)  # a policy counts requests in flight
         self.everywhere = tuple(p for p in self.policies if p.action == "*")
         self.by_prefix = tuple(p for p in self.policies if p.action.startswith("/"))
@@ -114,6 +121,7 @@ class _IndexState:
         # raised again, for the doors' failure rule), and no request reads it again before retry_at
         self.failure: BaseException | None = None
         self.retry_at = 0.0
+        self.loaded_wall = 0.0  # when the index in force was loaded, epoch seconds (what workers report)
         self.lock = threading.Lock()
 
     def checked(self, now: float) -> None:
@@ -212,6 +220,19 @@ def load_failure() -> BaseException | None:
     return _state.failure
 
 
+def worker_state() -> str:
+    """What this worker says of its policies in its heartbeat: when they were loaded, and why the
+    database could not be read since (engine.worker_reports() reads every worker's)."""
+    state = _state
+    if state.index is None:
+        return ""
+    error = "" if state.failure is None else str(state.failure).replace("\n", " ")[:200]
+    return f"{state.loaded_wall:.0f}|{error}"
+
+
+engine.hooks.worker_state = worker_state
+
+
 def _load(state: _IndexState) -> None:
     registry.write_pending()  # rows for declarations first seen since the last load, so that it reads them
     state.stale = False  # a change arriving during the load marks it stale again
@@ -230,7 +251,7 @@ def _load(state: _IndexState) -> None:
         # terms changed in the database meets none of its old refusals anyway (deny_cache._key)
         deny_cache.clear()
     state.version = version
-    state.loaded_at = time.monotonic()
+    state.loaded_at, state.loaded_wall = time.monotonic(), time.time()
     state.checked(state.loaded_at)
 
 

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from typing import Iterable, NamedTuple
 
 from django.conf import settings
-from django.db import DatabaseError, connections, router
+from django.db import DatabaseError, connections, router, transaction
 from django.core.exceptions import ValidationError
 from django.db.models import Q
 from django.utils import timezone as django_timezone
@@ -106,10 +106,20 @@ class Saver:
                 pass  # the database is away: Redis still holds the count, the backup of it is bounded
             elif known is None or (known.generation, known.used) < (policy.generation, used):
                 self._pending[key] = Usage(display, used, policy.generation)
-            if self._timer is None:
-                self._timer = threading.Timer(get_setting("RATELIMIT_QUOTA_SAVE_SECONDS"), self._timed)
-                self._timer.daemon = True
-                self._timer.start()
+            self._schedule()
+
+    def _schedule(self) -> None:
+        """A save in RATELIMIT_QUOTA_SAVE_SECONDS unless one is due (called under self._lock). A timer whose
+        thread died before saving is replaced: what waits would otherwise never be saved."""
+        if self._timer is not None and self._timer.is_alive():
+            return
+        timer = threading.Timer(get_setting("RATELIMIT_QUOTA_SAVE_SECONDS"), self._timed)
+        timer.daemon = True
+        try:
+            timer.start()
+        except RuntimeError:  # no thread to be had (the interpreter is exiting): atexit saves what waits
+            return
+        self._timer = timer
 
     def pending_used(self, policy_id: int, subject_key: str, start_ms: int, generation: int) -> int:
         known = self._pending.get((policy_id, subject_key, start_ms))
@@ -118,11 +128,17 @@ class Saver:
     def _timed(self) -> None:
         try:
             self.save()
+        except Exception:  # save() keeps its batch; this thread must end quietly whatever happened
+            logger.exception("ratelimit: the quota usage saver failed")
         finally:
-            connections.close_all()  # this thread's connections: the timer's thread ends here
+            try:
+                connections.close_all()  # this thread's connections: the timer's thread ends here
+            except Exception as error:  # noqa: BLE001 - a connection the outage broke may fail to close
+                logger.warning("ratelimit: the quota usage saver's connection did not close: %s", error)
 
     def save(self) -> int:
-        """Upsert what is pending (kept for the next time if the database refuses); how many rows."""
+        """Upsert what is pending, all or nothing; how many rows. What the database refuses is kept (bounded)
+        and saved on the timer once it answers again: a save runs until nothing waits."""
         with self._saving:
             with self._lock:
                 pending, self._pending, self._timer = self._pending, {}, None
@@ -130,19 +146,24 @@ class Saver:
                 return 0
             try:
                 _upsert(pending)
-            except DatabaseError as error:
+            except Exception as error:  # noqa: BLE001 - whatever the database raised, the usage is kept for later
                 logger.warning("ratelimit: quota usage could not be saved yet: %s", error)
-                with self._lock:
-                    self._refused = True
-                    for key, usage in pending.items():
-                        known = self._pending.get(key)
-                        if known is None and len(self._pending) >= KEPT_WHILE_REFUSED:
-                            continue
-                        if known is None or (known.generation, known.used) < (usage.generation, usage.used):
-                            self._pending[key] = usage
+                self._keep(pending)
                 return 0
             self._refused = False
             return len(pending)
+
+    def _keep(self, pending: dict[tuple[int, str, int], Usage]) -> None:
+        """Put back a batch the database refused, under what was counted since, and save it again on the timer."""
+        with self._lock:
+            self._refused = True
+            for key, usage in pending.items():
+                known = self._pending.get(key)
+                if known is None and len(self._pending) >= KEPT_WHILE_REFUSED:
+                    continue
+                if known is None or (known.generation, known.used) < (usage.generation, usage.used):
+                    self._pending[key] = usage
+            self._schedule()
 
     def discard(self) -> None:
         """Forget what is pending (tests: one test's usage must not reach the next one's database)."""
@@ -186,7 +207,8 @@ def _upsert(pending: dict[tuple[int, str, int], Usage]) -> None:
             "ON CONFLICT (policy_id, subject, period_start) DO UPDATE SET "
             f"used = {larger}({table}.used, excluded.used), display = excluded.display, updated = excluded.updated"
         )
-    with connection.cursor() as cursor:
+    # one transaction: a batch the database refuses half-way is kept whole and saved again, none of it twice
+    with transaction.atomic(using=alias), connection.cursor() as cursor:
         for first in range(0, len(rows), BATCH):
             batch = rows[first : first + BATCH]
             values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(batch))

@@ -39,7 +39,10 @@ def parse_rate(rate: str | tuple[int, int]) -> tuple[int, int]:
         )
     if unit and unit not in UNITS:
         raise ValueError(
-            f"{_shown(rate)}: unknown period {match['unit']!r}; use s, m, h or d (or sec, min, hour, day), {EXAMPLES}."
+            f"{_shown(rate)}: unknown period {match['unit']!r}; a window of seconds is written with s, m, h or d "
+            f"(or sec, min, hour, day), {EXAMPLES}; a calendar quota with week, month or calendar-day "
+            f"(500/week, 10000/month, 1000/calendar-day), where quotas are taken: @ratelimit, RATELIMIT_POLICIES, "
+            f"the admin and the import."
         )
     if not unit and not match["count"]:
         raise ValueError(f"{_shown(rate)} has no period after the slash: {EXAMPLES}.")

@@ -12,7 +12,7 @@ from .subjects import http_request
 from .values import Decision
 
 UNAVAILABLE_RETRY_AFTER = 1
-UNAVAILABLE_MESSAGE = "Rate limiting is unavailable and this site refuses requests meanwhile. Retry shortly."
+UNAVAILABLE_MESSAGE = "Rate limiting is unavailable. Retry shortly."  # true under fail open too (a view let it through)
 JSON, TEXT = "application/json", "text/plain"
 REFUSAL_MARK = "ratelimit_refusal"
 

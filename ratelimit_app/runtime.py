@@ -9,7 +9,7 @@ from typing import Callable
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from . import conf, doors, events, metrics, policies, registry, subjects
+from . import conf, doors, events, lru, metrics, policies, registry, subjects
 from .deny_cache import deny_cache
 from . import engine
 from .engine import breaker, forget_aclients, forget_admin_client, forget_clients, owed, unpin
@@ -21,6 +21,7 @@ CACHE_SETTINGS = {"CACHES", "RATELIMIT_CACHE", "RATELIMIT_USE_CACHE", "RATELIMIT
 # (settings, what forgets them); None: every setting. In order: the settings cache comes first.
 FORGET: tuple[tuple[set[str] | None, Callable[[], None]], ...] = (
     (None, conf.forget_settings),
+    ({"RATELIMIT_CACHE_BYTES"}, lru.forget_settings),  # each cache takes its share of the new total
     (CACHE_SETTINGS, forget_clients),
     (CACHE_SETTINGS, forget_aclients),
     (CACHE_SETTINGS, unpin),
@@ -64,6 +65,7 @@ state = AppState((
     ("policy index's recheck and reload deadlines", policies.forget_settings),
     ("code declarations of views, written rows, URLconf read", registry.forget_declarations),
     ("resolved routes", doors.forget_routes),
+    ("every cache bounded in bytes (script arguments, packed commands, subjects ...)", lru.clear),
     ("deny cache", deny_cache.clear),
     ("circuit breaker", breaker.reset),
     ("outage log's last line", outage.reset),

@@ -4,7 +4,6 @@ middleware in front, it makes the request's one call (doors.py)."""
 from __future__ import annotations
 
 import logging
-from functools import lru_cache
 
 from rest_framework import status
 from rest_framework.exceptions import APIException
@@ -14,6 +13,7 @@ from . import headers
 from .boundary import THROTTLE
 from .doors import entering, finish, letting_go, policy_throttle_is_last
 from .drivers import run
+from .lru import byte_bounded_cache
 from .registry import fixed_cost_problem
 from .responses import UNAVAILABLE_MESSAGE, UNAVAILABLE_RETRY_AFTER
 
@@ -64,7 +64,7 @@ def view_cost(view):
     return None
 
 
-@lru_cache(maxsize=256)
+@byte_bounded_cache(entry_bytes=1024)  # a view class and two short texts
 def _refuse_cost(view_class: type, cost: str, problem: str) -> None:
     """Said once per view and value, not on every request."""
     logger.error(
@@ -83,10 +83,11 @@ class PolicyThrottle(BaseThrottle):
 
         REST_FRAMEWORK = {"DEFAULT_THROTTLE_CLASSES": ["ratelimit_app.throttling.PolicyThrottle"]}
 
-    A refused request gets DRF's 429 with `Retry-After` (and the `RateLimit` headers when
-    `RateLimitMiddleware` is installed). A view's `throttle_cost = N` or `get_throttle_cost(request)`
-    makes a request count N units. With Redis unreachable and `RATELIMIT_FAIL_OPEN = False`, the
-    request is answered 503. Without DRF installed, importing this module fails; nothing else needs it.
+    A refused request gets a 429 with `Retry-After`; with `RateLimitMiddleware` installed, the app's
+    body (the limit, the policy, when to retry) in place of DRF's, and the `RateLimit` headers. A
+    view's `throttle_cost = N` or `get_throttle_cost(request)` makes a request count N units. With Redis
+    unreachable and `RATELIMIT_FAIL_OPEN = False`, the request is answered 503. Without DRF installed,
+    importing this module fails; nothing else needs it.
     """
 
     ratelimit_door = True  # tells the middleware that this throttle will see the request

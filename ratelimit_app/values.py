@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 
@@ -26,6 +26,8 @@ class KeyPart(NamedTuple):
     reads_user: bool = False  # may read request.user (async views load the user before computing it)
     # its value names the caller themselves, not something any request may write: usage() shows such subjects
     identifies_caller: bool = False
+    # (request, canonical value) -> display, where the request tells more than the value: a user's name
+    named: Callable[[object, str], str] | None = None
 
 
 KeySpec = tuple[KeyPart, ...]
@@ -57,8 +59,6 @@ class CompiledPolicy:
     totals_bucket_ms: int  # the bucket of the policy's totals (see totals_bucket_ms)
     counts_users: bool  # whether computing the subject may read request.user (AuthenticationMiddleware first)
     holds: bool  # a request keeps its place until its response is done (requests in flight)
-    # the engine's KEYS and ARGV for a (subject, limit), made once: the same clients come back
-    script_parts: dict = field(default_factory=dict, hash=False, compare=False, repr=False)
     period: str = ""  # a calendar quota's period (day, week, month), '' for a window of seconds
     time_zone: str = ""  # where a calendar quota's days begin (a zoneinfo name)
     most: int | None = None  # the largest cost one request may take (the strategy's bound); None: any

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 import redis
+from django.db import OperationalError
 import redis.cluster
 
 from project.devredis import find_binary, free_port
@@ -28,7 +29,7 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str) -> obje
     while True:
         try:
             result = condition()
-        except (redis.RedisError, OSError):
+        except (redis.RedisError, OSError, OperationalError):  # SQLite's table locked by a writer meanwhile
             result = None
         if result:
             return result

@@ -55,7 +55,7 @@ def fetch(url: str, **headers: str) -> tuple[int, dict[str, str]]:
 class Server:
     """`manage.py runserver` (one process, threaded), gunicorn with `workers` processes, or uvicorn (ASGI)."""
 
-    def __init__(self, env: dict[str, str], workers: int = 0, asgi: bool = False) -> None:
+    def __init__(self, env: dict[str, str], workers: int = 0, asgi: bool = False, log: Path | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         if asgi:
@@ -66,7 +66,11 @@ class Server:
                        "--log-level", "warning", "project.wsgi"]
         else:
             command = [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{self.port}"]
-        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # the site logs to stderr: kept in `log` for a test that waits for what it says
+        stderr = subprocess.DEVNULL if log is None else open(log, "ab")  # noqa: SIM115 - the process holds it
+        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        if log is not None:
+            stderr.close()  # the process has its own descriptor
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -88,9 +92,10 @@ class Server:
 
 
 @contextlib.contextmanager
-def serving(database: Path, settings: str, asgi: bool = False, workers: int = 0, **extra: str) -> Iterator[Server]:
+def serving(database: Path, settings: str, asgi: bool = False, workers: int = 0, log: Path | None = None,
+            **extra: str) -> Iterator[Server]:
     """A server of the site in `database` under the settings module `settings` (see Server), stopped at the end."""
-    server = Server(site_env(database, DJANGO_SETTINGS_MODULE=settings, **extra), workers=workers, asgi=asgi)
+    server = Server(site_env(database, DJANGO_SETTINGS_MODULE=settings, **extra), workers=workers, asgi=asgi, log=log)
     try:
         yield server
     finally:

@@ -3,11 +3,16 @@ suite on an upward import or an import cycle, counting imports inside functions 
 
 from __future__ import annotations
 
+import ast
+import io
+import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "ratelimit_app"
 
 
 def test_the_layers_import_one_way_and_no_module_imports_itself_back():
@@ -97,3 +102,57 @@ def test_the_engine_reaches_no_database():
                 importing.add(module)
     assert "ratelimit_app.engine.decision" in reached and "ratelimit_app.values" in reached
     assert importing == set(), importing
+
+
+# a path with a folder (lua/x.lua, docs/a/b.md, tests/x.py, strategies/x.py), or a bare file name of a
+# script, a module or a Markdown file; placeholders (lua/<name>.lua) and templates ({name}.lua) are not files
+CITED_PATH = re.compile(r"(?<![\w/.<>{}@-])((?:[\w.-]+/)+[\w.-]+\.(?:py|lua|md|html|txt|js|css|toml|ini|cfg))(?![\w/])")
+CITED_NAME = re.compile(r"(?<![\w/.<>{}@'\"-])([\w-]+\.(?:py|lua|md))\b(?![\w/(])")
+
+
+def _comments_and_docstrings(path: Path):
+    """(line, text) of every comment and docstring of a module, or every comment of a Lua script."""
+    source = path.read_text()
+    if path.suffix == ".lua":
+        for number, line in enumerate(source.splitlines(), 1):
+            if "--" in line:
+                yield number, line[line.index("--"):]
+        return
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            yield token.start[0], token.string
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            docstring = ast.get_docstring(node, clean=False)
+            if docstring:
+                yield node.body[0].lineno, docstring
+
+
+def test_every_file_a_comment_or_docstring_of_the_package_cites_exists():
+    """A file named in the package's words (`lua/quota.lua`, `docs/...md`, `decide.lua`) is one a
+    reader can open: from the repository's root, the package, or the citing file's folder."""
+    files = [path for path in sorted(PACKAGE.rglob("*")) if path.suffix in (".py", ".lua") and "migrations" not in
+             path.relative_to(PACKAGE).parts]
+    names = {path.name for folder in ("ratelimit_app", "tests", "docs", "bench", "project", "scripts")
+             for path in (ROOT / folder).rglob("*")} | {path.name for path in ROOT.iterdir()}
+    missing = []
+    for path in files:
+        for line, text in _comments_and_docstrings(path):
+            where = f"{path.relative_to(ROOT)}:{line}"
+            missing += [f"{where}: {cited}" for cited in CITED_PATH.findall(text)
+                        if not any((base / cited).exists() for base in (ROOT, PACKAGE, path.parent))]
+            missing += [f"{where}: {cited}" for cited in CITED_NAME.findall(text)
+                        if not ((PACKAGE / "lua" / cited).exists() if cited.endswith(".lua") else cited in names)]
+    assert len(files) > 100
+    assert missing == []
+
+
+def test_one_function_computes_the_limit_in_effect():
+    """The override, then the plan, then the policy's limit: limit_in_effect (subjects/matching.py, which plans.py
+    re-exports) over what the index gathers of a request (its limits_for: matching.limits_of); no other module
+    looks up overrides or plans for it."""
+    looking_up = re.compile(r"(?<!def )\b(matching_override|plan_of|first_active|RequestLimits)\(")
+    found = sorted(
+        str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py") if looking_up.search(path.read_text())
+    )
+    assert found == ["subjects/matching.py"]

@@ -128,3 +128,20 @@ def test_usage_shows_what_the_database_saved_each_time_redis_loses_the_period(re
     assert QuotaUsage.objects.get().used == 5
     assert [[item.used for item in ratelimit_app.usage(caller)] for _ in range(2)] == [[5]] * 2
     assert ratelimit_app.hit(_request(HTTP_X_API_KEY=KEY), "api:search").decisions[0].count == 6
+
+
+@pytest.mark.django_db
+def test_usage_and_the_live_pages_json_say_no_plan_alike_with_null(admin_client):
+    from ratelimit_app.models import Plan, PlanAssignment, PlanLimit
+
+    row = make_policy(name="api-per-ip", action="api:search", limit=60, window=60, key="ip")
+    pro = Plan.objects.create(name="pro")
+    PlanLimit.objects.create(plan=pro, policy=row, limit=600)
+    PlanAssignment.objects.create(plan=pro, kind="ip", network="198.51.100.4")
+    for ip in ("203.0.113.9", "198.51.100.4"):
+        ratelimit_app.hit(_request(ip=ip), "api:search")
+    live = admin_client.get(f"/admin/ratelimit_app/policy/{row.pk}/live/?format=json").json()
+    on_the_live_page = {s["subject"]: s["plan"] for s in live["subjects"]}
+    by_usage = {f"ip:{ip}": ratelimit_app.usage(_request(ip=ip))[0].as_dict()["plan"]
+                for ip in ("203.0.113.9", "198.51.100.4")}
+    assert by_usage == on_the_live_page == {"ip:203.0.113.9": None, "ip:198.51.100.4": "pro"}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from django.core.checks import run_checks
 from django.core.management import call_command
@@ -54,3 +57,16 @@ def test_the_warning_shows_in_manage_py_check(settings, capsys):
     settings.MIDDLEWARE = middleware
     call_command("check")
     assert "ratelimit_app.W004" in capsys.readouterr().err
+
+
+def test_the_django_ratelimit_guides_settings_pasted_into_a_project_of_django_ratelimit_pass_check(settings):
+    """A django-ratelimit project most often keeps its counters in a django-redis cache at database 0."""
+    guide = (Path(__file__).parent.parent / "docs" / "howto" / "migrate-django-ratelimit.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", guide, re.S) if b.startswith("# settings.py\n")]
+    project = {
+        "INSTALLED_APPS": [], "MIDDLEWARE": [AUTHENTICATION], "RATELIMIT_USE_CACHE": "default",
+        "CACHES": {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:6379/0"}},
+    }
+    exec(block, project)  # what the reader pastes at the end of settings.py
+    settings.CACHES, settings.RATELIMIT_CACHE = project["CACHES"], project["RATELIMIT_CACHE"]
+    assert [(m.id, m.msg) for m in run_checks() if m.id.startswith("ratelimit_app.")] == []

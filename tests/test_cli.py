@@ -186,7 +186,7 @@ def test_test_with_a_user_and_a_header(client):
     make_policy(name="search-per-key", action="demo:search", limit=5, key="header:X-Api-Key")
     alice = User.objects.create_user("alice")
     output = ratelimit("test", "GET", "/demo/search/", "--user", "alice", "--header", "X-Api-Key: abcdefgh-1234")
-    assert f"user:{alice.pk}" in lines_of(output)["search-per-user"]
+    assert "user:alice" in lines_of(output)["search-per-user"]  # the request's user, by name
     assert "header:X-Api-Key=…1234" in output
     anonymous = ratelimit("test", "GET", "/demo/search/")
     assert "does not apply: no subject (user cannot be computed)" in anonymous

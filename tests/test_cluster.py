@@ -511,7 +511,7 @@ def test_a_failed_master_is_replaced_and_limiting_resumes(client, settings, fail
         engine.breaker.reset()
 
 
-@pytest.mark.parametrize("shards", [0, -3, "16", 2.5, True, 20000])
+@pytest.mark.parametrize("shards", [0, -3, 20000, "0"])  # not a whole number at all ("x", 2.5, True): E021
 def test_a_bad_shard_count_is_reported_by_a_system_check(settings, shards):
     settings.RATELIMIT_SHARDS = shards
     assert [message.id for message in system_checks.check_shards()] == ["ratelimit_app.E016"]

@@ -72,6 +72,14 @@ def test_bad_rate_strings_say_what_is_wrong(rate, message):
         parse_rate(rate)
 
 
+def test_a_mistyped_unit_is_answered_with_every_unit_a_rate_may_have():
+    with pytest.raises(ValueError) as refused:
+        parse_rate("10/mn")
+    said = str(refused.value)
+    assert said.startswith("'10/mn': unknown period 'mn'; a window of seconds is written with s, m, h or d")
+    assert "a calendar quota with week, month or calendar-day" in said
+
+
 def test_rates_are_written_back_in_their_shortest_form():
     assert [format_rate(*r) for r in ((5, 60), (10, 300), (7, 90), (1, 86400))] == ["5/m", "10/5m", "7/90s", "1/d"]
     assert parse_rate(format_rate(7, 90)) == (7, 90)

@@ -40,14 +40,17 @@ def test_threads_deciding_at_once_admit_exactly_the_limit():
     assert errors == [] and sum(admitted) == 100
 
 
-def test_more_subjects_than_the_packed_commands_kept_each_get_their_own_answer():
+def test_more_subjects_than_the_packed_commands_kept_each_get_their_own_answer(settings):
+    settings.RATELIMIT_CACHE_BYTES = 1 << 20  # room for a few hundred packed decisions
     compiled = policy(limit=2, window=600, strategy="sliding_log")  # no window edge between the rounds
-    subjects = [f"ip:198.51.100.{i % 250}" if i < 250 else f"ip:2001:db8::{i:x}" for i in range(decision_connection.MAX_PACKED + 50)]
+    subjects = [f"ip:198.51.100.{i % 250}" if i < 250 else f"ip:2001:db8::{i:x}" for i in range(1000)]
     answers = {who: [] for who in subjects}
     for _round in range(3):  # each subject's repeat request finds its own command, or packs it again
         for who in subjects:
             answers[who].append(engine.decide([check(compiled, who)]).allowed)
     assert all(seen == [True, True, False] for seen in answers.values())
+    packed = decision_connection.packed
+    assert 0 < len(packed) < len(subjects) and packed.held() <= packed.budget()
 
 
 def test_a_pool_with_few_connections_keeps_room_for_its_other_users(settings, private):

@@ -10,7 +10,6 @@ from django.test import RequestFactory
 
 import ratelimit_app
 
-from ratelimit_app import deny_cache as deny_cache_module
 from ratelimit_app import engine, limiter, live, policies
 from ratelimit_app.conf import get_setting
 from ratelimit_app.deny_cache import deny_cache
@@ -66,12 +65,12 @@ def test_a_policy_switched_to_shadow_refuses_nothing_from_memory(client):
     assert search(client).status_code == 200
 
 
-def test_threads_refusing_many_subjects_at_once_never_fail(monkeypatch):
+def test_threads_refusing_many_subjects_at_once_never_fail(settings):
     limited = policy(limit=1)
     engine.decide([check(limited)])
     refused = engine.decide([check(limited)]).decisions[0]
     assert not refused.allowed
-    monkeypatch.setattr(deny_cache_module, "MAX_ENTRIES", 50)  # every remember() evicts
+    settings.RATELIMIT_CACHE_BYTES = 1 << 20  # the deny cache keeps under a hundred refusals: every remember() evicts
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # threads change hands as often as a busy server makes them
     try:

@@ -102,3 +102,18 @@ def test_an_api_reference_entry_without_a_docstring_fails_the_build(tmp_path):
     assert done.returncode != 0
     assert "undocumented.Bare has no docstring" in done.stderr and "Documented has no" not in done.stderr
 
+
+
+def test_the_admin_menus_the_docs_name_are_the_admins():
+    from django.apps import apps
+    from django.utils.text import capfirst
+
+    app = apps.get_app_config("ratelimit_app")
+    sections = {app.verbose_name} | {str(capfirst(m._meta.verbose_name_plural)) for m in app.get_models()}
+    named = [
+        (page.name, first)
+        for page in [*DOCS.rglob("*.md"), ROOT / "README.md"] if "_build" not in page.parts
+        for first in re.findall(r"\*([A-Z][A-Za-z ]+) > [^*\n]+\*", page.read_text())
+    ]
+    assert named, "the pattern still finds the admin's menus"
+    assert [(page, first) for page, first in named if first not in sections] == []

@@ -256,3 +256,22 @@ def test_redis_down_fail_closed_answers_503_with_retry_after(client, settings):
     response = get(client)
     assert response.status_code == 503
     assert response.headers["Retry-After"] == "1"
+
+
+@pytest.mark.parametrize("fail_open", [True, False])
+def test_a_view_that_lets_unavailable_through_is_answered_503_saying_what_is_true_in_both_modes(client, settings,
+                                                                                                fail_open):
+    settings.CACHES = {**settings.CACHES, "dead": {**settings.CACHES["default"], "LOCATION": "redis://127.0.0.1:1/0"}}
+    settings.RATELIMIT_CACHE = "dead"
+    settings.RATELIMIT_FAIL_OPEN = fail_open
+    settings.ROOT_URLCONF = "tests.usage_urls"
+    make_policy(name="api-per-ip", action="/api/", limit=100)  # usage() asks Redis for it, and cannot
+    response = client.get("/api/usage/")
+    assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+    assert response.content.decode() == "Rate limiting is unavailable. Retry shortly.\n"
+
+
+def test_a_request_without_the_header_a_per_key_policy_counts_is_not_limited_by_it(client):
+    make_policy(name="api-per-key", action="demo:search", limit=1, key="header:X-Api-Key")
+    assert [get(client).status_code for _ in range(3)] == [200, 200, 200]  # no key: no subject, not counted
+    assert [get(client, HTTP_X_API_KEY="k1").status_code for _ in range(2)] == [200, 429]

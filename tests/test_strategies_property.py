@@ -5,6 +5,7 @@ window edges on the server's real clock."""
 
 from __future__ import annotations
 
+import importlib
 import time
 from dataclasses import dataclass, field
 
@@ -102,8 +103,13 @@ ELSEWHERE = {
 
 
 def test_every_strategy_is_decided_against_a_reference_model():
-    """A strategy added to the registry fails here until it has its row in MODELS (or ELSEWHERE)."""
+    """A strategy added to the registry fails here until it has its row in MODELS (or ELSEWHERE), and
+    each declares (`reference`, which the registry requires) the model or the test that decides it."""
     assert sorted(strategies.STRATEGIES) == sorted([*MODELS, *ELSEWHERE]), "add the strategy's row to MODELS"
+    for name, strategy in strategies.STRATEGIES.items():
+        path, _, attribute = strategy.reference.partition("::")
+        declared = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), attribute)
+        assert declared is (MODELS[name][0] if name in MODELS else ELSEWHERE[name]), name
 
 
 def model_of(compiled) -> Model:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -65,6 +66,23 @@ def test_ip_subject():
 def test_user_subject_and_anonymous_has_none():
     assert subject("user", request()) is None
     assert subject("user", request(user=User(pk=42))).display == "user:42"
+
+
+@pytest.mark.django_db
+def test_a_user_subject_is_shown_by_username_and_counted_by_id():
+    from ratelimit_app.subjects import subject_from_text
+
+    alice = subject("user", request(user=User(pk=42, username="alice")))
+    assert alice.display == "user:alice"
+    assert alice.key == subject("user", request(user=User(pk=42, username="renamed"))).key
+    assert alice.key == subject_from_text(parse_key_spec("user"), "user:42").key
+    # a name that would read as another user's id, or as two parts of a composite key: the id
+    assert subject("user", request(user=User(pk=42, username="7"))).display == "user:42"
+    assert subject("user", request(user=User(pk=42, username="a,b"))).display == "user:42"
+    assert subject("user_or_ip", request(user=User(pk=42, username="alice"))).display == "user:alice"
+    both = subject("ip,user", request(user=User(pk=42, username="alice")))
+    assert both.display == "ip:203.0.113.7, user:alice"
+    assert both.key == subject_from_text(parse_key_spec("ip,user"), "ip:203.0.113.7, user:42").key
 
 
 def test_user_or_ip():
@@ -253,6 +271,20 @@ def test_a_trusted_proxy_entry_that_is_not_an_address_is_a_system_check_error(se
     settings.RATELIMIT_TRUSTED_PROXIES = ["unix", "localhost", "10.0.0.0/8"]
     assert "ratelimit_app.E003" in [message.id for message in run_checks()]
     assert client_ip(request("10.0.0.1", HTTP_X_FORWARDED_FOR="198.51.100.1")) == "198.51.100.1"  # still works
+
+
+@pytest.mark.django_db
+def test_a_bad_trusted_proxy_entry_stops_migrate_and_says_so_not_that_it_is_ignored(settings):
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    settings.RATELIMIT_TRUSTED_PROXIES = ["localhost"]
+    with pytest.raises(SystemCheckError) as stopped:
+        call_command("migrate", verbosity=0, skip_checks=False)
+    said = str(stopped.value)
+    assert "ratelimit_app.E003" in said and "migrate and runserver stop until it is fixed" in said
+    guide = (Path(__file__).parent.parent / "docs" / "howto" / "proxies.md").read_text()
+    assert "`migrate` and `runserver` stop until it is fixed" in guide and "E003`) and ignored" not in guide
 
 
 def test_a_drf_view_still_parses_a_body_read_for_the_subject():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from functools import partial
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
@@ -83,3 +85,17 @@ def test_throttle_alone_counts_once_per_policy(api, settings):
     settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "RateLimitMiddleware" not in m]
     make(limit=3)
     assert statuses(api, 4) == [200, 200, 200, 429]
+
+
+def test_the_drf_guides_refusal_is_the_body_a_refused_request_gets_with_the_middleware(api):
+    guide = (Path(__file__).parent.parent / "docs" / "howto" / "drf.md").read_text()
+    shown = re.search(r"^HTTP/1.1 429 Too Many Requests\n.*?\n\n(.*?)\n```", guide, re.M | re.S).group(1)
+    make(name="orders-per-user", limit=3, window=60, strategy="fixed_window")  # the guide's policy, on this view
+    statuses(api, 3)
+    refused = api.get("/api/items/")
+    assert refused.status_code == 429
+
+    def waits_as_n(text: str) -> str:
+        return re.sub(r"Retry in \d+ s|\"retry_after\": \d+", lambda m: re.sub(r"\d+", "N", m.group()), text)
+
+    assert waits_as_n(refused.content.decode()) == waits_as_n(shown)

@@ -9,7 +9,7 @@ from django.db import DatabaseError
 from django.http import HttpResponse, HttpResponseRedirect, JsonResponse
 from django.urls import reverse
 
-from .. import operations, strategies
+from .. import operations, policies, strategies
 from ..boundary import LIVE, protected
 from ..engine import RedisUnavailable
 from ..rates import human_per, human_window
@@ -32,6 +32,7 @@ class LivePage(PolicyPage):
         policy = self.policy(pk)
         data, status = live_snapshot(policy, rows=shown_rows(request))
         data["trend"] = [] if "error" in data else trend_data(policy)
+        data["policies"] = policies_in_force()
         if request.GET.get("format") == "json":
             return JsonResponse(data, status=status)
         return self.render(
@@ -87,6 +88,12 @@ def _unreadable(error: BaseException) -> tuple[dict, int]:
 # the operator's reads, inside the limiter's boundary: a failure shows on the page, never as a 500
 live_snapshot = protected(operations.live_snapshot, LIVE, _unreadable)
 trend_data = protected(operations.trend_data, LIVE, lambda _error: [])
+
+
+def policies_in_force() -> dict:
+    """How old the policies this worker enforces are, and why it could not read them again if so."""
+    age, failure = policies.index_age(), policies.load_failure()
+    return {"loaded_ago": None if age is None else round(age), "error": None if failure is None else str(failure)}
 
 
 def shown_rows(request) -> int:

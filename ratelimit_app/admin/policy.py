@@ -5,7 +5,7 @@ their own (pages.py, live_page.py); get_urls() routes them."""
 from __future__ import annotations
 
 from django.contrib import admin, messages
-from django.contrib.admin.utils import NestedObjects, quote
+from django.contrib.admin.utils import NestedObjects, quote, unquote
 from django.core.exceptions import ValidationError
 from django.db import router
 from django.db.models import Count
@@ -14,6 +14,7 @@ from django.utils.html import format_html
 from django.utils.text import capfirst
 
 from .. import operations, registry, strategies
+from ..checks.routes import unrouted
 from ..engine import RedisUnavailable
 from ..models import Mode, Policy, QuotaUsage
 from ..rates import format_rate, human_window
@@ -240,6 +241,25 @@ class PolicyAdmin(admin.ModelAdmin):
                 self.log_change(request, policy, f"Reverted to the code's values: {', '.join(changed)}.")
                 reverted += 1
         self.message_user(request, f"{reverted} policies reverted to the code's values.", messages.SUCCESS)
+
+    # --- a policy that never applies ---------------------------------------------------------------
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        if request.method == "GET":
+            self._warn_if_unrouted(request, self.get_object(request, unquote(object_id)))
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if "_continue" not in request.POST:  # else the change page it goes back to says it
+            self._warn_if_unrouted(request, obj)
+
+    def _warn_if_unrouted(self, request, policy: Policy | None) -> None:
+        """Its action is valid, yet nothing the site routes meets it (W012): say so where it is edited."""
+        problem = unrouted(policy.action) if policy is not None else None
+        if problem:
+            messages.warning(request, f"Policy {policy.name!r} never applies: {problem}. Fix its action, "
+                             "or use the policy tester to see the names a path is known by.")
 
     # --- the extra pages, each a view of its own ---------------------------------------------------
 

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.checks import Error, Warning, register
 from redis.connection import parse_url
 
-from ..conf import get_setting
+from ..conf import OutOfRange, get_setting, read_setting, written
 
 
 @register()
@@ -154,8 +154,10 @@ def check_retries(app_configs: object = None, **kwargs: object) -> list:
 def check_shards(app_configs: object = None, **kwargs: object) -> list:
     from ..engine import cluster_configured
 
-    shards = get_setting("RATELIMIT_SHARDS")
-    if not (isinstance(shards, int) and not isinstance(shards, bool) and 1 <= shards <= 16384):
+    shards = written("RATELIMIT_SHARDS")
+    try:
+        shards = read_setting("RATELIMIT_SHARDS", shards)
+    except OutOfRange:
         return [
             Error(
                 f"RATELIMIT_SHARDS is {shards!r}; it must be a whole number from 1 to 16384 (the default is 1).",
@@ -163,6 +165,8 @@ def check_shards(app_configs: object = None, **kwargs: object) -> list:
                 id="ratelimit_app.E016",
             )
         ]
+    except (TypeError, ValueError):
+        return []  # not a whole number at all: E021 says so
     if shards == 1 and cluster_configured():
         return [
             Error(

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Iterator, Sequence
 
 from django.core.checks import Error, Tags, register
-from django.db import DatabaseError, connections, transaction
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from ..models import Policy
+from .rows import readable_policies
 
 
 @register()
@@ -62,29 +62,13 @@ def _enforcing_capacities(database: str | None) -> dict[str, list[tuple[str, int
 
     # a limit computed per request (create_only) is not known here
     found = {p.name: Policy(**p.values, name=p.name) for p in registry.declared_policies() if not p.create_only}
-    rows = _readable_policies(database) if database else None
+    rows = readable_policies(database) if database else None
     found.update((row.name, row) for row in rows or ())
     capacities: dict[str, list[tuple[str, int]]] = {}
     for name, row in sorted(found.items()):
         if row.enabled and row.mode == Mode.ENFORCE:
             capacities.setdefault(row.action, []).append((name, row.capacity()[0]))
     return capacities
-
-
-POLICY_COLUMNS = ("name", "action", "limit", "window", "strategy", "burst", "bucket_size", "enabled", "mode")
-
-
-def _readable_policies(database: str) -> list | None:
-    """The policies of `database`, or None when they cannot be read: migrate runs the checks before it
-    creates (or changes) the table, and a check must never stop it."""
-    table = Policy._meta.db_table
-    try:
-        if table not in connections[database].introspection.table_names():
-            return None
-        with transaction.atomic(using=database):  # a failed query must not break a transaction around the check
-            return list(Policy.objects.using(database).only(*POLICY_COLUMNS))
-    except DatabaseError:
-        return None
 
 
 def _routed_views(patterns, prefix: str = "") -> Iterator[tuple[object, str | None]]:

@@ -16,8 +16,9 @@ def check_trusted_proxies(app_configs: object = None, **kwargs: object) -> list:
         return []
     return [
         Error(
-            f"RATELIMIT_TRUSTED_PROXIES holds {', '.join(invalid)}, neither an address, a network nor 'unix'; "
-            "it is ignored.",
+            f"RATELIMIT_TRUSTED_PROXIES holds {', '.join(invalid)}, neither an address, a network nor 'unix': "
+            "migrate and runserver stop until it is fixed (where checks do not run, such as under gunicorn, it "
+            "is skipped and the other entries are used).",
             hint="Use addresses or networks ('10.0.0.1', '10.0.0.0/8'), and 'unix' for a proxy talking to "
             "this server through a unix socket.",
             id="ratelimit_app.E003",

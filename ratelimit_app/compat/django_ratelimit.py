@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
-from functools import lru_cache, wraps
+from functools import wraps
 from typing import Any, Callable
 
 from django.conf import settings
@@ -26,6 +26,7 @@ from django.utils.module_loading import import_string
 from .. import registry, strategies
 from ..conf import get_setting
 from ..engine import Decision, RedisUnavailable
+from ..lru import byte_bounded_cache
 from ..rates import format_rate, parse_rate
 from ..registry import CodePolicy
 from . import door
@@ -141,7 +142,8 @@ def get_usage(request, group=None, fn=None, key=None, rate=None, method=ALL,
     except RedisUnavailable:
         # a check that counts follows RATELIMIT_FAIL_OPEN (default False, as in django-ratelimit); one that
         # does not count cannot know and says "not limited", as django-ratelimit's cache lookup does
-        return None if getattr(settings, "RATELIMIT_FAIL_OPEN", False) or not increment else dict(FAIL_CLOSED)
+        fail_open = hasattr(settings, "RATELIMIT_FAIL_OPEN") and get_setting("RATELIMIT_FAIL_OPEN")  # "false" too
+        return None if fail_open or not increment else dict(FAIL_CLOSED)
     return None if decision is None else _usage(decision, window)  # None: disabled in the admin, or exempt
 
 
@@ -201,7 +203,7 @@ def _group_of(fn) -> str:
 KEY_SPECS = {"ip": "ip", "user": "user", "user_or_ip": "user_or_ip"}
 
 
-@lru_cache(maxsize=4096)
+@byte_bounded_cache(entry_bytes=4096)  # a declared policy: its names and texts
 def _code_policy(group: str, limit: int | None, window: int, methods: str, key: str) -> CodePolicy:
     rate = format_rate(limit, window) if limit is not None else f"computed per {window}s"
     name = registry.slug_name(f"{group}-{rate}-{methods}-{key}".replace("--", "-"), prefix="rl-")

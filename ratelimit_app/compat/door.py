@@ -11,8 +11,7 @@ from ..actions import look
 from ..doors import entering, state_of
 from ..drivers import run
 from ..limiter import deciding
-from ..overrides import matching_override
-from ..plans import limit_in_effect, plan_of
+from ..plans import limit_in_effect
 from ..registry import CodePolicy
 from ..subjects import bounded_display, subject_key
 from ..values import Check, Decision, Subject
@@ -79,7 +78,5 @@ def _check(index: policies.PolicyIndex, request, want: Want) -> Check | None:
     if compiled is None:
         return None  # disabled in the admin (or invalid, which is logged when loading)
     limit = compiled.limit if want.limit is None else want.limit  # a callable rate computes it per request
-    override = matching_override(index.overrides.get(compiled.id), request) if index.overrides else None
-    on_plan = plan_of(index.plans, request) if index.plans else None
-    limit, plan_name = limit_in_effect(limit, compiled.id, override, on_plan)
+    limit, plan_name, _override = limit_in_effect(index.limits_for(request), compiled.id, limit)
     return None if limit is None else Check(compiled, want.subject, limit, plan_name)

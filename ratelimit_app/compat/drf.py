@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import lru_cache
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -25,6 +24,7 @@ from rest_framework.throttling import BaseThrottle
 from .. import registry, strategies
 from ..conf import get_setting
 from ..engine import Decision, RedisUnavailable
+from ..lru import byte_bounded_cache
 from ..rates import parse_rate
 from ..registry import CodePolicy
 from ..throttling import RateLimitUnavailable
@@ -152,13 +152,13 @@ def _siblings(view, throttle: SimpleRateThrottle) -> list[SimpleRateThrottle]:
     return [t for t in get_throttles() if isinstance(t, SimpleRateThrottle) and type(t) is not type(throttle)]
 
 
-@lru_cache(maxsize=1024)
+@byte_bounded_cache(entry_bytes=1024)  # view classes and scopes: the code's own
 def _naming(cls: type, scope: str | None, own_rate: bool) -> tuple[str, str]:
     name = registry.slug_name(f"{scope or ''}-{cls.__name__}" if own_rate else str(scope), prefix="drf-")
     return name, f"DRF throttle {cls.__module__}.{cls.__qualname__}" + (f" (scope {scope!r})" if scope else "")
 
 
-@lru_cache(maxsize=1024)
+@byte_bounded_cache(entry_bytes=4096)  # a declared policy: its names and texts
 def _code_policy(name: str, limit: int, window: int, key: str, origin: str) -> CodePolicy:
     return registry.code_policy(
         name, action=f"drf:{name[4:]}", origin=origin, limit=limit, window=window, key=key,

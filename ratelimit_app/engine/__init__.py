@@ -7,7 +7,7 @@ metrics.py and quotas.py set them as they load."""
 
 from __future__ import annotations
 
-from redis import Redis as Client  # what admin_call() hands its function, for the annotations above the engine
+from redis import Redis as Client  # the client admin_call hands its function, for the annotations above the engine
 from redis.commands.core import Script
 
 from ..values import NO_POLICIES, Check, Decision, Verdict
@@ -32,7 +32,7 @@ from .libraries import prune
 from .scripts import now_arg, scripts
 from .server_clock import server_clock, server_ms
 from .tally import BLOCKED, NOW, tally
-from .version import bump_version, current_version, read_version
+from .version import WorkerReport, bump_version, current_version, read_version, worker_reports
 
 __all__ = [
     "Check", "Decision", "Verdict", "NO_POLICIES", "RedisUnavailable", "RedisCommandError", "decide", "adecide",
@@ -46,4 +46,6 @@ __all__ = [
     "counter_key", "live_key", "shard_of", "shard_count", "totals_key", "key_prefix", "figures", "run_each", "scripts",
     "now_arg", "prune", "server_clock", "server_ms", "tally", "BLOCKED", "NOW",
     "bump_version", "current_version", "read_version", "Client", "Script",
+    # the workers' reports of the policies they hold (the live page, ratelimit status)
+    "WorkerReport", "worker_reports",
 ]

@@ -16,12 +16,16 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import get_setting
+from ..lru import BoundedCache
 from .circuit import PoolFull, ReplyLost, describe
-from .clients import DEFAULT_POOL_WAIT, MAX_PACKED, WRITE_ATTEMPTS, client, retry_parts, writer_of
+from .clients import DEFAULT_POOL_WAIT, WRITE_ATTEMPTS, client, packed_size, retry_parts, writer_of
 
 # the commands whose packing a client keeps: the decisions' own, whose arguments are text and counts (a
 # command with a float equal to an int, 1.0 and 1, would otherwise find the other's packing)
 PACKED_KEPT = frozenset({"FCALL", "EVALSHA"})
+# the decisions as packed before (decision_connection's own), for every loop's client, within their share of
+# RATELIMIT_CACHE_BYTES
+packed = BoundedCache("ratelimit_app.engine.aclients.packed", packed_size)
 
 # asyncio connections belong to the event loop that opened them: one client per running loop, closed
 # with it. An async view under a WSGI server runs in a new loop per request: kept past their loops,
@@ -120,7 +124,6 @@ class SentOnce(redis.asyncio.Redis):
         super().__init__(*args, **kwargs)
         self.kept: list[redis.asyncio.Connection] = []
         self.waiting = 0  # commands waiting for the pool: a connection read to the end goes to them
-        self.packed: dict[tuple, list[bytes]] = {}  # decisions as packed before (decision_connection._packed)
 
     async def execute_command(self, *args: object, **options: object) -> object:
         if options:
@@ -209,14 +212,11 @@ class SentOnce(redis.asyncio.Redis):
         # a subject's repeat request sends the same command as before: packed once, then sent as it was
         if args[0] not in PACKED_KEPT:
             return connection.pack_command(*args)
-        packed = self.packed
         message = packed.get(args)
         if message is None:
             message = connection.pack_command(*args)
             if len(message) == 1:  # a large command (over redis-py's buffer cutoff) is not kept
-                if len(packed) >= MAX_PACKED:
-                    packed.clear()
-                packed[args] = message
+                packed.put(args, message)
         return message
 
 
@@ -272,3 +272,4 @@ def forget_aclients() -> None:
     same, its generator then collected)."""
     with _async_lock:
         _async_clients.clear()
+    packed.clear()  # the next clients may pack otherwise

@@ -1,10 +1,11 @@
 """What one decide call sends: decide.lua's KEYS and ARGV for a request's checks, and the parts of
-each check kept on its compiled policy so that a subject's next request builds nothing again."""
+each check kept in the process's cache so that a subject's next request builds nothing again."""
 
 from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
+from ..lru import BoundedCache, byte_bounded_cache, size_of
 from ..values import Check, CompiledPolicy, Subject
 from . import keys
 from .scripts import STRATEGY_CODES, now_arg
@@ -46,7 +47,7 @@ def script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[list
     shard_count = keys.shards()  # part of the keys: a changed setting makes new parts
     found = []
     for policy, subject, limit, plan in checks:
-        parts = policy.script_parts.get((subject, limit, plan, key_prefix, shard_count))
+        parts = _kept_parts((policy, subject, limit, plan, key_prefix, shard_count))
         if parts is None:
             parts = check_parts(policy, subject, limit, plan, key_prefix, shard_count)
         found.append(parts)
@@ -76,7 +77,17 @@ def _sent_cost(checks: Sequence[Check], cost: int) -> int:
     return min(cost, max(check.policy.capacity(check.limit) for check in checks) + 1)
 
 
-MAX_PARTS = 4096  # (subject, limit, plan) whose script parts a policy keeps
+def _parts_size(key: tuple, parts: list) -> int:
+    # the key, its subject (shared by a request's policies: counted for each, a bound), the parts, their
+    # counter key and live member; the terms are shared by a policy's subjects (_terms' own cache)
+    subject = key[1]
+    return size_of(key, subject, subject.key, subject.display, parts, parts[0], parts[2])
+
+
+# (policy, subject, limit, plan, key prefix, shards) -> check_parts, within their share of RATELIMIT_CACHE_BYTES
+# whatever the number of policies: a flood of new subjects only costs building the oldest ones again
+script_parts = BoundedCache("ratelimit_app.engine.arguments.script_parts", _parts_size)
+_kept_parts = script_parts.get
 
 # What a subject's last decision in this worker saw, sent as its terms' last figure: refused (the
 # counter is read before anything is written), or admitted with units already counted (a token
@@ -88,20 +99,23 @@ def check_parts(
     policy: CompiledPolicy, subject: Subject, limit: int, plan: str, key_prefix: str, shard_count: int
 ) -> list:
     """What one check adds to decide.lua's call (its counter, its terms) and what the worker's tally
-    writes for it (its live index entry, its shard), kept on the compiled policy for next time; with
+    writes for it (its live index entry, its shard), kept in script_parts for next time; with
     what its last decision here saw (SEEN_NOTHING, SEEN_REFUSED, SEEN_COUNTED), which picks the terms sent."""
-    rest = figures(policy)
     parts = [
         keys.counter_key(policy, subject.key, key_prefix),
-        tuple(f"{_first(policy, limit, seen)} {rest}" for seen in (SEEN_NOTHING, SEEN_REFUSED, SEEN_COUNTED)),
+        _terms(policy, limit),
         live_member(subject, limit, policy, plan),
         keys.shard_of(subject.key),
         SEEN_NOTHING,
     ]
-    if len(policy.script_parts) >= MAX_PARTS:
-        policy.script_parts.clear()  # bounded: a flood of new subjects only costs building them again
-    policy.script_parts[(subject, limit, plan, key_prefix, shard_count)] = parts
-    return parts
+    return script_parts.put((policy, subject, limit, plan, key_prefix, shard_count), parts)
+
+
+@byte_bounded_cache(entry_bytes=768)  # three texts of about 40 characters, in a tuple
+def _terms(policy: CompiledPolicy, limit: int) -> tuple[str, str, str]:
+    """A policy's terms under `limit`, by what the subject's last decision saw: the same for its every subject."""
+    rest = figures(policy)
+    return tuple(f"{_first(policy, limit, seen)} {rest}" for seen in (SEEN_NOTHING, SEEN_REFUSED, SEEN_COUNTED))
 
 
 # The largest limit the terms' first field holds (13 hex digits less 8 bits of flags, exact in Lua). A

@@ -17,6 +17,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from ..conf import get_setting
+from ..lru import size_of
 
 _client: redis.Redis | RedisCluster | None = None
 
@@ -141,10 +142,13 @@ def connect_cluster(url: str, options: dict) -> RedisCluster:
 DEFAULT_POOL_WAIT = 1.0  # seconds a call waits for a connection of a full pool without a socket timeout
 # a connection closed by Redis while being opened or written to (nothing of the command ran): tried anew
 WRITE_ATTEMPTS = 3
-# packed commands a thread (or an asyncio client) keeps: a subject's repeat requests send the same command.
-# As many as a policy keeps script parts for (arguments.MAX_PARTS), so a site with thousands of active
-# subjects still finds them, not one packing per request; at most about 2.5 MB each
-MAX_PACKED = 4096
+
+
+def packed_size(command: tuple, message: list) -> int:
+    """The bytes a packed command kept by the decisions' clients holds (ratelimit_app.lru): the command's
+    tuple and texts (about as long as the packed bytes, each text an object), and the packed bytes."""
+    length = sum(map(len, message))
+    return size_of(command, message) + 2 * length + 49 * len(command) + 33 * len(message)
 
 
 def forget_clients() -> None:

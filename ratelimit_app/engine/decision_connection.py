@@ -13,17 +13,21 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import MaxConnectionsError
 
+from ..lru import BoundedCache
 from .circuit import PoolFull, ReplyLost, breaker, describe
-from .clients import DEFAULT_POOL_WAIT, MAX_PACKED, WRITE_ATTEMPTS, client, is_cluster, socket_of
+from .clients import DEFAULT_POOL_WAIT, WRITE_ATTEMPTS, client, is_cluster, packed_size, socket_of
 
 
 class _Pinned(threading.local):
     generation = -1  # the _generation the client was made in
     client: redis.Redis | RedisCluster | None = None
-    packed: dict = {}  # commands sent through the kept connection, as redis-py packed them (each _pin makes its own)
 
 
 _pinned = _Pinned()
+# commands the decisions sent, as redis-py packed them: a subject's repeat request sends the same command.
+# One for every thread, within its share of RATELIMIT_CACHE_BYTES (taken anew with the kept connections)
+packed = BoundedCache("ratelimit_app.engine.decision_connection.packed", packed_size)
+_packed_get = packed.get
 UNREAD = "_ratelimit_unread"  # on a kept connection: (its socket, replies of give-backs not read yet, their places)
 ALL_READ = (None, 0, ())
 WATCH = "_ratelimit_watch"  # on a connection: (its socket, a poller of it, or None where one cannot tell)
@@ -185,12 +189,9 @@ def _poller(sock) -> select.poll | None:
 
 def _packed(connection: redis.Connection, command: tuple) -> object:
     # a subject's repeat request sends the same command as before: packed once, then sent as it was
-    packed = _pinned.packed
-    if len(packed) >= MAX_PACKED:
-        packed.clear()
-    message = packed.get(command)
+    message = _packed_get(command)
     if message is None:
-        message = packed[command] = connection.pack_command(*command)
+        message = packed.put(command, connection.pack_command(*command))
     return message
 
 
@@ -253,7 +254,7 @@ def _pin() -> redis.Redis | RedisCluster:
                     kept = SentOnce(connection_pool=pool)
                     kept.connection = connection  # the thread's own, until close() gives it back
                     keeping.add(kept)
-    _pinned.client, _pinned.generation, _pinned.packed = kept, _generation, {}
+    _pinned.client, _pinned.generation = kept, _generation
     return kept
 
 
@@ -272,6 +273,7 @@ def unpin() -> None:
     included), or a failover turned the server the kept connections reach into a replica."""
     global _generation
     _generation += 1
+    packed.clear()  # the next connections may pack otherwise (the cache settings changed)
 
 
 def _forked() -> None:

@@ -1,5 +1,6 @@
 """What the engine reports to the layers above it, and asks of them, without importing them: events.py,
-metrics.py and quotas.py set these as they load; until then each does nothing (saved_usage: nothing saved)."""
+metrics.py, quotas.py and policies.py set these as they load; until then each does nothing (saved_usage: nothing
+saved; worker_state: says nothing)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ class Hooks:
         # checks whose counter the Lua half found absent, at `now_ms` -> (policy id, subject key) -> (span
         # start ms, usage saved) for each: the call is made again with it (a database query, once a span)
         self.saved_usage: Callable[[Iterable[Check], int], dict[tuple[int, str], tuple[int, int]]] = _nothing_saved
+        # what this worker says of its policies in its heartbeat ('loaded_at|error'; '' says nothing)
+        self.worker_state: Callable[[], str] = str
 
 
 hooks = Hooks()

@@ -66,12 +66,9 @@ def counter_key(policy: CompiledPolicy, subject_key: str, key_prefix: str | None
     return head + subject_part(subject_key) + tail
 
 
-def decision_keys(policy: CompiledPolicy, subject_key: str, key_prefix: str | None = None) -> tuple[str, str, str]:
-    """The keys one decision touches: the subject's counter, and the live index and totals of its shard."""
-    shard = shard_of(subject_key)
-    head, tail = counter_key_parts(policy, shard, key_prefix)
-    counter = head + subject_part(subject_key) + tail
-    return counter, live_key(policy, shard, key_prefix), totals_key(policy, shard, key_prefix)
+def workers_key(key_prefix: str | None = None) -> str:
+    """A hash of what each worker last said of its policies: 'host:pid' -> 'said_at|loaded_at|error'."""
+    return f"{key_prefix or prefix()}:workers"
 
 
 def live_key(policy: CompiledPolicy, shard: int, key_prefix: str | None = None) -> str:

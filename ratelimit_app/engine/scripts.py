@@ -45,9 +45,8 @@ def _shared() -> list[str]:
     # each strategy's largest cost and its code are the Python half's figures, so the halves cannot disagree
     most = [f"strategies.{s.name}.most = {s.most}" for s in STRATEGIES.values() if s.most]
     codes = [f"by_code[{code}] = strategies.{name}" for name, code in STRATEGY_CODES.items()]
-    adapted = [f"contract.adapt(strategies.{name})" for name in STRATEGIES]  # once, as the code loads
     files = [_lua(name) for name in LIBRARY_FILES + STRATEGY_FILES]
-    return ["local strategies, by_code = {}, {}"] + files + most + codes + adapted
+    return ["local strategies, by_code = {}, {}"] + files + most + codes
 
 
 def _assemble(entry: str) -> str:

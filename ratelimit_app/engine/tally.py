@@ -15,6 +15,7 @@ import atexit
 import logging
 import multiprocessing.util
 import os
+import socket
 import threading
 import time
 from collections import Counter, deque
@@ -30,6 +31,8 @@ from .hooks import hooks
 from .batches import ran_nothing, run_each
 from .scripts import HEARTBEAT_EVERY, heartbeat, scripts
 from .server_clock import server_clock
+
+WORKER = f"{socket.gethostname()}:{os.getpid()}"  # how this worker names itself in the workers' hash
 
 if TYPE_CHECKING:
     from ..values import CompiledPolicy
@@ -190,6 +193,9 @@ class Tally:
             redis_client = client()
             server_clock.read(redis_client)
             heartbeat(redis_client)
+            state = hooks.worker_state()
+            if state:  # how old the policies it enforces are: `ratelimit status` shows every worker's
+                redis_client.hset(keys.workers_key(), WORKER, f"{time.time():.0f}|{state}")
         except (redis.RedisError, RedisClusterException) as error:
             logger.warning("ratelimit: could not say which library this worker runs: %s", error)
 

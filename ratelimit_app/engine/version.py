@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 import uuid
+from typing import NamedTuple
 
 from . import keys
 from .admin_connection import admin_call
@@ -37,6 +38,35 @@ def current_version() -> bytes:
             return token
         token = read_version()
     return token
+
+
+class WorkerReport(NamedTuple):
+    """What a worker last said of the policies it enforces (in its heartbeat, every 10 s of use)."""
+
+    worker: str  # host:pid
+    said_at: float  # epoch seconds
+    loaded_at: float  # when it loaded its policies, epoch seconds
+    error: str  # why the database could not be read since, '' when it could
+
+
+REPORTS_KEPT = 120.0  # seconds a worker's word is shown; older ones are dropped (the worker stopped)
+
+
+def worker_reports() -> list[WorkerReport]:
+    """Every worker's last word on its policies, newest first; older than REPORTS_KEPT: deleted."""
+    raw = admin_call(lambda redis_client: redis_client.hgetall(keys.workers_key()))
+    reports, gone = [], []
+    for name, value in raw.items():
+        said, loaded, error = (value.decode(errors="replace").split("|", 2) + ["", ""])[:3]
+        try:
+            report = WorkerReport(name.decode(errors="replace"), float(said), float(loaded), error)
+        except ValueError:
+            gone.append(name)
+            continue
+        (gone.append(name) if time.time() - report.said_at > REPORTS_KEPT else reports.append(report))
+    if gone:
+        admin_call(lambda redis_client: redis_client.hdel(keys.workers_key(), *gone))
+    return sorted(reports, key=lambda report: -report.said_at)
 
 
 def bump_version() -> None:

@@ -46,35 +46,41 @@ do
     end
   end
 
+  -- ms until every lease held now has run out (0: none is held)
+  local function empty_in(key, now, count)
+    if count == 0 then return 0 end
+    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    return last[2] and tonumber(last[2]) - now or 0
+  end
+
   strategies.concurrency = {
-    peek = function(key, now, window, bucket, limit, now_us, cost)
+    look = function(key, limit, terms, cost)
+      local now = clock.ms()
       local count = holding(key, now)
-      cost = cost or 1
-      return count, count + cost > limit and retry_in(key, now, count, cost, limit) or 0, nil
+      local retry = count + cost > limit and retry_in(key, now, count, cost, limit) or 0
+      return count, retry, empty_in(key, now, count), 2
     end,
-    -- ms until every lease held now has run out
-    reset = function(key, now, window, bucket, count, state)
-      if count == 0 then return 0 end
-      local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-      return last[2] and tonumber(last[2]) - now or 0
-    end,
-    -- hold `cost` places under the request's lease when there is room (decide.lua's contract): the
-    -- leases and marks that ran out are dropped first, so the set holds at most `limit` places
-    take = function(key, now, window, bucket, limit, now_us, totals_bucket, cost, lease)
+    -- hold `cost` places under the request's lease when there is room: the leases and marks that ran
+    -- out are dropped first, so the set holds at most `limit` places. The state is the members written.
+    charge = function(key, limit, terms, cost, lease)
       if lease == '' then error('concurrency: a request needs a lease to hold places under') end
+      local now = clock.ms()
+      local window = contract.window(terms)
       redis.call('ZREMRANGEBYSCORE', key, -now, now)
       local count = redis.call('ZCOUNT', key, 0, '+inf')
-      if count + cost > limit then return count, retry_in(key, now, count, cost, limit), nil, nil, false end
-      local before = count > 0 and strategies.concurrency.reset(key, now, window, bucket, count) or nil
+      if count + cost > limit then
+        return false, count, math.max(1, retry_in(key, now, count, cost, limit)), empty_in(key, now, count), -2
+      end
+      local before = count > 0 and empty_in(key, now, count) or -1
       local names = members(lease, cost)
       if add(key, now + window, names) < cost and tonumber(redis.call('ZSCORE', key, names[1])) < 0 then
         -- the worker gave this lease back before this call ran (it stopped waiting for it): hold nothing
         remove(key, names)
       end
       redis.call('PEXPIRE', key, window)
-      return count, 0, names, nil, true, window, before
+      return true, count, 0, window, before, names
     end,
-    undo = function(key, now, names)
+    refund = function(key, names)
       remove(key, names)
     end,
   }

@@ -22,9 +22,8 @@
 --       order of commands, never for the outcome.
 --   refund(key, state, cost)  gives back what charge took (another policy refused the request)
 -- A retry of -3 from charge means the quota's counter is absent: nothing counts, the worker asks again.
---
--- A strategy written for the earlier contract (peek / take / undo / reset, with the time and the
--- figures passed in) is given the three functions above when the code loads (contract.adapt).
+-- The Python half's registry (strategies/__init__.py) refuses a strategy whose Lua half does not define
+-- all three on strategies.<name>.
 local contract = {}
 do
   -- The terms after their first field (13 hex digits and a space): "<window> <bucket> <totals bucket>"
@@ -56,35 +55,5 @@ do
     -- a cost above the strategy's bound never fits, as charge says: a look (check()) says so too
     if retry == 0 and strategy.most and cost > strategy.most then retry = 1 end
     return count, retry, reset, fields
-  end
-
-  -- look, charge and refund for a strategy of the earlier contract; run once, as the code loads
-  function contract.adapt(strategy)
-    if strategy.charge then return end
-    local function figures(terms)
-      local window, bucket = contract.figures(terms)
-      return window, bucket, contract.totals_bucket(terms)
-    end
-    strategy.look = function(key, limit, terms, cost)
-      local now = clock.ms()
-      local window, bucket = figures(terms)
-      local count, retry, state = strategy.peek(key, now, window, bucket, limit, clock.us(), cost)
-      local reset = count > 0 and strategy.reset(key, now, window, bucket, count, state) or 0
-      if count + cost > limit and retry == 0 then retry = 1 end
-      return count, retry, reset, 2
-    end
-    strategy.charge = function(key, limit, terms, cost, lease)
-      local now = clock.ms()
-      local window, bucket, totals_bucket = figures(terms)
-      local count, retry, state, _, taken, reset, before =
-        strategy.take(key, now, window, bucket, limit, clock.us(), totals_bucket, cost, lease)
-      if not taken then
-        return false, count, math.max(1, retry), strategy.reset(key, now, window, bucket, count, state), -2
-      end
-      return true, count, 0, reset, before or -1, state
-    end
-    strategy.refund = function(key, state, cost)
-      strategy.undo(key, clock.ms(), state, cost)
-    end
   end
 end

@@ -7,7 +7,7 @@
 -- A counter that holds nothing under the lease (its decision was refused, its lease ran out, or the
 -- decision is still queued behind a busy server after the worker gave up on it) keeps a mark for
 -- a window: the lease's first member scored -(now + window), below every place; concurrency.lua's
--- take finds it and takes nothing. Times are integer milliseconds.
+-- charge finds it and takes nothing. Times are integer milliseconds.
 for i, key in ipairs(KEYS) do
   local lease, cost, window = ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
   local removed = redis.call('ZREM', key, lease .. ':1')

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib import resources
 from typing import ClassVar
 
 TOTALS_BUCKETS = 60  # at most this many buckets in a policy's totals
@@ -28,10 +29,17 @@ class Strategy:
     # its count starts afresh at each window's edge: the live page says "this window", not "in the last ..."
     whole_windows: ClassVar[bool] = False
     counts_like: ClassVar[tuple[str, ...]] = ()  # libraries whose counting it reproduces, for their compat layers
+    # where the test deciding it against a reference model in plain Python is, "tests/<file>.py::<name>"
+    # (the registry refuses a strategy that declares none: its exactness would be checked by nothing)
+    reference: ClassVar[str] = ""
 
     @property
     def lua(self) -> str:
         return f"{self.name}.lua"
+
+    def script(self) -> str:
+        """The Lua half's source (lua/<name>.lua), as the scripts assemble it."""
+        return resources.files("ratelimit_app").joinpath("lua", self.lua).read_text(encoding="utf-8")
 
     def clean(self, row) -> None:
         """Raise ValidationError for values of `row` (a Policy) this strategy cannot count with."""

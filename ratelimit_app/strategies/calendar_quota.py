@@ -12,13 +12,14 @@ import zlib
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
+from ..lru import BoundedCache, size_of
 from ..periods import LABELS, PERIODS, Periods, periods_at, zone
 from .base import Strategy
 
 PACK = 1000000  # lua/calendar_quota.lua: a counter holds count * PACK + the number of its period
 
 # (period, zone) -> the periods around the last instant asked, and their text in a quota's terms
-_periods: dict[tuple[str, str], tuple[Periods, str]] = {}
+_periods = BoundedCache("ratelimit_app.strategies.periods", lambda key, found: size_of(key, *key, found, *found))
 
 
 def _current(policy, now_ms: int) -> tuple[Periods, str]:
@@ -26,10 +27,8 @@ def _current(policy, now_ms: int) -> tuple[Periods, str]:
     found = _periods.get((policy.period, policy.time_zone))
     if found is None or not found[0].start <= now_ms < found[0].end:
         at = periods_at(policy.period, zone(policy.time_zone), now_ms)
-        found = (at, f"{at.previous:x},{at.start:x},{at.end:x},{at.after:x}")
-        if len(_periods) > 256:
-            _periods.clear()
-        _periods[(policy.period, policy.time_zone)] = found
+        text = f"{at.previous:x},{at.start:x},{at.end:x},{at.after:x}"
+        found = _periods.put((policy.period, policy.time_zone), (at, text))
     return found
 
 
@@ -47,6 +46,7 @@ class Quota(Strategy):
     )
     letter = "q"
     order = 6
+    reference = "tests/test_quotas.py::test_the_quota_strategy_decides_as_the_calendar_does"
     options = {
         "period": "the calendar period counted: a day, a week (ISO, from Monday) or a month, e.g. month.",
         "time_zone": "where the period's days begin, e.g. Europe/Paris; blank: the site's TIME_ZONE.",

@@ -14,6 +14,7 @@ class Concurrency(Strategy):
     )
     letter = "c"
     order = 5
+    reference = "tests/test_strategies_property.py::InFlight"
     holds = True
     most = 10_000  # a member a place: one request's places are written (and given back) in bounded time
     notes = {

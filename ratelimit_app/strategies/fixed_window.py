@@ -11,6 +11,7 @@ class FixedWindow(Strategy):
     help = "one counter per window, cheapest, allows bursts at window edges."
     letter = "f"
     order = 1
+    reference = "tests/test_strategies_property.py::FixedWindow"
     whole_windows = True
     counts_like = ("django-ratelimit",)  # a cache counter per window
 

@@ -11,6 +11,7 @@ class SlidingLog(Strategy):
     help = "one entry per request, exact, memory grows with the limit."
     letter = "l"
     order = 3
+    reference = "tests/test_strategies_property.py::Model"
     most = 10_000  # a member a unit: one request's units are written in bounded time
     counts_like = ("drf",)  # DRF's throttles keep the times of the requests in the window
 

@@ -28,6 +28,7 @@ class SlidingWindow(Strategy):
     help = "counts in buckets, smooth and bounded memory."
     letter = "s"
     order = 2
+    reference = "tests/test_strategies_property.py::SlidingWindow"
     default = True
     options = {"bucket_size": (
         "width of one bucket in seconds; must divide the window, e.g. 10 for a 60 second window. Blank picks "

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from functools import lru_cache
 from typing import NamedTuple
 
 from ..conf import get_setting
@@ -56,7 +55,7 @@ def read_ip(request) -> str | None:
     return value
 
 
-@byte_bounded_cache(1 << 20)  # the same clients come back
+@byte_bounded_cache()  # the same clients come back
 def _direct_ip(remote: str) -> str | None:
     """The `ip` value of a request from `remote` (REMOTE_ADDR) when no proxy is trusted."""
     address = parse_address(remote)
@@ -128,7 +127,7 @@ def ip_network(value: object) -> IPNetwork:
     return network
 
 
-@byte_bounded_cache(1 << 20)
+@byte_bounded_cache()
 def parse_address(text: str) -> IPAddress | None:
     """An address as REMOTE_ADDR or an X-Forwarded-For hop writes it (a port, brackets, a zone id
     allowed), unmapped; None when it is not one."""
@@ -189,7 +188,7 @@ def _prefix_of(address: IPAddress) -> int:
     return get_setting("RATELIMIT_IPV6_PREFIX" if address.version == 6 else "RATELIMIT_IPV4_PREFIX")
 
 
-@lru_cache(maxsize=4096)  # addresses and prefixes: every entry has the same small size
+@byte_bounded_cache(entry_bytes=512)  # an address, a prefix and the network's text
 def _grouped(address: IPAddress, prefix: int) -> str:
     if prefix >= address.max_prefixlen:
         return str(address)

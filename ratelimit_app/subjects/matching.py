@@ -14,7 +14,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from datetime import datetime
 from operator import itemgetter
-from typing import Generic, Iterator, Protocol, TypeVar
+from typing import Generic, Iterator, NamedTuple, Protocol, TypeVar
 
 from django.utils import timezone
 
@@ -161,13 +161,47 @@ def plan_of(assignments: PlanAssignments | None, request) -> CompiledPlan | None
     return None if found is None else found.plan
 
 
-def limit_in_effect(
-    limit: int, policy_id: int, override: CompiledOverride | None, plan: CompiledPlan | None
-) -> tuple[int | None, str]:
-    """The limit under a policy (None: exempt) and the plan that set it ('' when none did): the
-    subject's override first, then its plan's limit for that policy, then the policy's `limit`."""
-    if override is not None:
-        return (None if override.exempt else override.limit), ""
-    if plan is not None and policy_id in plan.limits:
-        return plan.limits[policy_id], plan.name
-    return limit, ""
+class InEffect(NamedTuple):
+    """The limit under one policy for one request, and what set it."""
+
+    limit: int | None  # None: exempt
+    plan: str  # the plan that set it, '' when none did
+    override: CompiledOverride | None  # the override that set it, None when none did
+
+
+class RequestLimits:
+    """What sets one request's limits besides its policies: its plan, and the overrides of each policy.
+    Made once a request (limits_of, the index's limits_for); `of` then answers for each of its policies."""
+
+    __slots__ = ("request", "overrides", "plan")
+
+    def __init__(self, request, overrides: dict[int, PolicyOverrides], plan: CompiledPlan | None) -> None:
+        self.request = request
+        self.overrides = overrides
+        self.plan = plan
+
+    def of(self, policy_id: int, limit: int) -> InEffect:
+        """The limit under a policy whose own is `limit`: the subject's override first, then its plan's
+        limit for that policy, then the policy's."""
+        override = matching_override(self.overrides.get(policy_id), self.request)
+        if override is not None:
+            return InEffect(None if override.exempt else override.limit, "", override)
+        plan = self.plan
+        if plan is not None and policy_id in plan.limits:
+            return InEffect(plan.limits[policy_id], plan.name, None)
+        return InEffect(limit, "", None)
+
+
+def limits_of(overrides: dict[int, PolicyOverrides], plans: PlanAssignments | None, request) -> RequestLimits | None:
+    """What sets this request's limits besides its policies, under these `overrides` (policy id -> its own)
+    and `plans`; None when nothing does: no override anywhere, and the request is on no plan."""
+    if not overrides and plans is None:
+        return None
+    plan = plan_of(plans, request)
+    return RequestLimits(request, overrides, plan) if overrides or plan is not None else None
+
+
+def limit_in_effect(limits: RequestLimits | None, policy_id: int, limit: int) -> InEffect:
+    """The limit under a policy whose own is `limit`, for a request whose `limits` are these (None:
+    nothing but its policies sets them). The one place that says it (plans.py re-exports it)."""
+    return InEffect(limit, "", None) if limits is None else limits.of(policy_id, limit)

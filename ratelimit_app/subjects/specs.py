@@ -86,14 +86,24 @@ def _user_or_ip(request) -> str | None:
     return read_user(request) or read_ip(request)
 
 
+def _named_user(request, canonical: str) -> str:
+    """'user:alice' for 'user:2', from the request's user (loaded already): what the admin, the export and
+    `top` show. The id stays where the name would read as another user's id, or as two parts of a key."""
+    if not canonical.startswith("user:"):
+        return canonical  # user_or_ip counted an anonymous request by its address
+    name = request.user.get_username()
+    return f"user:{name}" if name and not name.isdigit() and "," not in name else canonical
+
+
 def _plain(value: str) -> str:
     return value
 
 
 SIMPLE_PARTS = {
     "ip": KeyPart("ip", read_ip, _plain, identifies_caller=True),  # a client cannot choose its address (proxies.md)
-    "user": KeyPart("user", read_user, _plain, reads_user=True, identifies_caller=True),
-    "user_or_ip": KeyPart("user_or_ip", _user_or_ip, _plain, reads_user=True, identifies_caller=True),
+    "user": KeyPart("user", read_user, _plain, reads_user=True, identifies_caller=True, named=_named_user),
+    "user_or_ip": KeyPart("user_or_ip", _user_or_ip, _plain, reads_user=True, identifies_caller=True,
+                          named=_named_user),
     "global": KeyPart("global", lambda request: "global", _plain),
 }
 
@@ -174,6 +184,8 @@ def subject_for(spec: KeySpec, request) -> Subject | None:
         value = part.read(request)
         if value is None:
             return None
+        if part.named is not None:  # the key from the value, the display from the request
+            return Subject(single_subject(value, part.show).key, bounded_display(part.named(request, value)))
         return single_subject(value, part.show)
     values = []
     for part in spec:
@@ -181,7 +193,11 @@ def subject_for(spec: KeySpec, request) -> Subject | None:
         if value is None:
             return None
         values.append(value)
-    return subject_of(spec, values)
+    found = subject_of(spec, values)
+    if not any(part.named for part in spec):
+        return found
+    display = ", ".join(part.named(request, v) if part.named else part.show(v) for part, v in zip(spec, values))
+    return Subject(found.key, bounded_display(display))
 
 
 def subject_of(spec: KeySpec, values: Sequence[str]) -> Subject:
@@ -192,7 +208,7 @@ def subject_of(spec: KeySpec, values: Sequence[str]) -> Subject:
     return Subject(subject_key(",".join(values)), bounded_display(display))
 
 
-@byte_bounded_cache(4 << 20)  # keyed by the canonical value: bounded in bytes, not entries
+@byte_bounded_cache()  # keyed by the canonical value: bounded in bytes, not entries
 def single_subject(value: str, show: Callable[[str], str]) -> Subject:
     """The subject of a one-part key whose part read `value`."""
     # the same clients come back: hashing and formatting them again is wasted work

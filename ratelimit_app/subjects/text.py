@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from ..values import KeyPart, KeySpec, Subject
 from .addresses import client_ip, parse_address
-from .specs import SIMPLE_PARTS, read_user, subject_of
+from .specs import SIMPLE_PARTS, bounded_display, read_user, subject_of
 
 
 class SubjectTextError(ValueError):
@@ -21,7 +21,15 @@ def subject_from_text(spec: KeySpec, text: str) -> Subject:
     (a username), 'header:X-Api-Key=abc123', 'param:q=abc', 'global'; a composite key's parts
     joined by ', ' in the key's order. The same Subject the request path computes, hash and all."""
     pieces = _pieces_of_text(spec, text.strip())
-    return subject_of(spec, [_canonical_value(part, piece) for part, piece in zip(spec, pieces)])
+    read = [_canonical_value(part, piece) for part, piece in zip(spec, pieces)]
+    found = subject_of(spec, [value for value, _described in read])
+    if not any(part.named and described for part, (_value, described) in zip(spec, read)):
+        return found
+    shown = (
+        part.named(described, value) if part.named and described else part.show(value)
+        for part, (value, described) in zip(spec, read)
+    )
+    return Subject(found.key, bounded_display(", ".join(shown)))  # shown as the request path shows it
 
 
 def _written_prefixes(part: KeyPart) -> tuple[str, ...]:
@@ -49,8 +57,9 @@ def _pieces_of_text(spec: KeySpec, text: str) -> list[str]:
     return pieces
 
 
-def _canonical_value(part: KeyPart, piece: str) -> str:
-    """What part.read() returns for the request a person describes with `piece`."""
+def _canonical_value(part: KeyPart, piece: str) -> tuple[str, object | None]:
+    """What part.read() returns for the request a person describes with `piece`, and that request
+    when the part's display reads more of it than the value (a user's name)."""
     prefix = next((p for p in _written_prefixes(part) if piece.lower().startswith(p)), None)
     if prefix is None:
         raise SubjectTextError(
@@ -60,16 +69,17 @@ def _canonical_value(part: KeyPart, piece: str) -> str:
     if prefix == "global":
         if value:
             raise SubjectTextError(f"'global' takes no value, {piece!r} has one.")
-        return "global"
+        return "global", None
     if not value:
         raise SubjectTextError(f"{piece!r} has no value after {prefix!r}: write it as {_example((part,))}.")
     if prefix == "ip:":
-        return "ip:" + _ip_from_text(value)
+        return "ip:" + _ip_from_text(value), None
     if prefix == "user:":
         # the request path's own readers, given stand-ins for what they read of a request
-        user = SimpleNamespace(pk=_user_pk_from_text(value), is_authenticated=True)
-        return read_user(SimpleNamespace(user=user))
-    return f"{part.label}={value}"
+        pk, name = _user_from_text(value)
+        described = SimpleNamespace(user=SimpleNamespace(pk=pk, is_authenticated=True, get_username=lambda: name))
+        return read_user(described), described
+    return f"{part.label}={value}", None
 
 
 def _ip_from_text(value: str) -> str:
@@ -85,8 +95,9 @@ def _ip_from_text(value: str) -> str:
     return client_ip(SimpleNamespace(META={"REMOTE_ADDR": str(address)}))
 
 
-def _user_pk_from_text(value: str):
-    """An existing user's id, else the id of the user of that username, else an id of a deleted user."""
+def _user_from_text(value: str) -> tuple[object, str]:
+    """(id, username) of an existing user's id, else of the user of that username, else an id of a
+    deleted user (without a username)."""
     from django.contrib.auth import get_user_model
     from django.core.exceptions import ValidationError
 
@@ -95,13 +106,13 @@ def _user_pk_from_text(value: str):
         pk = users._meta.pk.to_python(value)
     except ValidationError:
         pk = None
-    if pk is not None and users.objects.filter(pk=pk).exists():
-        return pk
-    user = users.objects.filter(**{users.USERNAME_FIELD: value}).first()
+    user = users.objects.filter(pk=pk).first() if pk is not None else None
+    if user is None:
+        user = users.objects.filter(**{users.USERNAME_FIELD: value}).first()
     if user is not None:
-        return user.pk
+        return user.pk, user.get_username()
     if pk is not None:
-        return pk  # deleted since, and perhaps still counted
+        return pk, ""  # deleted since, and perhaps still counted
     raise SubjectTextError(f"No user has the id or the username {value!r}.")
 
 

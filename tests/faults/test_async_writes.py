@@ -16,8 +16,7 @@ import pytest
 import redis
 
 from ratelimit_app import engine
-from ratelimit_app.engine import RedisUnavailable, aclient
-from ratelimit_app.engine.clients import MAX_PACKED
+from ratelimit_app.engine import RedisUnavailable, aclient, aclients
 from tests.faults.test_connections import TIMEOUTS, counted, policy, use_server
 from tests.faults.test_review_kept import _kill_all
 from tests.helpers import check
@@ -162,23 +161,24 @@ def test_a_connection_reset_between_decisions_is_replaced_and_counts_once(settin
 
 
 def test_more_subjects_than_the_packed_commands_kept_each_get_their_own_answer(settings, private):
-    """The client keeps at most MAX_PACKED decisions as packed; past that, each subject is still
-    answered with its own count."""
+    """The clients keep the decisions packed within their share of RATELIMIT_CACHE_BYTES; past that, each
+    subject is still answered with its own count."""
     # 12,000 decisions in a row: a timeout no pause of a busy machine reaches, so that none is an outage
     # here; on a server of its own, since django-redis would hand a LOCATION it met before the pool it
     # made then, with that cache's 0.25 s timeouts (check W008)
     use_server(settings, f"redis://127.0.0.1:{private.port}/0", timeouts={"SOCKET_CONNECT_TIMEOUT": 30,
                                                                           "SOCKET_TIMEOUT": 30})
+    settings.RATELIMIT_CACHE_BYTES = 1 << 20  # room for a few hundred packed decisions
     limits = policy(limit=2, window=600)
-    subjects = [f"ip:2001:db8::{i:x}" for i in range(MAX_PACKED + 50)]
+    subjects = [f"ip:2001:db8::{i:x}" for i in range(1000)]
 
     async def run() -> tuple[dict, int]:
         answers = {who: [] for who in subjects}
         for _round in range(3):
             for who in subjects:
                 answers[who].append((await engine.adecide([check(limits, who)])).allowed)
-        return answers, len(aclient().packed)
+        return answers, len(aclients.packed)
 
     answers, kept = asyncio.run(run())
     assert all(seen == [True, True, False] for seen in answers.values())
-    assert kept <= MAX_PACKED
+    assert 0 < kept < len(subjects) and aclients.packed.held() <= aclients.packed.budget()

@@ -4,17 +4,21 @@ the request, a setting of the wrong type), under fail open and fail closed. No c
 request follows RATELIMIT_FAIL_OPEN, or goes on untouched where the fault is off its way.
 
 A door declared in ratelimit_app.boundary, or an I/O point listed there, without its row here fails
-test_every_door_and_io_point_has_its_row."""
+test_every_door_and_io_point_has_its_row; a module that starts reading or writing the database or
+Redis fails test_every_module_that_reads_or_writes_has_its_io_point until it names its point."""
 
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
+from pathlib import Path
 
 import pytest
 from django.db import connection
 from django.test import AsyncClient, Client
 
+import ratelimit_app
 from ratelimit_app import boundary
 from ratelimit_app.engine.tally import tally
 from ratelimit_app.events import outage
@@ -50,7 +54,7 @@ POINTS = {
     "tally": ("fixed_window", False),
     "clock": ("fixed_window", False),
     "live_reads": ("fixed_window", True),
-    "setting": ("fixed_window", True),
+    "setting": ("fixed_window", False),  # read as its default, with a logged error (system check E021)
 }
 
 
@@ -252,7 +256,7 @@ STOPS_REDIS = {"give_back", "tally", "clock"}
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 @pytest.mark.parametrize("point", list(POINTS))
 @pytest.mark.parametrize("door", list(DOORS))
-def test_no_fault_of_the_limiter_reaches_the_site(site, settings, request, door, point, flavour, fail_open):
+def test_no_fault_of_the_limiter_reaches_the_site(site, settings, request, caplog, door, point, flavour, fail_open):
     settings.RATELIMIT_FAIL_OPEN = fail_open
     # a Redis of the cell's own where the fault stops it; the suite's shared one elsewhere
     server = request.getfixturevalue("server") if point in STOPS_REDIS else None
@@ -279,6 +283,8 @@ def test_no_fault_of_the_limiter_reaches_the_site(site, settings, request, door,
     assert response.status_code in _expected(door, point, fail_open), response.content[:300]
     if response.status_code == 503:
         assert response.headers.get("Retry-After") or door in ("live", "hit", "check", "usage")
+    if point == "setting" and door != "live":  # the page's JSON reads no address
+        assert "RATELIMIT_IPV4_PREFIX" in caplog.text and "ratelimit_app.E021" in caplog.text
     if POINTS[point][1] and response.status_code == 200 and door != "live":  # the page's JSON reads no override
         assert _observed() > before  # the fault was met, and recorded (a cell that met nothing proves nothing)
 
@@ -287,3 +293,44 @@ def _awaited(coroutine):
     import asyncio
 
     return asyncio.run(coroutine)
+
+
+# --- where the I/O is: a module that starts reading or writing a database or Redis needs its point ---
+
+# module -> the I/O point its reads and writes are (None: the operator's own, never around a request)
+IO_MODULES = {
+    "engine/aclients.py": "decision",
+    "engine/batches.py": "decision",
+    "engine/clients.py": "decision",
+    "engine/decision.py": "decision",
+    "engine/decision_connection.py": "decision",
+    "engine/giveback.py": "give_back",
+    "engine/tally.py": "tally",
+    "engine/version.py": "policies",  # the policy version, compared when the index loads
+    "engine/admin_connection.py": "live_reads",
+    "live/activity.py": "live_reads",
+    "live/resets.py": "live_reads",
+    "live/usage.py": "live_reads",
+    "operations.py": "live_reads",
+    "loading.py": "policies",  # with the overrides, action costs and plans of the same load
+    "quotas.py": "saved_usage",  # and the usage saver's writes
+    "registry/rows.py": "code_sync",
+    "engine/libraries.py": None,  # `ratelimit prune`
+    "models/policy.py": None,  # the admin form's validation
+    "subjects/text.py": None,  # a subject as the operator types it (reset, tester)
+    "tester.py": None,  # the admin's tester and `ratelimit test`
+}
+# the operator's side, and users' tests (ratelimit_app.testing): never around a request of the site
+OPERATOR_PACKAGES = ("admin/", "management/", "migrations/", "checks/", "portable/", "testing/")
+IO_CALLS = re.compile(r"\.objects\b|connections\[|transaction\.atomic|\bclient\(\)|aclient\(|admin_call\(|"
+                      r"decision_client\(|get_redis_connection")
+
+
+def test_every_module_that_reads_or_writes_has_its_io_point():
+    package = Path(ratelimit_app.__file__).parent
+    found = {
+        str(path.relative_to(package)) for path in package.rglob("*.py")
+        if not str(path.relative_to(package)).startswith(OPERATOR_PACKAGES) and IO_CALLS.search(path.read_text())
+    }
+    assert found == set(IO_MODULES)
+    assert {point for point in IO_MODULES.values() if point} <= set(POINTS)

@@ -57,3 +57,29 @@ def test_the_database_back_the_policies_are_read_again(site, settings, redis_cli
     make_policy(name="tighter", action="/door/middleware/", limit=1)
     assert _statuses(client, 2) == [200, 429]  # the new policy is in force: the rows were read again
     assert policies.load_failure() is None
+
+
+def test_the_age_of_the_policies_in_force_shows_in_status_and_on_the_live_page(site, settings, redis_client,
+                                                                              admin_client):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from ratelimit_app.engine.tally import tally
+
+    row = make_policy(name="per-ip", action="/door/middleware/", limit=3)
+    client = Client()
+    assert _statuses(client, 1) == [200]
+    live = f"/admin/ratelimit_app/policy/{row.pk}/live/?format=json"
+    assert admin_client.get(live).json()["policies"]["error"] is None
+    with _renamed("ratelimit_app_policy"):
+        settings.RATELIMIT_POLICY_RELOAD_SECONDS = 0.0
+        assert _statuses(client, 1) == [200]
+        tally._heartbeat_due = 0.0
+        tally._heartbeat()  # the worker says, with its totals, how old its policies are
+    shown = admin_client.get(live).json()["policies"]
+    assert "ratelimit_app_policy" in shown["error"] and shown["loaded_ago"] >= 0
+    out = StringIO()
+    call_command("ratelimit", "status", stdout=out)
+    assert "Policies in force on 1 worker(s)" in out.getvalue()
+    assert "the database cannot be read" in out.getvalue() and "stay in force" in out.getvalue()

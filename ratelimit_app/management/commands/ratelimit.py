@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 
 import redis
 
@@ -13,7 +14,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from ratelimit_app import operations
+from ratelimit_app import engine, operations
 from ratelimit_app.checks.server import eviction_warning, evictions
 from ratelimit_app.engine import RedisUnavailable
 from ratelimit_app.models import Mode, Policy
@@ -84,11 +85,29 @@ class Command(BaseCommand):
             self._print_table(table, numeric=(7, 8))
             if not rows:
                 self.stdout.write("No policy yet: add one in the admin.")
+            if error is None:
+                self._print_workers()
         if error:
             raise CommandError(error)
         for eviction in evictions():  # on stderr: --json's output stays the policies' list
             warning = eviction_warning(eviction)
             self.stderr.write(self.style.WARNING(f"{warning.id}: {warning.msg}\n  HINT: {warning.hint}"))
+
+    def _print_workers(self) -> None:
+        """How old the policies each worker enforces are, and which workers cannot read the database."""
+        try:
+            reports = engine.worker_reports()
+        except RedisUnavailable:
+            return
+        if not reports:
+            return
+        now = time.time()
+        oldest = max(now - report.loaded_at for report in reports)
+        self.stdout.write(f"Policies in force on {len(reports)} worker(s), loaded at most {oldest:.0f} s ago.")
+        for report in reports:
+            if report.error:
+                self.stdout.write(f"  {report.worker}: the database cannot be read ({report.error}); the policies "
+                                  f"loaded {now - report.loaded_at:.0f} s ago stay in force.")
 
     # --- top --------------------------------------------------------------------------------
 
