@@ -1,0 +1,99 @@
+"""The boundary (ratelimit_app/boundary.py) attacked where the fault matrix does not walk: the compat
+drop-ins meeting a site policy's broken key function or a database away at a worker's first request, on
+gunicorn with several workers too; the database's outage logged per retry; testing.reset() and the faults."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from django.db import connection
+from django.test import Client
+
+from ratelimit_app import boundary, policies, testing
+from ratelimit_app.models import Policy
+from tests import servers
+from tests.faults.test_boundary import _closed_port, _renamed
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+BROKEN_KEY = "tests.faults.review_boundary_site.broken_key"
+COMPAT = ["/compat/drf", "/compat/decorated"]
+
+
+@pytest.fixture
+def site(settings):
+    settings.ROOT_URLCONF = "tests.faults.review_boundary_site"
+    settings.RATELIMIT_FAIL_OPEN = True  # django-ratelimit's drop-in follows it only when it is written
+
+
+def _policy(**fields) -> Policy:
+    row = Policy(**{"limit": 100000, "window": 60, "strategy": "fixed_window", "key": "ip", **fields})
+    row.full_clean()
+    row.save()
+    return row
+
+
+def _statuses(paths, times: int = 1) -> list[int]:
+    client = Client(raise_request_exception=False)
+    return [client.get(path).status_code for path in paths for _ in range(times)]
+
+
+@pytest.mark.parametrize("fail_open", [True, False], ids=["fail-open", "fail-closed"])
+def test_a_compat_drf_throttle_meeting_a_broken_key_function_follows_the_failure_rule(site, settings, fail_open):
+    # the middleware leaves the call to the compat throttle, which decides the site's own policies with
+    # its own: a key function of the site's that raises was a 500
+    settings.RATELIMIT_FAIL_OPEN = fail_open
+    _policy(name="everything", action="*", key=BROKEN_KEY)
+    response = Client(raise_request_exception=False).get("/compat/drf")
+    assert response.status_code == (200 if fail_open else 503), response.content[:200]
+    if not fail_open:
+        assert response.headers["Retry-After"] == "1"
+    assert boundary.faults.counts.get("builtins.RuntimeError"), "the fault is counted"
+
+
+def test_the_compat_doors_with_the_database_away_at_the_first_request_follow_the_failure_rule(site):
+    _policy(name="everything", action="*")
+    with _renamed("ratelimit_app_policy"):
+        policies.forget_index()  # a worker that never loaded its policies
+        statuses = _statuses(COMPAT, times=3)
+    assert statuses == [200] * 6, statuses  # was [500] * 6
+    assert boundary.faults.counts.get("ratelimit_app.policies.PoliciesUnreadable", 0) >= 6  # and counted
+
+
+def test_the_database_away_is_logged_once_a_minute_not_at_every_retry(site, caplog):
+    _policy(name="everything", action="*")
+    client = Client()
+    assert client.get("/plain").status_code == 200  # the policies are loaded
+    caplog.set_level(logging.WARNING, logger="ratelimit_app")
+    with _renamed("ratelimit_app_policy"):
+        statuses = []
+        for _ in range(200):
+            policies._state.retry_at = 0.0  # each request finds the second between two retries passed
+            policies._state.stale = True
+            statuses.append(client.get("/plain").status_code)
+    said = [record for record in caplog.records if "cannot be read from the database" in record.getMessage()]
+    assert statuses == [200] * 200
+    assert len(said) == 1, len(said)  # was 200: one line per retry, 60 a minute per worker
+
+
+def test_reset_forgets_what_the_log_said_of_the_faults(site, caplog):
+    # testing.reset() promises a process that remembers nothing, the logs included: a test after one that
+    # met the same fault must see it logged, and counted from zero
+    _policy(name="everything", action="*", key=BROKEN_KEY)
+    caplog.set_level(logging.ERROR, logger="ratelimit_app")
+    assert _statuses(["/plain"]) == [200]
+    testing.reset()
+    assert boundary.faults.counts == {}
+    assert _statuses(["/plain"]) == [200]
+    said = [record for record in caplog.records if "the key function is broken" in record.getMessage()]
+    assert len(said) == 2, len(said)
+
+
+def test_the_compat_doors_on_gunicorn_workers_whose_database_is_away_from_the_start(tmp_path):
+    # three workers, none of which ever reached the database: no 500, at any door
+    database_url = f"postgres://postgres@127.0.0.1:{_closed_port()}/away"
+    with servers.serving(tmp_path / "unused.sqlite3", "tests.faults.review_boundary_settings", workers=3,
+                         DATABASE_URL=database_url) as site:
+        statuses = [servers.fetch(site.url + path)[0] for path in ["/plain", *COMPAT, "/drf"] for _ in range(10)]
+    assert statuses.count(500) == 0, statuses
