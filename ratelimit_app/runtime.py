@@ -9,7 +9,7 @@ from typing import Callable
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from . import conf, doors, events, lru, metrics, policies, registry, subjects
+from . import boundary, conf, doors, events, lru, metrics, policies, registry, subjects
 from .deny_cache import deny_cache
 from .engine import aclients, admin_connection, breaker, clients, decision_connection
 from .engine.giveback import owed
@@ -71,6 +71,7 @@ state = AppState((
     ("deny cache", deny_cache.clear),
     ("circuit breaker", breaker.reset),
     ("outage log's last line", outage.reset),
+    ("the limiter's faults: counts, last errors, what the log said", boundary.faults.reset),
     ("Redis availability (lost/found signals)", events.availability.reset),
     ("in-flight places owed back to Redis", owed.forget),
     ("quota usage not saved yet (what is saved stays)", saver.discard),
