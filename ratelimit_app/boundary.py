@@ -62,6 +62,24 @@ IO_POINTS = (
 )
 
 
+class LogGate:
+    """Whether a log line about a failure retried in the background (the database away, once a second) is
+    due: at most once per LOG_EVERY seconds, as the doors' faults."""
+
+    def __init__(self) -> None:
+        self._at = -LOG_EVERY
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self._at < LOG_EVERY:
+            return False
+        self._at = now
+        return True
+
+    def reset(self) -> None:
+        self._at = -LOG_EVERY
+
+
 class Faults:
     """Counts the limiter's faults by kind; logs a kind once per LOG_EVERY seconds, not per request."""
 

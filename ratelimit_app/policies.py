@@ -21,7 +21,7 @@ from asgiref.sync import sync_to_async
 from django.db import DatabaseError, transaction
 
 from . import registry
-from .boundary import LOG_EVERY
+from .boundary import LogGate
 from .engine import RedisUnavailable, hooks
 from .engine import version as policy_version
 from .conf import get_setting
@@ -117,7 +117,6 @@ class _IndexState:
         self.failure: BaseException | None = None
         self.retry_at = 0.0
         self.loaded_wall = 0.0  # when the index in force was loaded, epoch seconds (what workers report)
-        self.warned_at = -LOG_EVERY  # when the log last said the database cannot be read
         self.lock = threading.Lock()
 
     def checked(self, now: float) -> None:
@@ -133,6 +132,7 @@ class _IndexState:
 
 
 _state = _IndexState()
+unreadable_said = LogGate()  # the log line saying the database cannot be read, while old policies stay in force
 
 
 def load_index() -> PolicyIndex:
@@ -197,9 +197,7 @@ def _reload() -> None:
             state.failure, state.retry_at = error, time.monotonic() + RETRY_SECONDS
             if state.index is None:
                 raise PoliciesUnreadable(f"the policies cannot be read from the database: {error}") from error
-            now = time.monotonic()
-            if now - state.warned_at >= LOG_EVERY:  # retried every second: said once a minute, not per retry
-                state.warned_at = now
+            if unreadable_said.due():  # retried every second: said once a minute, not at every retry
                 logger.warning("ratelimit: the policies cannot be read from the database (%s); the ones loaded "
                                "%.0f s ago stay in force, read again every %.0f s", error, index_age(), RETRY_SECONDS)
         else:
@@ -280,7 +278,7 @@ def forget_index() -> None:
     """Load the index again at the next request (tests: the rows it holds may have been rolled back)."""
     _state.stale = True
     _state.index, _state.failure, _state.retry_at = None, None, 0.0  # as a new process: nothing loaded
-    _state.warned_at = -LOG_EVERY
+    unreadable_said.reset()
 
 
 def forget_settings() -> None:

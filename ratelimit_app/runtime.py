@@ -72,6 +72,7 @@ state = AppState((
     ("circuit breaker", breaker.reset),
     ("outage log's last line", outage.reset),
     ("the limiter's faults: counts, last errors, what the log said", boundary.faults.reset),
+    ("what the log said of declarations whose rows cannot be written", registry.unwritten_said.reset),
     ("Redis availability (lost/found signals)", events.availability.reset),
     ("in-flight places owed back to Redis", owed.forget),
     ("quota usage not saved yet (what is saved stays)", saver.discard),

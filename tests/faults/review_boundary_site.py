@@ -67,6 +67,11 @@ def raising(request):
     raise ViewError("the view's own")
 
 
+@ratelimit("review-decorated")
+def decorated(request):
+    return HttpResponse("decorated")
+
+
 @ratelimit("review-raising")
 def decorated_raising(request):
     raise ViewError("the view's own, decorated")
@@ -79,6 +84,7 @@ urlpatterns = [
     path("plain", plain),
     path("streamed", streamed),
     path("raising", raising),
+    path("decorated", decorated),
     path("decorated-raising", decorated_raising),
     path("", include(demo_patterns)),
 ]

@@ -13,7 +13,8 @@ from django.test import Client
 from ratelimit_app import boundary, policies, testing
 from ratelimit_app.models import Policy
 from tests import servers
-from tests.faults.test_boundary import _closed_port, _renamed
+from ratelimit_app.registry import known
+from tests.faults.test_boundary import _closed_port, _renamed, _writes_refused
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -73,6 +74,20 @@ def test_the_database_away_is_logged_once_a_minute_not_at_every_retry(site, capl
             policies._state.stale = True
             statuses.append(client.get("/plain").status_code)
     said = [record for record in caplog.records if "cannot be read from the database" in record.getMessage()]
+    assert statuses == [200] * 200
+    assert len(said) == 1, len(said)  # was 200: one line per retry, 60 a minute per worker
+
+
+def test_rows_of_code_policies_that_cannot_be_written_are_logged_once_a_minute(site, settings, caplog):
+    settings.RATELIMIT_POLICIES = [{"name": "declared-here", "action": "/plain", "rate": "100000/m", "key": "ip"}]
+    caplog.set_level(logging.ERROR, logger="ratelimit_app")
+    client = Client()
+    with _writes_refused("ratelimit_app_policy"):
+        statuses = []
+        for _ in range(200):
+            known._registry.retry_at = 0.0  # each request finds the second between two writes passed
+            statuses.append(client.get("/plain").status_code)
+    said = [record for record in caplog.records if "could not write the policies declared" in record.getMessage()]
     assert statuses == [200] * 200
     assert len(said) == 1, len(said)  # was 200: one line per retry, 60 a minute per worker
 
