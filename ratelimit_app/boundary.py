@@ -95,10 +95,11 @@ class Faults:
         if isinstance(error, Unavailable):
             return
         kind = f"{type(error).__module__}.{type(error).__qualname__}"
+        text = _text(error)
         now = time.monotonic()
         with self._lock:
             self.counts[kind] = self.counts.get(kind, 0) + 1
-            self.last[kind] = f"{door.name}: {error}"[:300]
+            self.last[kind] = f"{door.name}: {text}"[:300]
             due = now - self._logged_at.get(kind, -LOG_EVERY) >= LOG_EVERY
             if due:
                 self._logged_at[kind] = now
@@ -106,7 +107,7 @@ class Faults:
         metrics.record_fault(kind)
         if due:
             logger.error("ratelimit: the limiter failed (%s, %d so far) at %s; %s: %s", kind, count, door.name,
-                         _rule(), error, exc_info=error)
+                         _rule(), text, exc_info=error)
 
     def reset(self) -> None:
         with self._lock:
@@ -116,6 +117,14 @@ class Faults:
 
 
 faults = Faults()
+
+
+def _text(error: BaseException) -> str:
+    """The error's text; recording it must not raise in its turn (an error whose __str__ fails)."""
+    try:
+        return str(error)
+    except Exception:  # noqa: BLE001 - the boundary: nothing it does may reach the site
+        return f"<{type(error).__name__}: its text cannot be made>"
 
 
 def _rule() -> str:

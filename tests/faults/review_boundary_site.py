@@ -23,6 +23,17 @@ def broken_key(request):
     raise RuntimeError("the key function is broken")
 
 
+class Unprintable(Exception):
+    """An error whose text cannot be made (a class that expects arguments it was not given)."""
+
+    def __str__(self) -> str:
+        return self.detail  # never set
+
+
+def unprintable_key(request):
+    raise Unprintable()
+
+
 def broken_cost(request):
     raise RuntimeError("the cost function is broken")
 

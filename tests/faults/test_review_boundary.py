@@ -92,6 +92,15 @@ def test_rows_of_code_policies_that_cannot_be_written_are_logged_once_a_minute(s
     assert len(said) == 1, len(said)  # was 200: one line per retry, 60 a minute per worker
 
 
+@pytest.mark.parametrize("fail_open", [True, False], ids=["fail-open", "fail-closed"])
+def test_an_error_whose_text_cannot_be_made_is_kept_from_the_site_too(site, settings, fail_open):
+    # recording the fault made its text; an error whose __str__ raises escaped the boundary as a 500
+    settings.RATELIMIT_FAIL_OPEN = fail_open
+    _policy(name="everything", action="*", key="tests.faults.review_boundary_site.unprintable_key")
+    assert _statuses(["/plain", "/decorated", "/drf"]) == [200 if fail_open else 503] * 3
+    assert boundary.faults.counts.get("tests.faults.review_boundary_site.Unprintable")
+
+
 def test_reset_forgets_what_the_log_said_of_the_faults(site, caplog):
     # testing.reset() promises a process that remembers nothing, the logs included: a test after one that
     # met the same fault must see it logged, and counted from zero
