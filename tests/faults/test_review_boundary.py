@@ -121,3 +121,53 @@ def test_the_compat_doors_on_gunicorn_workers_whose_database_is_away_from_the_st
                          DATABASE_URL=database_url) as site:
         statuses = [servers.fetch(site.url + path)[0] for path in ["/plain", *COMPAT, "/drf"] for _ in range(10)]
     assert statuses.count(500) == 0, statuses
+
+
+POLICY_ON_PLAIN = """
+from ratelimit_app.models import Policy
+Policy.objects.create(name="plain", action="/plain", limit=3, window=60, strategy="fixed_window", key="ip")
+"""
+
+
+def _pg_admin(sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(dbname="postgres", user="postgres", host="127.0.0.1", port=5432, autocommit=True) as admin:
+        admin.execute(sql)
+
+
+def test_gunicorn_workers_that_start_while_postgresql_refuses_them_enforce_the_policies_once_it_is_back(tmp_path):
+    # a real outage of PostgreSQL for the site's database (connections refused) at the workers' first
+    # requests: no 500, requests pass (fail open), a few log lines; then the database is back and every
+    # worker reads the policies again by itself, within about a second
+    import time
+    import uuid
+
+    name = f"hostile_{uuid.uuid4().hex[:10]}"
+    url = f"postgres://postgres@127.0.0.1:5432/{name}"
+    _pg_admin(f'CREATE DATABASE "{name}"')
+    try:
+        env = servers.site_env(tmp_path / "unused", DJANGO_SETTINGS_MODULE="tests.faults.review_boundary_settings",
+                               DATABASE_URL=url)
+        servers.manage(env, "migrate", "--noinput")
+        servers.manage(env, "shell", "-c", POLICY_ON_PLAIN)
+        _pg_admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        _pg_admin(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'")
+        log = tmp_path / "site.log"
+        with servers.serving(tmp_path / "unused", "tests.faults.review_boundary_settings", workers=3, log=log,
+                             DATABASE_URL=url) as site:
+            away = [servers.fetch(site.url + path)[0] for path in ["/plain", *COMPAT, "/drf", "/decorated"] * 40]
+            _pg_admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+            back, refused_in_a_row = [], 0
+            while refused_in_a_row < 10 and len(back) < 1000:
+                back.append(servers.fetch(site.url + "/plain")[0])
+                refused_in_a_row = refused_in_a_row + 1 if back[-1] == 429 else 0
+                time.sleep(0.01)
+        said = [line for line in log.read_text().splitlines() if line.startswith("ratelimit")]
+    finally:
+        _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    print(f"away: {len(away)} requests, {away.count(500)} x 500, {len(said)} log lines; back: {len(back)} requests "
+          f"until 10 refusals in a row")
+    assert away.count(500) == 0 and set(away) == {200}, away
+    assert refused_in_a_row == 10, back[-20:]  # every worker enforces the policy again
+    assert len(said) <= 3 * 4, said  # each worker says each kind once, not per request
