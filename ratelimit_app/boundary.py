@@ -14,12 +14,12 @@ from typing import Callable, TypeVar
 from . import metrics
 from .conf import get_setting
 from .drivers import Steps
+from .loggate import LOG_EVERY
 from .values import Unavailable
 
 T = TypeVar("T")
 logger = logging.getLogger("ratelimit_app")
 
-LOG_EVERY = 60.0  # seconds between two log lines of one kind of fault
 
 
 class Door:
@@ -60,24 +60,6 @@ IO_POINTS = (
     "live_reads",  # the operator's reads of the live page (Redis)
     "setting",  # a RATELIMIT_* setting of the wrong type
 )
-
-
-class LogGate:
-    """Whether a log line about a failure retried in the background (the database away, once a second) is
-    due: at most once per LOG_EVERY seconds, as the doors' faults."""
-
-    def __init__(self) -> None:
-        self._at = -LOG_EVERY
-
-    def due(self) -> bool:
-        now = time.monotonic()
-        if now - self._at < LOG_EVERY:
-            return False
-        self._at = now
-        return True
-
-    def reset(self) -> None:
-        self._at = -LOG_EVERY
 
 
 class Faults:

@@ -21,7 +21,7 @@ from asgiref.sync import sync_to_async
 from django.db import DatabaseError, transaction
 
 from . import registry
-from .boundary import LogGate
+from .loggate import LogGate
 from .engine import RedisUnavailable, hooks
 from .engine import version as policy_version
 from .conf import get_setting

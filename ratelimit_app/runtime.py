@@ -16,7 +16,7 @@ from .engine.giveback import owed
 from .engine.server_clock import server_clock
 from .engine.tally import tally
 from .events import outage
-from .quotas import saver
+from .quotas import saver, unreadable_said
 
 CACHE_SETTINGS = {"CACHES", "RATELIMIT_CACHE", "RATELIMIT_USE_CACHE", "RATELIMIT_ADMIN_TIMEOUT"}
 
@@ -73,6 +73,8 @@ state = AppState((
     ("outage log's last line", outage.reset),
     ("the limiter's faults: counts, last errors, what the log said", boundary.faults.reset),
     ("what the log said of declarations whose rows cannot be written", registry.unwritten_said.reset),
+    ("what the log said of saved quota usage that cannot be read", unreadable_said.reset),
+    ("what the log said of signal receivers that failed", events.receiver_failed_said.reset),
     ("Redis availability (lost/found signals)", events.availability.reset),
     ("in-flight places owed back to Redis", owed.forget),
     ("quota usage not saved yet (what is saved stays)", saver.discard),

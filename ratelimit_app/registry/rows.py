@@ -13,7 +13,7 @@ from django.db.models.signals import post_migrate
 from django.dispatch import receiver
 from django.utils import timezone
 
-from ..boundary import LogGate
+from ..loggate import LogGate
 from ..models import Policy, Source
 from . import known
 from .declarations import CODE_FIELDS, COMPUTED, OPERATOR_FIELDS, RATE_FIELDS, CodePolicy, error_text

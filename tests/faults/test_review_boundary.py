@@ -101,6 +101,40 @@ def test_an_error_whose_text_cannot_be_made_is_kept_from_the_site_too(site, sett
     assert boundary.faults.counts.get("tests.faults.review_boundary_site.Unprintable")
 
 
+def test_saved_quota_usage_that_cannot_be_read_is_logged_once_a_minute_not_per_client(site, caplog):
+    # a calendar quota's first request of each client in a period reads its saved usage: with the database
+    # away, one log line per new client
+    _policy(name="monthly", action="/plain", strategy="calendar_quota", period="month", time_zone="UTC", window=1,
+            key="header:x-client")
+    client = Client()
+    assert client.get("/plain", HTTP_X_CLIENT="first").status_code == 200  # the policies are loaded
+    caplog.set_level(logging.WARNING, logger="ratelimit_app")
+    with _renamed("ratelimit_app_quotausage"):
+        statuses = [client.get("/plain", HTTP_X_CLIENT=f"client-{n}").status_code for n in range(200)]
+    said = [record for record in caplog.records if "saved usage of a quota could not be read" in record.getMessage()]
+    assert statuses == [200] * 200
+    assert len(said) == 1, len(said)  # was 200
+
+
+def _broken_receiver(**kwargs):
+    raise RuntimeError("the site's receiver is broken")
+
+
+def test_a_broken_request_denied_receiver_is_logged_once_a_minute_not_per_refusal(site, caplog):
+    from ratelimit_app.events import request_denied
+
+    _policy(name="one", action="/plain", limit=1)
+    caplog.set_level(logging.ERROR, logger="ratelimit_app")
+    request_denied.connect(_broken_receiver)
+    try:
+        statuses = _statuses(["/plain"], times=200)
+    finally:
+        request_denied.disconnect(_broken_receiver)
+    said = [record for record in caplog.records if "a receiver of request_denied failed" in record.getMessage()]
+    assert statuses == [200] + [429] * 199
+    assert len(said) == 1, len(said)  # was 199, each with its traceback
+
+
 def test_reset_forgets_what_the_log_said_of_the_faults(site, caplog):
     # testing.reset() promises a process that remembers nothing, the logs included: a test after one that
     # met the same fault must see it logged, and counted from zero
