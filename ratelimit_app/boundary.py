@@ -14,6 +14,7 @@ from typing import Callable, TypeVar
 from . import metrics
 from .conf import get_setting
 from .drivers import Steps
+from .subjects import http_request
 from .loggate import LOG_EVERY
 from .values import Unavailable
 
@@ -71,12 +72,15 @@ class Faults:
         self._logged_at: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def record(self, error: BaseException, door: Door) -> None:
+    def record(self, error: BaseException, door: Door, request=None) -> None:
         """Count `error` met at `door`, and log it if its kind was not logged this minute. An outage of
-        Redis (Unavailable) has its own log line and metric: it is not counted again here."""
+        Redis (Unavailable) has its own log line and metric: it is not counted again here. Given the
+        request, a second door meeting the same kind of fault for it counts nothing more."""
         if isinstance(error, Unavailable):
             return
         kind = f"{type(error).__module__}.{type(error).__qualname__}"
+        if request is not None and _seen(request, kind):
+            return
         text = _text(error)
         now = time.monotonic()
         with self._lock:
@@ -99,6 +103,21 @@ class Faults:
 
 
 faults = Faults()
+
+
+FAULTS_ATTRIBUTE = "_ratelimit_faults"  # on an HttpRequest: the kinds of fault already counted for it
+
+
+def _seen(request, kind: str) -> bool:
+    """Whether a door counted `kind` for this request already (then marks it counted)."""
+    attributes = getattr(http_request(request), "__dict__", None)
+    if attributes is None:  # a stand-in for a request (DRF's own tests call throttles with one)
+        return False
+    found = attributes.setdefault(FAULTS_ATTRIBUTE, set())
+    if kind in found:
+        return True
+    found.add(kind)
+    return False
 
 
 def _text(error: BaseException) -> str:

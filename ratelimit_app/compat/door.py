@@ -49,7 +49,7 @@ def decide(request, wants: Sequence[Want], *, now: float | None = None, dry_run:
     except Unavailable:
         raise
     except Exception as error:  # noqa: BLE001 - the boundary (boundary.py): the database away, a key function
-        faults.record(error, door)
+        faults.record(error, door, request)
         raise Undecided(f"the limiter could not decide ({error!r})") from error
 
 
