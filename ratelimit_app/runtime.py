@@ -9,14 +9,14 @@ from typing import Callable
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from . import conf, doors, events, lru, metrics, policies, registry, subjects
+from . import boundary, conf, doors, events, lru, metrics, policies, registry, subjects
 from .deny_cache import deny_cache
 from .engine import aclients, admin_connection, breaker, clients, decision_connection
 from .engine.giveback import owed
 from .engine.server_clock import server_clock
 from .engine.tally import tally
 from .events import outage
-from .quotas import saver
+from .quotas import saver, unreadable_said
 
 CACHE_SETTINGS = {"CACHES", "RATELIMIT_CACHE", "RATELIMIT_USE_CACHE", "RATELIMIT_ADMIN_TIMEOUT"}
 
@@ -71,6 +71,10 @@ state = AppState((
     ("deny cache", deny_cache.clear),
     ("circuit breaker", breaker.reset),
     ("outage log's last line", outage.reset),
+    ("the limiter's faults: counts, last errors, what the log said", boundary.faults.reset),
+    ("what the log said of declarations whose rows cannot be written", registry.unwritten_said.reset),
+    ("what the log said of saved quota usage that cannot be read", unreadable_said.reset),
+    ("what the log said of signal receivers that failed", events.receiver_failed_said.reset),
     ("Redis availability (lost/found signals)", events.availability.reset),
     ("in-flight places owed back to Redis", owed.forget),
     ("quota usage not saved yet (what is saved stays)", saver.discard),
