@@ -67,6 +67,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return ByTestOrSharedModule(config, log)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """-n N: the tests marked slow first, in their random order, so that none is left running alone at the end."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @functools.cache
 def _shares_fixtures(module: Path) -> bool:
     """Whether a test module defines a fixture that several of its tests share (read, not imported: xdist's
