@@ -51,6 +51,7 @@ def _controller(config: pytest.Config) -> bool:
     return not hasattr(config, "workerinput") and bool(getattr(config.option, "tx", None))
 
 
+@pytest.hookimpl(optionalhook=True)  # -p no:xdist: no such hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """-n N: tests go one by one to whichever worker is free, except that the tests of a module that defines
     a fixture of module or class scope (a built package, a cluster, a migrated site) all go to one worker,
