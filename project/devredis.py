@@ -125,7 +125,9 @@ class PrivateRedis:
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:
-                error = self.process.stderr.read().decode(errors="replace") + Path(self.log).read_text(errors="replace")
+                log = Path(self.log)
+                error = self.process.stderr.read().decode(errors="replace")
+                error += log.read_text(errors="replace") if log.exists() else ""
                 raise (PortTaken if "in use" in error else RuntimeError)(f"redis-server exited: {error[-2000:]}")
             try:
                 # the server answering must be this one: another process may hold the port (PortTaken follows)

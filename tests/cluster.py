@@ -53,7 +53,8 @@ def cluster_port() -> int:
 class Node:
     """One redis-server process with extra configuration lines; killed or stopped on request."""
 
-    def __init__(self, directory: Path, *config: str, sentinel: bool = False, choose: Callable[[], int] = free_port) -> None:
+    def __init__(self, directory: Path, *config: str, sentinel: bool = False,
+                 choose: Callable[[], int] = free_port) -> None:
         for attempt in range(3):
             try:
                 self._start(directory, choose(), config, sentinel)
@@ -73,8 +74,8 @@ class Node:
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.client = redis.Redis(port=self.port, socket_connect_timeout=0.5, socket_timeout=2, decode_responses=True)
         try:  # the server answering must be this one: another process may hold the port (ours then exits)
-            wait_for(lambda: self.process.poll() is not None or self.client.info("server")["process_id"] == self.process.pid,
-                     10, f"redis-server on port {self.port}")
+            wait_for(lambda: self.process.poll() is not None or self._pid() == self.process.pid, 10,
+                     f"redis-server on port {self.port}")
         except RuntimeError:
             self.kill()
             raise
@@ -83,6 +84,9 @@ class Node:
             log = (self.directory / "log").read_text(errors="replace") if (self.directory / "log").exists() else ""
             error = PortTaken if "in use" in log else RuntimeError
             raise error(f"redis-server on port {self.port} exited: {log[-2000:]}")
+
+    def _pid(self) -> int:
+        return self.client.info("server")["process_id"]
 
     def kill(self) -> None:
         """Die at once, as a crashed server or a lost machine would."""
@@ -118,7 +122,8 @@ class LocalCluster:
         config = ("cluster-enabled yes", "cluster-config-file nodes.conf", f"cluster-node-timeout {NODE_TIMEOUT_MS}")
         try:
             self.masters = [Node(self.directory, *config, choose=cluster_port) for _ in range(masters)]
-            self.replicas = [Node(self.directory, *config, choose=cluster_port) for _ in range(masters if replicas else 0)]
+            self.replicas = [Node(self.directory, *config, choose=cluster_port)
+                             for _ in range(masters if replicas else 0)]
             self._join()
         except BaseException:
             self.stop()
