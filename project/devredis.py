@@ -17,7 +17,7 @@ import sys
 # The server is found and started by the installable package (users' tests start it too): kept importable
 # from here for the suite, the benchmarks and noxfile.py.
 from ratelimit_app.embedded import (  # noqa: F401
-    SHIPPED_BINARIES, PrivateRedis, debug_flag, find_binary, find_server, free_port, shipped_binary,
+    SHIPPED_BINARIES, PortTaken, PrivateRedis, debug_flag, find_binary, find_server, free_port, shipped_binary,
 )
 
 

@@ -14,12 +14,13 @@ from typing import Callable, TypeVar
 from . import metrics
 from .conf import get_setting
 from .drivers import Steps
+from .subjects import http_request
+from .loggate import LOG_EVERY
 from .values import Unavailable
 
 T = TypeVar("T")
 logger = logging.getLogger("ratelimit_app")
 
-LOG_EVERY = 60.0  # seconds between two log lines of one kind of fault
 
 
 class Door:
@@ -71,16 +72,20 @@ class Faults:
         self._logged_at: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def record(self, error: BaseException, door: Door) -> None:
+    def record(self, error: BaseException, door: Door, request=None) -> None:
         """Count `error` met at `door`, and log it if its kind was not logged this minute. An outage of
-        Redis (Unavailable) has its own log line and metric: it is not counted again here."""
+        Redis (Unavailable) has its own log line and metric: it is not counted again here. Given the
+        request, a second door meeting the same kind of fault for it counts nothing more."""
         if isinstance(error, Unavailable):
             return
         kind = f"{type(error).__module__}.{type(error).__qualname__}"
+        if request is not None and _seen(request, kind):
+            return
+        text = _text(error)
         now = time.monotonic()
         with self._lock:
             self.counts[kind] = self.counts.get(kind, 0) + 1
-            self.last[kind] = f"{door.name}: {error}"[:300]
+            self.last[kind] = f"{door.name}: {text}"[:300]
             due = now - self._logged_at.get(kind, -LOG_EVERY) >= LOG_EVERY
             if due:
                 self._logged_at[kind] = now
@@ -88,7 +93,7 @@ class Faults:
         metrics.record_fault(kind)
         if due:
             logger.error("ratelimit: the limiter failed (%s, %d so far) at %s; %s: %s", kind, count, door.name,
-                         _rule(), error, exc_info=error)
+                         _rule(), text, exc_info=error)
 
     def reset(self) -> None:
         with self._lock:
@@ -98,6 +103,29 @@ class Faults:
 
 
 faults = Faults()
+
+
+FAULTS_ATTRIBUTE = "_ratelimit_faults"  # on an HttpRequest: the kinds of fault already counted for it
+
+
+def _seen(request, kind: str) -> bool:
+    """Whether a door counted `kind` for this request already (then marks it counted)."""
+    attributes = getattr(http_request(request), "__dict__", None)
+    if attributes is None:  # a stand-in for a request (DRF's own tests call throttles with one)
+        return False
+    found = attributes.setdefault(FAULTS_ATTRIBUTE, set())
+    if kind in found:
+        return True
+    found.add(kind)
+    return False
+
+
+def _text(error: BaseException) -> str:
+    """The error's text; recording it must not raise in its turn (an error whose __str__ fails)."""
+    try:
+        return str(error)
+    except Exception:  # noqa: BLE001 - the boundary: nothing it does may reach the site
+        return f"<{type(error).__name__}: its text cannot be made>"
 
 
 def _rule() -> str:

@@ -139,7 +139,7 @@ def around_view(request, view: Io, turn: Steps[RequestState | None], door: Door)
 def undecided(request, error: Exception, door: Door) -> RequestState | None:
     """What a door's way in gives when the limiter failed (recorded): nothing (the request goes on
     undecided, fail open), or a state that refuses it with 503 (fail closed)."""
-    faults.record(error, door)
+    faults.record(error, door, request)
     if fail_open():
         return None
     base = http_request(request)

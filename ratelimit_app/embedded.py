@@ -76,11 +76,16 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+class PortTaken(RuntimeError):
+    """The server could not listen: another process took the port between its choice and the server's start."""
+
+
 class PrivateRedis:
     """One redis-server process on a free loopback port, in a temporary directory, saving nothing."""
 
     def __init__(self, port: int | None = None, options: Sequence[str] = ()) -> None:
         self.port = port or free_port()
+        self.chosen = port is None  # a port of our choosing may be taken by another process meanwhile: choose again
         self.options = tuple(options)  # more redis-server arguments, e.g. ("--rename-command", "FCALL", "")
         self.process: subprocess.Popen | None = None
         self.directory = tempfile.mkdtemp(prefix="ratelimit-redis-")
@@ -90,26 +95,45 @@ class PrivateRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def log(self) -> str:
+        return os.path.join(self.directory, f"{self.port}.log")
+
     def start(self, timeout: float = 10.0) -> PrivateRedis:
+        for attempt in range(3):
+            try:
+                return self._start(timeout)
+            except PortTaken:
+                if not self.chosen or attempt == 2:
+                    raise
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> PrivateRedis:
         command = [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--dir", self.directory, "--daemonize", "no", "--loglevel", "warning", *debug_flag(self.binary),
-            *self.options,
+            "--dir", self.directory, "--daemonize", "no", "--loglevel", "warning", "--logfile", self.log,
+            *debug_flag(self.binary), *self.options,
         ]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2, socket_timeout=0.5)
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(f"redis-server exited: {self.process.stderr.read().decode(errors='replace')}")
+                log = Path(self.log)
+                error = self.process.stderr.read().decode(errors="replace")
+                error += log.read_text(errors="replace") if log.exists() else ""
+                raise (PortTaken if "in use" in error else RuntimeError)(f"redis-server exited: {error[-2000:]}")
             try:
-                client.ping()
-                break
+                # the server answering must be this one: another process may hold the port (PortTaken follows)
+                if client.info("server")["process_id"] == self.process.pid:
+                    break
             except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout}s")
-                time.sleep(0.02)
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout}s")
+            time.sleep(0.02)
         client.close()
         return self
 

@@ -14,6 +14,7 @@ from django.dispatch import Signal
 from . import engine, metrics
 from .conf import get_setting
 from .drivers import Io, Steps, arun, run
+from .loggate import LogGate
 from .engine import RedisCommandError, RedisUnavailable
 from .subjects import http_request
 
@@ -55,9 +56,12 @@ def _denied_kwargs(request: HttpRequest, decisions: Sequence[Decision]) -> dict:
     }
 
 
+receiver_failed_said = LogGate()  # per signal and class of error: a receiver failing at every refusal
+
+
 def _log_failures(signal_name: str, responses: list) -> None:
     for _receiver, response in responses:
-        if isinstance(response, Exception):
+        if isinstance(response, Exception) and receiver_failed_said.due(f"{signal_name}:{type(response)!r}"):
             logger.error("ratelimit: a receiver of %s failed: %r", signal_name, response, exc_info=response)
 
 

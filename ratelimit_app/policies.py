@@ -22,6 +22,7 @@ from asgiref.sync import sync_to_async
 from django.db import DatabaseError, transaction
 
 from . import engine, registry
+from .loggate import LogGate
 from .engine import RedisUnavailable, bump_version, current_version, read_version
 from .conf import get_setting
 from .deny_cache import deny_cache
@@ -137,6 +138,7 @@ class _IndexState:
 
 
 _state = _IndexState()
+unreadable_said = LogGate()  # the log line saying the database cannot be read, while old policies stay in force
 
 
 def load_index() -> PolicyIndex:
@@ -201,8 +203,9 @@ def _reload() -> None:
             state.failure, state.retry_at = error, time.monotonic() + RETRY_SECONDS
             if state.index is None:
                 raise PoliciesUnreadable(f"the policies cannot be read from the database: {error}") from error
-            logger.warning("ratelimit: the policies cannot be read from the database (%s); the ones loaded %.0f s "
-                           "ago stay in force, read again in %.0f s", error, index_age(), RETRY_SECONDS)
+            if unreadable_said.due():  # retried every second: said once a minute, not at every retry
+                logger.warning("ratelimit: the policies cannot be read from the database (%s); the ones loaded "
+                               "%.0f s ago stay in force, read again every %.0f s", error, index_age(), RETRY_SECONDS)
         else:
             state.failure = None
 
@@ -281,6 +284,7 @@ def forget_index() -> None:
     """Load the index again at the next request (tests: the rows it holds may have been rolled back)."""
     _state.stale = True
     _state.index, _state.failure, _state.retry_at = None, None, 0.0  # as a new process: nothing loaded
+    unreadable_said.reset()
 
 
 def forget_settings() -> None:

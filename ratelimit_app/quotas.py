@@ -26,6 +26,7 @@ from django.utils import timezone as django_timezone
 from .conf import get_setting
 from . import engine
 from .loading import compile_policy
+from .loggate import LogGate
 from .models import Policy, QuotaUsage
 from .values import Check, CompiledPolicy
 
@@ -51,6 +52,9 @@ def as_instant(value: datetime) -> datetime:
     return value.astimezone(timezone.utc)
 
 
+unreadable_said = LogGate()  # the saved usage could not be read
+
+
 def saved(checks: Iterable[Check], now_ms: int) -> dict[tuple[int, str], tuple[int, int]]:
     """(policy id, subject key) -> (period start ms, used) for every check, 0 where nothing was saved:
     one query (the saver's pending usage counts too, being newer than the database)."""
@@ -66,7 +70,9 @@ def saved(checks: Iterable[Check], now_ms: int) -> dict[tuple[int, str], tuple[i
         for policy_id, subject, used in rows:
             found[(policy_id, subject)] = (starts[(policy_id, subject)], used)
     except DatabaseError as error:  # the period starts from what Redis and this worker know
-        logger.warning("ratelimit: the saved usage of a quota could not be read: %s", error)
+        if unreadable_said.due():  # at each new subject's first request of a period: said once a minute
+            logger.warning("ratelimit: the saved usage of a quota could not be read (its period starts from what "
+                           "Redis holds): %s", error)
     generations = {check.policy.id: check.policy.generation for check in checks}
     for key, (start, used) in list(found.items()):
         pending = saver.pending_used(key[0], key[1], start, generations[key[0]])

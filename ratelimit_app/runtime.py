@@ -9,12 +9,12 @@ from typing import Callable
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from . import conf, doors, events, lru, metrics, policies, registry, subjects
+from . import boundary, conf, doors, events, lru, metrics, policies, registry, subjects
 from .deny_cache import deny_cache
 from . import engine
 from .engine import breaker, forget_aclients, forget_admin_client, forget_clients, owed, unpin
 from .events import outage
-from .quotas import saver
+from .quotas import saver, unreadable_said
 
 CACHE_SETTINGS = {"CACHES", "RATELIMIT_CACHE", "RATELIMIT_USE_CACHE", "RATELIMIT_ADMIN_TIMEOUT"}
 
@@ -69,6 +69,10 @@ state = AppState((
     ("deny cache", deny_cache.clear),
     ("circuit breaker", breaker.reset),
     ("outage log's last line", outage.reset),
+    ("the limiter's faults: counts, last errors, what the log said", boundary.faults.reset),
+    ("what the log said of declarations whose rows cannot be written", registry.unwritten_said.reset),
+    ("what the log said of saved quota usage that cannot be read", unreadable_said.reset),
+    ("what the log said of signal receivers that failed", events.receiver_failed_said.reset),
     ("Redis availability (lost/found signals)", events.availability.reset),
     ("in-flight places owed back to Redis", owed.forget),
     ("quota usage not saved yet (what is saved stays)", saver.discard),

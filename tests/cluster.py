@@ -17,7 +17,7 @@ import redis
 from django.db import OperationalError
 import redis.cluster
 
-from project.devredis import find_binary, free_port
+from project.devredis import PortTaken, find_binary, free_port
 
 NODE_TIMEOUT_MS = 1000  # how long a silent master takes to be judged failed (cluster and sentinel alike)
 SLOTS = 16384
@@ -54,10 +54,19 @@ def cluster_port() -> int:
 class Node:
     """One redis-server process with extra configuration lines; killed or stopped on request."""
 
-    def __init__(self, directory: Path, *config: str, sentinel: bool = False, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self.directory = directory / str(self.port)
-        self.directory.mkdir()
+    def __init__(self, directory: Path, *config: str, sentinel: bool = False,
+                 choose: Callable[[], int] = free_port) -> None:
+        for attempt in range(3):
+            try:
+                self._start(directory, choose(), config, sentinel)
+                return
+            except PortTaken:  # another process took the port between its choice and the start: choose again
+                if attempt == 2:
+                    raise
+
+    def _start(self, directory: Path, port: int, config: tuple[str, ...], sentinel: bool) -> None:
+        self.port = port
+        self.directory = Path(tempfile.mkdtemp(prefix=f"{port}-", dir=directory))  # a failed start's beside it
         lines = [f"port {self.port}", "bind 127.0.0.1", 'save ""', "appendonly no", f"dir {self.directory}",
                  "repl-diskless-sync-delay 0", "loglevel warning", f"logfile {self.directory / 'log'}", *config]
         conf = self.directory / "redis.conf"
@@ -65,12 +74,20 @@ class Node:
         command = [find_binary(), str(conf)] + (["--sentinel"] if sentinel else [])
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.client = redis.Redis(port=self.port, socket_connect_timeout=0.5, socket_timeout=2, decode_responses=True)
-        try:
-            wait_for(lambda: self.process.poll() is not None or self.client.ping(), 10, f"redis-server on port {self.port}")
-        finally:
-            if self.process.poll() is not None:
-                log = (self.directory / "log").read_text(errors="replace") if (self.directory / "log").exists() else ""
-                raise RuntimeError(f"redis-server on port {self.port} exited: {log[-2000:]}")
+        try:  # the server answering must be this one: another process may hold the port (ours then exits)
+            wait_for(lambda: self.process.poll() is not None or self._pid() == self.process.pid, 10,
+                     f"redis-server on port {self.port}")
+        except RuntimeError:
+            self.kill()
+            raise
+        if self.process.poll() is not None:
+            self.client.close()
+            log = (self.directory / "log").read_text(errors="replace") if (self.directory / "log").exists() else ""
+            error = PortTaken if "in use" in log else RuntimeError
+            raise error(f"redis-server on port {self.port} exited: {log[-2000:]}")
+
+    def _pid(self) -> int:
+        return self.client.info("server")["process_id"]
 
     def kill(self) -> None:
         """Die at once, as a crashed server or a lost machine would."""
@@ -105,8 +122,9 @@ class LocalCluster:
         self.replicas: list[Node] = []
         config = ("cluster-enabled yes", "cluster-config-file nodes.conf", f"cluster-node-timeout {NODE_TIMEOUT_MS}")
         try:
-            self.masters = [Node(self.directory, *config, port=cluster_port()) for _ in range(masters)]
-            self.replicas = [Node(self.directory, *config, port=cluster_port()) for _ in range(masters if replicas else 0)]
+            self.masters = [Node(self.directory, *config, choose=cluster_port) for _ in range(masters)]
+            self.replicas = [Node(self.directory, *config, choose=cluster_port)
+                             for _ in range(masters if replicas else 0)]
             self._join()
         except BaseException:
             self.stop()

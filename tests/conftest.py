@@ -1,16 +1,22 @@
-"""A real Redis for the whole session (REDIS_URL, or a private server started here), emptied per test."""
+"""A real Redis for the whole session (REDIS_URL, or a private server started here), emptied per test.
+
+Under pytest-xdist (`make test`: -n 3) each worker is a session of its own: its own private server, its own
+test database (pytest-django names it per worker), its own temporary directories."""
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import time
+from pathlib import Path
 
 import pytest
 from django.conf import settings
 from django_redis import get_redis_connection
 from django_redis.pool import ConnectionFactory
 
-from project.devredis import PrivateRedis
+from project.devredis import PrivateRedis, find_server
 from ratelimit_app import testing
 from ratelimit_app.connection import ClusterConnectionFactory
 
@@ -18,14 +24,67 @@ _private: PrivateRedis | None = None
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Point the cache at the server before anything connects (settings were read already)."""
+    """Point the cache at the server before anything connects (settings were read already).
+
+    Each pytest-xdist worker starts a private server of its own, even under REDIS_URL: tests flush it, load
+    and flush its functions, change its configuration and kill its clients, so two workers must never share
+    one. A run in one process (-n 0) uses REDIS_URL when it is set. Subprocesses inherit the worker's."""
     global _private
-    if not os.environ.get("REDIS_URL"):
+    if _controller(config):
+        return  # xdist's controller only hands tests to the workers
+    if hasattr(config, "workerinput") or not os.environ.get("REDIS_URL"):
         _private = PrivateRedis().start()
         os.environ["REDIS_URL"] = _private.url  # for subprocesses the tests start
     settings.CACHES["default"]["LOCATION"] = os.environ["REDIS_URL"]
     # users made by tests log in without a million rounds of PBKDF2 each (servers the tests start keep the default)
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if _controller(config):
+        return "redis: a private server for each worker: {} ({})".format(*find_server())
+    if _private:
+        return f"redis: a private server at {_private.url}: {_private.binary} ({_private.origin})"
+    return f"redis: {os.environ['REDIS_URL']} (REDIS_URL)"
+
+
+def _controller(config: pytest.Config) -> bool:
+    """Whether this process is xdist's controller, which runs no test itself (-n N with N > 0)."""
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "tx", None))
+
+
+@pytest.hookimpl(optionalhook=True)  # -p no:xdist: no such hook
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """-n N: tests go one by one to whichever worker is free, except that the tests of a module that defines
+    a fixture of module or class scope (a built package, a cluster, a migrated site) all go to one worker,
+    so that it is made once; xdist hands out the largest such groups first."""
+    if config.getoption("dist") != "load":
+        return None  # --dist loadfile, loadscope...: as asked
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByTestOrSharedModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if _shares_fixtures(config.rootpath / module) else nodeid
+
+    return ByTestOrSharedModule(config, log)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """-n N: the tests marked slow first, in their random order, so that none is left running alone at the end."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@functools.cache
+def _shares_fixtures(module: Path) -> bool:
+    """Whether a test module defines a fixture that several of its tests share (read, not imported: xdist's
+    controller collects nothing)."""
+    return module.suffix == ".py" and bool(SHARED_FIXTURE.search(module.read_text()))
+
+
+SHARED_FIXTURE = re.compile(r"""@pytest\.fixture\([^)]*scope=["'](class|module|package)["']""")
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:

@@ -91,6 +91,9 @@ NOT_CACHES = {
     "faults.counts": "the limiter's own errors: one entry per kind (exception class)",
     "faults.last": "the limiter's own errors: one entry per kind (exception class)",
     "faults._logged_at": "the limiter's own errors: one entry per kind (exception class)",
+    "unreadable_said._at": "log gates: one entry per kind of failure (class of error, signal name)",
+    "unwritten_said._at": "log gates: one entry per kind of failure (class of error, signal name)",
+    "receiver_failed_said._at": "log gates: one entry per kind of failure (class of error, signal name)",
 }
 CONTAINERS = (dict, set, list, collections.deque, weakref.WeakKeyDictionary, weakref.WeakValueDictionary,
               weakref.WeakSet, threading.local)

@@ -25,10 +25,12 @@ from django.utils.module_loading import import_string
 
 from .. import registry, strategies
 from ..conf import get_setting
-from ..engine import Decision, RedisUnavailable
+from ..boundary import DECORATOR
+from ..engine import Decision
 from ..lru import byte_bounded_cache
 from ..rates import format_rate, parse_rate
 from ..registry import CodePolicy
+from ..values import Unavailable
 from . import door
 from .django_ratelimit_keys import get_ip as _get_ip  # noqa: F401 (django_ratelimit.core's name, imported by its users)
 from .django_ratelimit_keys import key_label, key_value, subject
@@ -138,8 +140,8 @@ def get_usage(request, group=None, fn=None, key=None, rate=None, method=ALL,
     policy = _policy(group, None if computed else limit, window, _methods(method), key_label(key))
     want = door.Want(policy, subject(key, value), limit if computed else None)  # else the admin's limit
     try:
-        decision = door.decide(request, [want], dry_run=not increment)[0]
-    except RedisUnavailable:
+        decision = door.decide(request, [want], dry_run=not increment, door=DECORATOR)[0]
+    except Unavailable:  # Redis, or any failure of the limiter's (recorded by the boundary)
         # a check that counts follows RATELIMIT_FAIL_OPEN (default False, as in django-ratelimit); one that
         # does not count cannot know and says "not limited", as django-ratelimit's cache lookup does
         fail_open = hasattr(settings, "RATELIMIT_FAIL_OPEN") and get_setting("RATELIMIT_FAIL_OPEN")  # "false" too

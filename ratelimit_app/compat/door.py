@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 from .. import policies
-from ..boundary import THROTTLE
+from ..boundary import THROTTLE, Door, faults
 from ..actions import look
 from ..doors import entering, state_of
 from ..drivers import run
@@ -14,7 +14,7 @@ from ..limiter import deciding
 from ..plans import limit_in_effect
 from ..registry import CodePolicy
 from ..subjects import bounded_display, subject_key
-from ..values import Check, Decision, Subject
+from ..values import Check, Decision, Subject, Unavailable
 
 
 class Want(NamedTuple):
@@ -30,12 +30,29 @@ def subject(canonical: str, display: str | None = None) -> Subject:
     return Subject(subject_key(canonical), bounded_display(canonical if display is None else display))
 
 
-def decide(request, wants: Sequence[Want], *, now: float | None = None, dry_run: bool = False) -> list[Decision | None]:
+class Undecided(Unavailable):
+    """The limiter failed deciding a compat door's request (recorded by the boundary): the door applies its
+    failure rule, as for Redis unreachable."""
+
+
+def decide(request, wants: Sequence[Want], *, now: float | None = None, dry_run: bool = False,
+           door: Door = THROTTLE) -> list[Decision | None]:
     """The decision of each want, in order; None for a policy the operator disabled or an exempt subject.
 
     Through the request's one pipeline (limiter.deciding): with the policies the middleware left to this
-    door, the overrides, the deny cache, all-or-nothing. Raises engine.RedisUnavailable (recorded).
+    door, the overrides, the deny cache, all-or-nothing. Inside the boundary: raises Unavailable
+    (engine.RedisUnavailable, or Undecided for any other failure of the limiter's, recorded).
     """
+    try:
+        return _decide(request, wants, now, dry_run)
+    except Unavailable:
+        raise
+    except Exception as error:  # noqa: BLE001 - the boundary (boundary.py): the database away, a key function
+        faults.record(error, door, request)
+        raise Undecided(f"the limiter could not decide ({error!r})") from error
+
+
+def _decide(request, wants: Sequence[Want], now: float | None, dry_run: bool) -> list[Decision | None]:
     index = policies.get_index()  # a class or scope first seen now was declared: the index holds it
     checks = [_check(index, request, want) for want in wants]
     asked = [check for check in checks if check is not None]

@@ -23,11 +23,12 @@ from rest_framework.throttling import BaseThrottle
 
 from .. import registry, strategies
 from ..conf import get_setting
-from ..engine import Decision, RedisUnavailable
+from ..engine import Decision
 from ..lru import byte_bounded_cache
 from ..rates import parse_rate
 from ..registry import CodePolicy
 from ..throttling import RateLimitUnavailable
+from ..values import Unavailable
 from . import door
 
 logger = logging.getLogger("ratelimit_app")
@@ -135,7 +136,7 @@ class SimpleRateThrottle(drf.SimpleRateThrottle):
         now = None if self.timer is time.time else self.now  # DRF's tests move time by replacing the timer
         try:
             decisions = door.decide(request, wants, now=now)
-        except RedisUnavailable:
+        except Unavailable:  # Redis, or any failure of the limiter's (recorded): the failure rule
             if get_setting("RATELIMIT_FAIL_OPEN"):
                 return {}
             raise RateLimitUnavailable() from None

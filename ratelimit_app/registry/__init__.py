@@ -25,7 +25,9 @@ from .known import (
     undeclare,
     view_path,
 )
-from .rows import changed_fields, no_longer_in_code, revert, sync, sync_pending, unsaved_row, write_pending
+from .rows import (
+    changed_fields, no_longer_in_code, revert, sync, sync_pending, unsaved_row, unwritten_said, write_pending,
+)
 
 __all__ = [
     "CodePolicy",
@@ -52,6 +54,7 @@ __all__ = [
     "slug_name",
     "sync",
     "sync_pending",
+    "unwritten_said",
     "undeclare",
     "unsaved_row",
     "view_path",

@@ -13,11 +13,13 @@ from django.db.models.signals import post_migrate
 from django.dispatch import receiver
 from django.utils import timezone
 
+from ..loggate import LogGate
 from ..models import Policy, Source
 from . import known
 from .declarations import CODE_FIELDS, COMPUTED, OPERATOR_FIELDS, RATE_FIELDS, CodePolicy, error_text
 
 logger = logging.getLogger("ratelimit_app")
+unwritten_said = LogGate()
 
 
 def sync(policies: Sequence[CodePolicy] | None = None, *, using: str = "default") -> int:
@@ -32,7 +34,9 @@ def sync(policies: Sequence[CodePolicy] | None = None, *, using: str = "default"
     try:
         written = _write(policies, using)
     except DatabaseError as error:
-        logger.error("ratelimit: could not write the policies declared in code to the database: %s", error)
+        if unwritten_said.due():  # tried again every second while the database is away: said once a minute
+            logger.error("ratelimit: could not write the policies declared in code to the database (tried again "
+                         "every second, enforced as declared meanwhile): %s", error)
         known.retry_later()
         return 0
     known.mark_written(policies)
