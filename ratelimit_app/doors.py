@@ -94,15 +94,18 @@ def forget_routes() -> None:
 
 def through_middleware(request, get_response) -> Steps:
     """The middleware: first in (it decides, unless a door inside will), last out."""
-    return around_view(request, Io(get_response, get_response, (request,)), _through(request), MIDDLEWARE)
-
-
-def _through(request) -> Steps[RequestState | None]:
     try:
         route = route_of(request)
     except Exception as error:  # noqa: BLE001 - resolving is the limiter's step too (boundary.py)
-        return undecided(request, error, MIDDLEWARE)
-    return (yield from entering(request, route.names, last=not route.door_inside, route=route))
+        turn = _given(undecided(request, error, MIDDLEWARE))
+    else:  # entering() is the turn itself: a generator less to make and resume on every request
+        turn = entering(request, route.names, last=not route.door_inside, route=route)
+    return around_view(request, Io(get_response, get_response, (request,)), turn, MIDDLEWARE)
+
+
+def _given(state: RequestState | None) -> Steps[RequestState | None]:
+    return state
+    yield  # steps with no I/O
 
 
 def around_view(request, view: Io, turn: Steps[RequestState | None], door: Door) -> Steps:
@@ -113,6 +116,8 @@ def around_view(request, view: Io, turn: Steps[RequestState | None], door: Door)
         state = yield from turn
         if state is not None and state.refused:
             try:
+                if not state.held:  # most refusals hold no place: no steps to give one back
+                    return refusal(request, state)
                 return (yield from leaving(request, refusal(request, state), state))
             except Exception as error:  # noqa: BLE001 - the boundary (boundary.py): refused all the same
                 faults.record(error, door)
@@ -125,6 +130,8 @@ def around_view(request, view: Io, turn: Steps[RequestState | None], door: Door)
         try:
             if state.awaiting:  # the door inside never ran (DRF refused first): decide now
                 yield from entering(request, (), last=True, door=door)
+            if not state.held:  # most requests hold no place (no in-flight policy): nothing to give back
+                return answer(request, response, state)
             return (yield from leaving(request, answer(request, response, state), state))
         except Exception as error:  # noqa: BLE001 - the boundary: the view's answer goes as it is
             faults.record(error, door)
@@ -157,37 +164,33 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, route: Rou
     last); the last door to see the request makes its one call. The middleware's `route`: no state on
     this app's admin pages or when no policy can apply (then a request costs nothing). Inside the
     boundary: a failure gives undecided()'s answer."""
-    try:
-        return (yield from _entering(request, names, last, cost, route))
+    try:  # one generator, not two: every request of the middleware runs it
+        if not get_setting("RATELIMIT_ENABLED") or route is not None and route.exempt:
+            return None
+        index = policies.fresh_index()
+        if index is None:
+            index = yield Io(policies.get_index, policies.aget_index)
+        if not index.policies:
+            return None
+        matched = None
+        if route is not None:
+            matched = index.matching(path=request.path_info, names=names, method=request.method)
+            if not matched:
+                return None
+        state = state_of(request, names)
+        if route is not None:
+            state.json_api = route.json_api
+        if cost is not None:
+            state.cost = cost
+        state.awaiting = not last  # an outer door leaves the call to the door inside
+        if last:
+            if len(state.names) != len(names):  # a door before gathered other names: matched anew
+                matched = None
+            yield from deciding(request, state, index, matched=matched)
+            state.refused = bool(state.denied) or state.unavailable
+        return state
     except Exception as error:  # noqa: BLE001 - the boundary (boundary.py)
         return undecided(request, error, door)
-
-
-def _entering(request, names, last: bool, cost: Cost | None, route: Route | None) -> Steps:
-    if not get_setting("RATELIMIT_ENABLED") or route is not None and route.exempt:
-        return None
-    index = policies.fresh_index()
-    if index is None:
-        index = yield Io(policies.get_index, policies.aget_index)
-    if not index.policies:
-        return None
-    matched = None
-    if route is not None:
-        matched = index.matching(path=request.path_info, names=names, method=request.method)
-        if not matched:
-            return None
-    state = state_of(request, names)
-    if route is not None:
-        state.json_api = route.json_api
-    if cost is not None:
-        state.cost = cost
-    state.awaiting = not last  # an outer door leaves the call to the door inside
-    if last:
-        if len(state.names) != len(names):  # a door before gathered other names: matched anew
-            matched = None
-        yield from deciding(request, state, index, matched=matched)
-        state.refused = bool(state.denied) or state.unavailable
-    return state
 
 
 def state_of(request, names: Iterable[str | None] = ()) -> RequestState:
