@@ -256,3 +256,19 @@ def test_redis_down_fail_closed_answers_503_with_retry_after(client, settings):
     response = get(client)
     assert response.status_code == 503
     assert response.headers["Retry-After"] == "1"
+
+
+def test_a_settings_change_decides_who_a_request_is_from_anew_on_a_route_already_seen(client, settings):
+    # the middleware keeps a route's checks per client address: trusting a proxy from now on must count the
+    # address it forwards, not the proxy's seen before
+    make(key="ip", limit=1)
+    assert get(client, ip="10.0.0.1", HTTP_X_FORWARDED_FOR="203.0.113.1").status_code == 200
+    assert get(client, ip="10.0.0.1", HTTP_X_FORWARDED_FOR="203.0.113.2").status_code == 429
+    settings.RATELIMIT_TRUSTED_PROXIES = ["10.0.0.0/8"]
+    assert get(client, ip="10.0.0.1", HTTP_X_FORWARDED_FOR="203.0.113.3").status_code == 200
+    assert get(client, ip="10.0.0.1", HTTP_X_FORWARDED_FOR="203.0.113.3").status_code == 429
+
+
+def test_a_route_seen_from_one_address_counts_another_address_apart(client):
+    make(key="ip", limit=1)
+    assert [get(client, ip=f"198.51.100.{i}").status_code for i in (1, 1, 2, 2)] == [200, 429, 200, 429]
