@@ -240,14 +240,14 @@ def _fold_noted(pending: _Pending, noted: deque, records: int) -> None:
     counts, entries = pending.counts, pending.entries
     for record in zip(*(fields,) * NOTED):  # the records, NOTED fields each, grouped in C
         policy, member, shard, refused_before, exceeded, count, reset_ms, before_ms, now_ms, cost = record
-        if exceeded or refused_before or before_ms < 0:
+        if exceeded or refused_before or before_ms == -1:  # a refusal, or a counter that starts: as _fold does
             _fold(pending, *record)
             continue
         bucket = policy.totals_bucket_ms
         key = (policy, shard, "a", now_ms // bucket)
         counts[key] = counts.get(key, 0) + 1
         after = -(-(now_ms + reset_ms) // bucket)  # the totals bucket in which the counter empties
-        before = -(-(now_ms + before_ms) // bucket)
+        before = -(-(now_ms + before_ms) // bucket) if before_ms >= 0 else after  # -2: where it was
         if before != after:
             moves = pending.moves
             moves[(policy, shard, after)] += 1
