@@ -181,6 +181,9 @@ def worker(route: str, path: str, server: str) -> None:
             requests(int(count))
         elif word == "flush":
             flush()
+        elif word == "tally":  # the tally's flush alone (a look into the flush's share)
+            tally._flush()
+            hold_timers()
         print("done", flush=True)
 
 
