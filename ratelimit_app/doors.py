@@ -223,7 +223,7 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, route: Rou
             index = yield Io(policies.get_index, policies.aget_index)
         if not index.policies:
             return None
-        matched = checks = None
+        matched = checks = by_address = None
         if route is not None:
             key = (request.path_info, request.method, names)
             remembered = _routes.get(index, key)
