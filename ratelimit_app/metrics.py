@@ -15,8 +15,8 @@ from bisect import bisect_left
 from collections import Counter, deque
 from functools import partial, reduce
 from itertools import repeat, starmap
-from operator import add
 from math import inf
+from operator import add
 from typing import TYPE_CHECKING, Any
 
 from django.http import HttpRequest, HttpResponse
