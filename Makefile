@@ -50,8 +50,10 @@ docs: $(VENV)/.dev
 	$(BIN)/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
 	@echo "The documentation is in docs/_build/html/index.html"
 
+# then the instructions the worker runs per request (valgrind's callgrind; skipped, saying so, without valgrind)
 bench: $(VENV)/.bench
 	$(WITH_REDIS) $(BIN)/python -m bench $(BENCH_ARGS)
+	$(WITH_REDIS) $(BIN)/python -m bench.request_instructions
 
 clean:
 	rm -rf $(VENV) .nox var docs/_build

@@ -2,9 +2,12 @@
 `limits` fixed-window hit (the leanest limiter: no policies, headers or live page), behind
 django-ratelimit's and django-smart-ratelimit's decorators, and as a DRF view with no throttle, with
 DRF's UserRateThrottle and with our PolicyThrottle; under ASGI, the same as an async view: plain,
-doing one PING through redis.asyncio, and behind django-smart-ratelimit's aratelimit."""
+doing one PING through redis.asyncio, and behind django-smart-ratelimit's aratelimit. BENCH_FIRST names
+a route put first in the URLconf (bench/request_instructions.py: every compared route resolves alike)."""
 
 from __future__ import annotations
+
+import os
 
 import redis.asyncio
 from django.conf import settings
@@ -14,6 +17,7 @@ from django_redis import get_redis_connection
 from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import APIView
 
+from ratelimit_app.decorators import ratelimit as our_ratelimit
 from ratelimit_app.throttling import PolicyThrottle
 
 
@@ -23,6 +27,19 @@ def trivial(request):
 
 def ping(request):
     get_redis_connection("default").ping()
+    return trivial(request)
+
+
+_kept = None
+
+
+def ping_kept(request):
+    """One PING on a redis-py connection the worker keeps: the least any Redis-backed limiter adds."""
+    global _kept
+    if _kept is None:  # made in the worker (after the fork)
+        _kept = get_redis_connection("default").__class__(connection_pool=get_redis_connection("default")
+                                                          .connection_pool, single_connection_client=True)
+    _kept.ping()
     return trivial(request)
 
 
@@ -39,6 +56,11 @@ async def async_ping(request):
         _async_client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
     await _async_client.ping()
     return await async_trivial(request)
+
+
+@our_ratelimit("bench-decorated")
+def decorated(request):
+    return trivial(request)
 
 
 class Trivial(APIView):
@@ -62,12 +84,15 @@ urlpatterns = [
     path("p0/", trivial, name="p0"),
     path("p1/", trivial, name="p1"),
     path("p3/", trivial, name="p3"),
+    path("p1-token-bucket/", trivial, name="p1-token-bucket"),  # one token bucket policy
     # served without it
     path("plain/", trivial, name="plain"),
     path("drf/", Trivial.as_view(), name="drf"),
     path("drf-user-throttle/", UserThrottled.as_view(), name="drf-user-throttle"),
     path("drf-policy-throttle/", PolicyThrottled.as_view(), name="drf-policy-throttle"),
     path("ping/", ping, name="ping"),
+    path("ping-kept/", ping_kept, name="ping-kept"),
+    path("decorated/", decorated, name="decorated"),  # our @ratelimit, one fixed-window policy
     # served by uvicorn (ASGI); with RateLimitMiddleware, async-p1 is matched by one policy
     path("async/plain/", async_trivial, name="async-plain"),
     path("async/p0/", async_trivial, name="async-p0"),
@@ -115,3 +140,7 @@ else:
         return trivial(request)
 
     urlpatterns.append(path("limits/", limits_hit, name="limits"))
+
+if os.environ.get("BENCH_FIRST"):
+    first = [pattern for pattern in urlpatterns if pattern.name == os.environ["BENCH_FIRST"]]
+    urlpatterns = first + [pattern for pattern in urlpatterns if pattern not in first]

@@ -12,10 +12,10 @@ from . import engine, policies
 from .boundary import MIDDLEWARE, Door, fail_open, faults, guarded, protected
 from .conf import get_setting
 from .drivers import Io, Steps, run
-from .limiter import Cost, RequestState, deciding, holding_now
+from .limiter import Cost, RequestState, deciding, holding_now, pending_checks
 from .lru import byte_bounded_cache
 from .responses import answer, bare_refusal, refusal
-from .subjects import http_request
+from .subjects import SIMPLE_PARTS, addresses, http_request
 from .values import Held
 
 STATE_ATTRIBUTE = "_ratelimit"  # the request's RequestState, in its HttpRequest's __dict__
@@ -89,20 +89,74 @@ def forget_routes() -> None:
     _resolve_route.cache_clear()
 
 
+class _Routes:
+    """What the middleware found for a route under one policy index: the policies it matches, and when
+    their subjects depend on the client's address alone (no override, no plan, no trusted proxy), their
+    checks by address. Matching and computing subjects again gave the same answer for a few microseconds
+    a request; a new index, a settings change or MOST entries start afresh."""
+
+    MOST = 4096  # routes, and addresses of a route: a client inventing paths or addresses only starts afresh
+
+    def __init__(self) -> None:
+        self.index: object = None
+        self.found: dict[tuple, tuple[list, dict | None]] = {}
+
+    def get(self, index, key: tuple) -> tuple[list, dict | None] | None:
+        return self.found.get(key) if index is self.index else None
+
+    def remember(self, index, key: tuple, matched: list) -> tuple[list, dict | None]:
+        if index is not self.index or len(self.found) >= self.MOST:
+            self.found, self.index = {}, index
+        by_address = _BoundedDict() if matched and _by_address(index, matched) else None
+        found = self.found[key] = (matched, by_address)
+        return found
+
+    def forget(self) -> None:
+        self.found, self.index = {}, None
+
+
+class _BoundedDict(dict):
+    def __setitem__(self, key, value) -> None:
+        if len(self) >= _Routes.MOST:
+            self.clear()
+        super().__setitem__(key, value)
+
+
+_ADDRESS_READS = (SIMPLE_PARTS["ip"].read, SIMPLE_PARTS["global"].read)
+
+
+def _by_address(index: policies.PolicyIndex, matched) -> bool:
+    """Whether the checks of `matched` depend on the client's address (REMOTE_ADDR) alone."""
+    if index.overrides or index.plans or addresses._trusted_proxies().networks:
+        return False
+    return all(part.read in _ADDRESS_READS for policy in matched for part in policy.key_spec)
+
+
+_routes = _Routes()
+
+
+def forget_checks() -> None:
+    """A setting changed (trusted proxies, address grouping...): subjects are computed anew."""
+    _routes.forget()
+
+
 # --- the sequence ----------------------------------------------------------------------------------
 
 
 def through_middleware(request, get_response) -> Steps:
     """The middleware: first in (it decides, unless a door inside will), last out."""
-    return around_view(request, Io(get_response, get_response, (request,)), _through(request), MIDDLEWARE)
-
-
-def _through(request) -> Steps[RequestState | None]:
     try:
         route = route_of(request)
     except Exception as error:  # noqa: BLE001 - resolving is the limiter's step too (boundary.py)
-        return undecided(request, error, MIDDLEWARE)
-    return (yield from entering(request, route.names, last=not route.door_inside, route=route))
+        turn = _given(undecided(request, error, MIDDLEWARE))
+    else:  # entering() is the turn itself: a generator less to make and resume on every request
+        turn = entering(request, route.names, last=not route.door_inside, route=route)
+    return around_view(request, Io(get_response, get_response, (request,)), turn, MIDDLEWARE)
+
+
+def _given(state: RequestState | None) -> Steps[RequestState | None]:
+    return state
+    yield  # steps with no I/O
 
 
 def around_view(request, view: Io, turn: Steps[RequestState | None], door: Door) -> Steps:
@@ -113,6 +167,8 @@ def around_view(request, view: Io, turn: Steps[RequestState | None], door: Door)
         state = yield from turn
         if state is not None and state.refused:
             try:
+                if not state.held:  # most refusals hold no place: no steps to give one back
+                    return refusal(request, state)
                 return (yield from leaving(request, refusal(request, state), state))
             except Exception as error:  # noqa: BLE001 - the boundary (boundary.py): refused all the same
                 faults.record(error, door)
@@ -125,6 +181,8 @@ def around_view(request, view: Io, turn: Steps[RequestState | None], door: Door)
         try:
             if state.awaiting:  # the door inside never ran (DRF refused first): decide now
                 yield from entering(request, (), last=True, door=door)
+            if not state.held:  # most requests hold no place (no in-flight policy): nothing to give back
+                return answer(request, response, state)
             return (yield from leaving(request, answer(request, response, state), state))
         except Exception as error:  # noqa: BLE001 - the boundary: the view's answer goes as it is
             faults.record(error, door)
@@ -157,37 +215,46 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, route: Rou
     last); the last door to see the request makes its one call. The middleware's `route`: no state on
     this app's admin pages or when no policy can apply (then a request costs nothing). Inside the
     boundary: a failure gives undecided()'s answer."""
-    try:
-        return (yield from _entering(request, names, last, cost, route))
+    try:  # one generator, not two: every request of the middleware runs it
+        if not get_setting("RATELIMIT_ENABLED") or route is not None and route.exempt:
+            return None
+        index = policies.fresh_index()
+        if index is None:
+            index = yield Io(policies.get_index, policies.aget_index)
+        if not index.policies:
+            return None
+        matched = checks = by_address = None
+        if route is not None:
+            key = (request.path_info, request.method, names)
+            remembered = _routes.get(index, key)
+            if remembered is None:
+                remembered = _routes.remember(index, key, index.matching(path=request.path_info, names=names,
+                                                                          method=request.method))
+            matched, by_address = remembered
+            if not matched:
+                return None
+        state = state_of(request, names)
+        if route is not None:
+            state.json_api = route.json_api
+        if cost is not None:
+            state.cost = cost
+        state.awaiting = not last  # an outer door leaves the call to the door inside
+        if last:
+            if len(state.names) != len(names):  # a door before gathered other names: matched anew
+                matched = None
+            elif by_address is not None and not state.decided:
+                address = request.META.get("REMOTE_ADDR")
+                checks = by_address.get(address)
+                if checks is None:
+                    checks = by_address[address] = pending_checks(request, state, index, matched)
+            if checks is not None:
+                yield from deciding(request, state, index, extra=checks, pending=False)
+            else:
+                yield from deciding(request, state, index, matched=matched)
+            state.refused = bool(state.denied) or state.unavailable
+        return state
     except Exception as error:  # noqa: BLE001 - the boundary (boundary.py)
         return undecided(request, error, door)
-
-
-def _entering(request, names, last: bool, cost: Cost | None, route: Route | None) -> Steps:
-    if not get_setting("RATELIMIT_ENABLED") or route is not None and route.exempt:
-        return None
-    index = policies.fresh_index()
-    if index is None:
-        index = yield Io(policies.get_index, policies.aget_index)
-    if not index.policies:
-        return None
-    matched = None
-    if route is not None:
-        matched = index.matching(path=request.path_info, names=names, method=request.method)
-        if not matched:
-            return None
-    state = state_of(request, names)
-    if route is not None:
-        state.json_api = route.json_api
-    if cost is not None:
-        state.cost = cost
-    state.awaiting = not last  # an outer door leaves the call to the door inside
-    if last:
-        if len(state.names) != len(names):  # a door before gathered other names: matched anew
-            matched = None
-        yield from deciding(request, state, index, matched=matched)
-        state.refused = bool(state.denied) or state.unavailable
-    return state
 
 
 def state_of(request, names: Iterable[str | None] = ()) -> RequestState:

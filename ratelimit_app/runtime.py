@@ -30,6 +30,7 @@ FORGET: tuple[tuple[set[str] | None, Callable[[], None]], ...] = (
     (CACHE_SETTINGS, forget_admin_client),
     (CACHE_SETTINGS, engine.server_clock.forget),  # another server's clock
     (None, subjects.forget_settings),  # several settings shape subjects: cheap to forget
+    (None, doors.forget_checks),  # the subjects the middleware keeps per route and address, with them
     ({"RATELIMIT_METRICS"}, metrics.forget_settings),
     ({"RATELIMIT_POLICY_RECHECK_SECONDS", "RATELIMIT_POLICY_RELOAD_SECONDS"}, policies.forget_settings),
     ({"RATELIMIT_POLICIES", "REST_FRAMEWORK"}, registry.forget_synced),  # what the declarations' providers read
@@ -66,6 +67,7 @@ state = AppState((
     ("code declarations of views, written rows, URLconf read", registry.forget_declarations),
     ("resolved routes", doors.forget_routes),
     ("every cache bounded in bytes (script arguments, packed commands, subjects ...)", lru.clear),
+    ("policies and checks kept per route", doors.forget_checks),
     ("deny cache", deny_cache.clear),
     ("circuit breaker", breaker.reset),
     ("outage log's last line", outage.reset),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,20 @@ def test_every_row_a_floor_budget_compares_gets_the_extra_rounds():
                 "ratelimit_app middleware, 1 policy", "ratelimit_app middleware (async), 1 policy"}
     assert compared == COMPARED
     assert COMPARED <= {configuration.name for configuration in CONFIGURATIONS}
+
+
+@pytest.mark.skipif(not shutil.which("valgrind"), reason="valgrind is not installed")
+def test_the_instructions_table_counts_a_request_and_its_redis_call():
+    # the plain view and one policy through the middleware, few requests: the table is printed with its command
+    with PrivateRedis() as server:
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.request_instructions", "--rows", "1,4", "--counts", "5,15"],
+            cwd=ROOT, env={**os.environ, "REDIS_URL": server.url}, capture_output=True, text=True, timeout=900,
+        )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "python -m bench.request_instructions" in done.stdout
+    rows = {match[0].strip(): match[1:] for match in
+            re.findall(r"^\| ([^|]+) \| +([\d,]+) \|[^|]*\|[^|]*\|[^|]*\| +([\d.]+) \|$", done.stdout, re.MULTILINE)}
+    assert float(rows["plain view"][1]) == 0  # no Redis command
+    assert float(rows["middleware, 1 fixed-window policy"][1]) >= 1  # the decision's one call, at least
+    assert int(rows["middleware, 1 fixed-window policy"][0].replace(",", "")) > int(rows["plain view"][0].replace(",", ""))

@@ -59,3 +59,16 @@ def test_a_policy_of_costly_requests_still_counts_in_requests():
     assert members(response["RateLimit-Policy"]) == {"uploads": {"q": "10", "w": "60"}}
     state = members(response["RateLimit"])["uploads"]
     assert set(state) == {"r", "t"} and state["r"] == "6"  # units of requests, weighted; no pk: subjects stay private
+
+
+def test_one_policys_headers_read_as_djangos_header_setter_writes_them():
+    name = "per-minute"
+    # one policy's headers skip Django's setter when it would store them unchanged: the same bytes either way
+    make_policy(name=name, action="*", limit=100, window=60)
+    response = RateLimitMiddleware(lambda request: HttpResponse("ok"))(RequestFactory().get("/plain/", REMOTE_ADDR=IP))
+    expected = HttpResponse()
+    expected.headers["RateLimit-Policy"] = f'"{name}";q=100;w=60'
+    assert response.headers["RateLimit-Policy"] == expected.headers["RateLimit-Policy"]
+    assert [key for key, _ in response.items() if key.lower().startswith("ratelimit")] == ["RateLimit-Policy",
+                                                                                           "RateLimit"]
+    assert response.headers["RateLimit"].startswith(expected.headers["RateLimit-Policy"].split(";")[0] + ";r=99;t=")

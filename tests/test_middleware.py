@@ -275,3 +275,19 @@ def test_a_request_without_the_header_a_per_key_policy_counts_is_not_limited_by_
     make_policy(name="api-per-key", action="demo:search", limit=1, key="header:X-Api-Key")
     assert [get(client).status_code for _ in range(3)] == [200, 200, 200]  # no key: no subject, not counted
     assert [get(client, HTTP_X_API_KEY="k1").status_code for _ in range(2)] == [200, 429]
+
+
+def test_a_settings_change_decides_who_a_request_is_from_anew_on_a_route_already_seen(client, settings):
+    # the middleware keeps a route's checks per client address: trusting a proxy from now on must count the
+    # address it forwards, not the proxy's seen before
+    make(key="ip", limit=1)
+    assert get(client, ip="10.0.0.1", HTTP_X_FORWARDED_FOR="203.0.113.1").status_code == 200
+    assert get(client, ip="10.0.0.1", HTTP_X_FORWARDED_FOR="203.0.113.2").status_code == 429
+    settings.RATELIMIT_TRUSTED_PROXIES = ["10.0.0.0/8"]
+    assert get(client, ip="10.0.0.1", HTTP_X_FORWARDED_FOR="203.0.113.3").status_code == 200
+    assert get(client, ip="10.0.0.1", HTTP_X_FORWARDED_FOR="203.0.113.3").status_code == 429
+
+
+def test_a_route_seen_from_one_address_counts_another_address_apart(client):
+    make(key="ip", limit=1)
+    assert [get(client, ip=f"198.51.100.{i}").status_code for i in (1, 1, 2, 2)] == [200, 429, 200, 429]

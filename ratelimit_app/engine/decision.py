@@ -77,8 +77,17 @@ async def _asaved(checks: Sequence[Check], now_ms: int) -> dict:
 
 def _send(checks: Sequence[Check], call: Ask, version: bool) -> Verdict:
     # the client is made inside the breaker's attempt: it connects as it is made, and that may fail too
-    with Attempt(breaker):
-        return _decide(decision_client(), checks, call, version)
+    if breaker.open_until:  # after an outage: refused at once, or the half-open circuit's probe
+        with Attempt(breaker):
+            return _decide(decision_client(), checks, call, version)
+    try:  # the closed circuit, Attempt's work written out: no object a request
+        verdict = _decide(decision_client(), checks, call, version)
+    except redis.RedisError as error:
+        breaker._failed(error)  # raises
+        raise
+    if breaker.open_until:  # opened by another call meanwhile: this answer closes it
+        breaker._closed()
+    return verdict
 
 
 def _decide(redis_client: redis.Redis, checks: Sequence[Check], call: Ask, version: bool) -> Verdict:
