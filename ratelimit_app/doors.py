@@ -13,7 +13,7 @@ from .boundary import MIDDLEWARE, Door, fail_open, faults, guarded, protected
 from .conf import get_setting
 from .drivers import Io, Steps, run
 from .limiter import Cost, RequestState, deciding, holding_now, pending_checks
-from .lru import byte_bounded_cache
+from .lru import BoundedCache, byte_bounded_cache
 from .responses import answer, bare_refusal, refusal
 from .subjects import SIMPLE_PARTS, addresses, http_request
 from .values import Held
@@ -89,37 +89,43 @@ def forget_routes() -> None:
     _resolve_route.cache_clear()
 
 
+def _route_bytes(key: tuple, found: tuple) -> int:
+    path, _method, names = key
+    return len(path) + sum(len(name) for name in names) + 64 * len(found[0]) + 256
+
+
+def _checks_bytes(key: tuple, checks: list) -> int:
+    (path, _method, _names), address = key
+    return len(path) + len(address or "") + sum(256 + len(check.subject.display) for check in checks)
+
+
 class _Routes:
     """What the middleware found for a route under one policy index: the policies it matches, and when
     their subjects depend on the client's address alone (no override, no plan, no trusted proxy), their
     checks by address. Matching and computing subjects again gave the same answer for a few microseconds
-    a request; a new index, a settings change or MOST entries start afresh."""
-
-    MOST = 4096  # routes, and addresses of a route: a client inventing paths or addresses only starts afresh
+    a request. Both are kept within their shares of RATELIMIT_CACHE_BYTES; a new index or a settings
+    change starts afresh."""
 
     def __init__(self) -> None:
         self.index: object = None
-        self.found: dict[tuple, tuple[list, dict | None]] = {}
+        self.matched = BoundedCache("ratelimit_app.doors.route_policies", _route_bytes)
+        self.checks = BoundedCache("ratelimit_app.doors.address_checks", _checks_bytes)
 
-    def get(self, index, key: tuple) -> tuple[list, dict | None] | None:
-        return self.found.get(key) if index is self.index else None
-
-    def remember(self, index, key: tuple, matched: list) -> tuple[list, dict | None]:
-        if index is not self.index or len(self.found) >= self.MOST:
-            self.found, self.index = {}, index
-        by_address = _BoundedDict() if matched and _by_address(index, matched) else None
-        found = self.found[key] = (matched, by_address)
+    def matching(self, index, key: tuple, request) -> tuple[list, bool]:
+        """The policies the route `key` matches, and whether their checks depend on the address alone."""
+        if index is not self.index:
+            self.forget()
+            self.index = index
+        found = self.matched.get(key)
+        if found is None:
+            matched = index.matching(path=request.path_info, names=key[2], method=request.method)
+            found = self.matched.put(key, (matched, bool(matched) and _by_address(index, matched)))
         return found
 
     def forget(self) -> None:
-        self.found, self.index = {}, None
-
-
-class _BoundedDict(dict):
-    def __setitem__(self, key, value) -> None:
-        if len(self) >= _Routes.MOST:
-            self.clear()
-        super().__setitem__(key, value)
+        self.index = None
+        self.matched.clear()
+        self.checks.clear()
 
 
 _ADDRESS_READS = (SIMPLE_PARTS["ip"].read, SIMPLE_PARTS["global"].read)
@@ -223,14 +229,11 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, route: Rou
             index = yield Io(policies.get_index, policies.aget_index)
         if not index.policies:
             return None
-        matched = checks = by_address = None
+        matched = checks = None
+        by_address = False
         if route is not None:
             key = (request.path_info, request.method, names)
-            remembered = _routes.get(index, key)
-            if remembered is None:
-                remembered = _routes.remember(index, key, index.matching(path=request.path_info, names=names,
-                                                                          method=request.method))
-            matched, by_address = remembered
+            matched, by_address = _routes.matching(index, key, request)
             if not matched:
                 return None
         state = state_of(request, names)
@@ -242,11 +245,11 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, route: Rou
         if last:
             if len(state.names) != len(names):  # a door before gathered other names: matched anew
                 matched = None
-            elif by_address is not None and not state.decided:
-                address = request.META.get("REMOTE_ADDR")
-                checks = by_address.get(address)
+            elif by_address and not state.decided:
+                remembered = (key, request.META.get("REMOTE_ADDR"))
+                checks = _routes.checks.get(remembered)
                 if checks is None:
-                    checks = by_address[address] = pending_checks(request, state, index, matched)
+                    checks = _routes.checks.put(remembered, pending_checks(request, state, index, matched))
             if checks is not None:
                 yield from deciding(request, state, index, extra=checks, pending=False)
             else:

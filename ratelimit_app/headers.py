@@ -25,7 +25,7 @@ def _quoted(name: str) -> str:
     return f'"{escaped}"'
 
 
-@lru_cache(maxsize=1024)
+@byte_bounded_cache()  # policy names: a few, on every response
 def _plain(quoted: str) -> bool:
     """Whether a header value made with this quoted name is what Django's header setter would store as it
     is (printable ASCII): then it is stored without the setter's checks, which cost a header 4.7k instructions."""
