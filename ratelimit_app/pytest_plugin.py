@@ -49,7 +49,8 @@ def _begin(config: pytest.Config):
         _session = TestRedis.begin(url)
     except RuntimeError as error:  # no server binary: say what to install, without a traceback
         raise pytest.UsageError(f"ratelimit_app: {error}") from None
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    # this process's own worker id, not PYTEST_XDIST_WORKER: a pytest run a test starts inherits that variable
+    worker = getattr(config, "workerinput", {}).get("workerid")
     if worker:
         _session.enter_worker(worker)
     return _session

@@ -95,9 +95,12 @@ def test_soak_never_over_admits_and_never_fails(site, redis_client):
 
     # every counter and index expires by itself, a few windows after its last request: each carries
     # an expiry that short (the version token stays; a policy's totals keep the last hour's trend)
-    # (nor the word that a worker runs its Functions library, which lives a minute after its last refresh)
+    # (nor the word that a worker runs its Functions library, which lives a minute after its last refresh, nor
+    # what the workers said of their policies, two minutes)
     lasting = {key: redis_client.pttl(key) for key in redis_client.keys("*")
-               if b":totals:" not in key and not key.endswith(b":version") and b":library:ratelimit_" not in key}
+               if b":totals:" not in key and not key.endswith(b":version") and b":library:ratelimit_" not in key
+               and not key.endswith(b":workers")}
+    assert 0 < redis_client.pttl("rl:workers") <= 120_000
     memory = redis_client.info("memory")["used_memory"]
     for name, (tried, ok, denied, excess, failures) in figures.items():
         print(f"\nsoak {name}: {tried} requests, {ok} x 200, {denied} x 429, over-admissions {excess}, 5xx {failures}")

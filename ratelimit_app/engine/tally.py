@@ -33,7 +33,7 @@ from .batches import ran_nothing, run_each
 from .scripts import HEARTBEAT_EVERY, heartbeat, scripts
 from .server_clock import server_clock
 
-WORKER = f"{socket.gethostname()}:{os.getpid()}"  # how this worker names itself in the workers' hash
+REPORTS_KEPT_MS = 120_000  # engine.version.REPORTS_KEPT: what a worker said is shown that long  # how this worker names itself in the workers' hash
 
 if TYPE_CHECKING:
     from ..values import CompiledPolicy
@@ -196,7 +196,12 @@ class Tally:
             heartbeat(redis_client)
             state = hooks.worker_state()
             if state:  # how old the policies it enforces are: `ratelimit status` shows every worker's
-                redis_client.hset(keys.workers_key(), WORKER, f"{time.time():.0f}|{state}")
+                # the hash goes when no worker has said anything for REPORTS_KEPT: no key without an expiry
+                pipe = redis_client.pipeline(transaction=False)
+                worker = f"{socket.gethostname()}:{os.getpid()}"  # read now: a forked worker is another
+                pipe.hset(keys.workers_key(), worker, f"{time.time():.0f}|{state}")
+                pipe.pexpire(keys.workers_key(), REPORTS_KEPT_MS)
+                pipe.execute()
         except (redis.RedisError, RedisClusterException) as error:
             logger.warning("ratelimit: could not say which library this worker runs: %s", error)
 
