@@ -4,7 +4,6 @@ counters and the app's state reset around each test. `-p no:ratelimit_app` switc
 
 from __future__ import annotations
 
-import os
 
 import pytest
 

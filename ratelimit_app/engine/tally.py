@@ -33,7 +33,7 @@ from .batches import ran_nothing, run_each
 from .scripts import HEARTBEAT_EVERY, heartbeat, scripts
 from .server_clock import server_clock
 
-REPORTS_KEPT_MS = 120_000  # engine.version.REPORTS_KEPT: what a worker said is shown that long  # how this worker names itself in the workers' hash
+REPORTS_KEPT_MS = 120_000  # engine.version.REPORTS_KEPT: what a worker said is shown that long
 
 if TYPE_CHECKING:
     from ..values import CompiledPolicy
