@@ -133,7 +133,8 @@ _ADDRESS_READS = (SIMPLE_PARTS["ip"].read, SIMPLE_PARTS["global"].read)
 
 def _by_address(index: policies.PolicyIndex, matched) -> bool:
     """Whether the checks of `matched` depend on the client's address (REMOTE_ADDR) alone."""
-    if index.overrides or index.plans or addresses._trusted_proxies().networks:
+    trusted = addresses._trusted_proxies()
+    if index.overrides or index.plans or trusted.networks or trusted.unix:  # a proxy's header names the client
         return False
     return all(part.read in _ADDRESS_READS for policy in matched for part in policy.key_spec)
 
