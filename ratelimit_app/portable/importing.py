@@ -5,7 +5,7 @@ all of it is good."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
@@ -152,17 +152,18 @@ def _plan_limit(plan: Plan, item: dict[str, Any]) -> PlanLimit:
     return row
 
 
-def _each_saved(items: list, make: Callable[[Any], Any], label: str, problems: list[str]) -> int:
-    """Save the row `make` builds from each item; an item it refuses is a problem named by its place."""
-    saved = 0
+def _made(items: list, make: Callable[[Any], Any], label: str, problems: list[str]) -> Iterator[tuple[str, Any]]:
+    """Each row `make` builds from `items`, with its place ('override 2'); an item it refuses is a problem."""
     for index, item in enumerate(items, 1):
         try:
-            row = make(item)
+            yield f"{label} {index}", make(item)
         except (ValidationError, LookupError) as error:
             problems.append(f"{label} {index}: {_messages(error)}")
-            continue
-        saved += _saved(row, f"{label} {index}", problems)
-    return saved
+
+
+def _each_saved(items: list, make: Callable[[Any], Any], label: str, problems: list[str]) -> int:
+    """Save the row `make` builds from each item; an item it refuses is a problem named by its place."""
+    return sum(_saved(row, place, problems) for place, row in _made(items, make, label, problems))
 
 
 def _replaced(existing, items: list, make: Callable[[Any], Any], label: str, problems: list[str]) -> int:
@@ -173,18 +174,13 @@ def _replaced(existing, items: list, make: Callable[[Any], Any], label: str, pro
     for old in existing.order_by("pk"):
         by_subject.setdefault(_subject(old), []).append(old)
     saved = 0
-    for index, item in enumerate(items, 1):
-        try:
-            row = make(item)
-        except (ValidationError, LookupError) as error:
-            problems.append(f"{label} {index}: {_messages(error)}")
-            continue
+    for place, row in _made(items, make, label, problems):
         olds = by_subject.get(_subject(row))
         if olds:
             same = olds.pop(0)
             row.pk, row.created = same.pk, row.created or same.created
         given = row.created  # a new row is stamped now by save(): the file's creation is written after
-        if _saved(row, f"{label} {index}", problems):
+        if _saved(row, place, problems):
             saved += 1
             if given and row.created != given:
                 type(row).objects.filter(pk=row.pk).update(created=given)
