@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Callable, TypeVar
 
 from . import metrics
 from .conf import get_setting
 from .drivers import Steps
 from .subjects import http_request
-from .loggate import LOG_EVERY
+from .loggate import LogGate
 from .values import Unavailable
 
 T = TypeVar("T")
@@ -69,7 +68,7 @@ class Faults:
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
         self.last: dict[str, str] = {}  # kind -> the last error, as `ratelimit status` shows it
-        self._logged_at: dict[str, float] = {}
+        self._said = LogGate()
         self._lock = threading.Lock()
 
     def record(self, error: BaseException, door: Door, request=None) -> None:
@@ -82,16 +81,12 @@ class Faults:
         if request is not None and _seen(request, kind):
             return
         text = _text(error)
-        now = time.monotonic()
         with self._lock:
             self.counts[kind] = self.counts.get(kind, 0) + 1
             self.last[kind] = f"{door.name}: {text}"[:300]
-            due = now - self._logged_at.get(kind, -LOG_EVERY) >= LOG_EVERY
-            if due:
-                self._logged_at[kind] = now
             count = self.counts[kind]
         metrics.record_fault(kind)
-        if due:
+        if self._said.due(kind):
             logger.error("ratelimit: the limiter failed (%s, %d so far) at %s; %s: %s", kind, count, door.name,
                          _rule(), text, exc_info=error)
 
@@ -99,7 +94,7 @@ class Faults:
         with self._lock:
             self.counts.clear()
             self.last.clear()
-            self._logged_at.clear()
+        self._said.reset()
 
 
 faults = Faults()

@@ -90,7 +90,7 @@ NOT_CACHES = {
     "_registry.listeners": "what the code declares: as many as the code has",
     "faults.counts": "the limiter's own errors: one entry per kind (exception class)",
     "faults.last": "the limiter's own errors: one entry per kind (exception class)",
-    "faults._logged_at": "the limiter's own errors: one entry per kind (exception class)",
+    "faults._said._at": "log gates: one entry per kind of failure (class of error, signal name)",
     "unreadable_said._at": "log gates: one entry per kind of failure (class of error, signal name)",
     "unwritten_said._at": "log gates: one entry per kind of failure (class of error, signal name)",
     "receiver_failed_said._at": "log gates: one entry per kind of failure (class of error, signal name)",
