@@ -17,7 +17,7 @@ from django_redis import get_redis_connection
 from django_redis.pool import ConnectionFactory
 
 from project.devredis import PrivateRedis, find_server
-from ratelimit_app import testing
+from ratelimit_app import registry, testing
 from ratelimit_app.connection import ClusterConnectionFactory
 
 _private: PrivateRedis | None = None
@@ -116,11 +116,14 @@ def away_from_a_minute_boundary():
 @pytest.fixture(autouse=True)
 def empty_redis(redis_client):
     """Every test starts from an empty Redis and a process that remembers nothing of the test before
-    (index, refusals, circuit, logs, clients, code policies written to a rolled-back database)."""
+    (index, refusals, circuit, logs, clients, the policies it declared in code, code policies written to a
+    rolled-back database)."""
     testing.reset()  # waits for a flush of the totals under way: nothing of it lands after the FLUSHDB
     redis_client.flushdb()
     pools_before, clusters_before = set(ConnectionFactory._pools), set(ClusterConnectionFactory._clusters)
+    declared_before = registry.declarations()
     yield
+    registry.restore_declarations(declared_before)  # a compat class or declare_policy() of the test goes with it
     testing.reset()
     # django-redis keeps a pool per LOCATION for the whole process, options and credentials included (and
     # the cluster factory a client): a later test whose server got the same free port would reuse one made
