@@ -57,6 +57,7 @@ def compile_policy(row: Policy) -> CompiledPolicy:
         period=period,
         time_zone=time_zone,
         plugin=strategy if strategy.asked else None,
+        unit=row.unit,
     )
 
 

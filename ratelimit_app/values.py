@@ -6,6 +6,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 
+# a policy's unit: what its limit counts. Requests (a request's cost, known before the view), the bytes of
+# the response body (counted by the app), or a unit the view reports once it knows (settle(): 'tokens')
+REQUESTS = "requests"
+CONTENT_BYTES = "content-bytes"
+
+
 class Unavailable(Exception):
     """The limiter could not decide (Redis, the database it reads policies from, a broken setting):
     raised by hit(), check() and usage() where RATELIMIT_FAIL_OPEN says to refuse; the middleware
@@ -65,6 +71,7 @@ class CompiledPolicy:
     # its strategy when the engine asks it at each decision (terms that move, its span's end, usage kept
     # beyond Redis: strategies/base.py `asked`); None for the others, whose terms are made once
     plugin: Any = None
+    unit: str = REQUESTS  # what the limit counts (REQUESTS, CONTENT_BYTES, or a unit the view settles)
 
     def applies_to_method(self, method: str) -> bool:
         return not self.methods or method in self.methods
