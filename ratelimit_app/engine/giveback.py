@@ -30,12 +30,12 @@ _SOURCE = resources.files("ratelimit_app").joinpath("lua", "release.lua").read_t
 RELEASE = "\n".join(line for line in _SOURCE.splitlines() if line.strip() and not line.lstrip().startswith("--"))
 
 
-def release(held: Sequence[Held], adjustments: Sequence[Adjustment] = ()) -> None:
+def release(held: Sequence[Held | Adjustment]) -> None:
     """Give back the places requests held (they ended), and move their metered policies by what they used
-    beyond or short of their estimates (settling.py): one EVAL of each per slot (on one server: in one
-    write), written without waiting for a reply. While Redis cannot take them (down, the circuit open)
-    they are owed (Owed), never waited for."""
-    held = _sendable([*held, *adjustments] if adjustments else held)
+    beyond or short of their estimates (Adjustment, settling.py): one EVAL of each per slot (on one server:
+    in one write), written without waiting for a reply. While Redis cannot take them (down, the circuit
+    open) they are owed (Owed), never waited for."""
+    held = _sendable(held)
     if not held:
         return
     try:
@@ -54,12 +54,12 @@ def _sendable(held: Sequence[Held]) -> tuple:
     return held
 
 
-async def arelease(held: Sequence[Held], adjustments: Sequence[Adjustment] = ()) -> None:
+async def arelease(held: Sequence[Held | Adjustment]) -> None:
     """release() for async code: only the write is awaited; its reply is read by a task of its own
     (the sync twin leaves it for its connection's next use), which then keeps the connection."""
     if cluster_configured():
-        return await sync_to_async(release, thread_sensitive=False)(held, adjustments)
-    held = _sendable([*held, *adjustments] if adjustments else held)
+        return await sync_to_async(release, thread_sensitive=False)(held)
+    held = _sendable(held)
     if not held:
         return
     redis_client = aclient()
