@@ -49,7 +49,9 @@ def settled_request(used: int):
     return request
 
 
-def test_a_settle_while_the_circuit_is_open_is_owed_and_sent_once_when_redis_answers(settings, private, circuit):
+def test_a_settle_while_the_circuit_is_open_is_owed_and_sent_once_when_redis_answers(
+    settings, private, circuit,  # noqa: F811
+):
     use_server(settings, private.url, timeouts=TIMEOUTS)
     compiled = metered()
     request = settled_request(250)
