@@ -84,6 +84,16 @@ class Closing:
         self.metered = []
         return adjustments
 
+    def counts_bytes(self) -> bool:
+        """Whether a policy that admitted the request counts the bytes of its answer (content-bytes)."""
+        return any(charged.policy.unit == CONTENT_BYTES for charged in self.metered)
+
+    def rendered(self, response) -> None:
+        """A post-render callback: the answer's bytes are known now; the batch goes (returns None: the
+        response stays as it is)."""
+        self.sent = len(response.content)
+        self.send()
+
     def hold(self, items: Sequence[Held]) -> None:
         """Items the closing step sends: recorded before the call that takes them is sent, so that a call
         left unanswered (timed out, cancelled) is given back too."""
@@ -187,7 +197,12 @@ def leaving(request, response, closing: Closing) -> Steps:
     if request.method == "HEAD":
         _unsent(response)
         closing.sent = 0
-    elif closing.metered:
+    elif closing.counts_bytes():
+        if getattr(response, "is_rendered", True) is False:
+            # a template's or DRF's answer is rendered after the doors, before a byte of it is sent: its
+            # bytes are known, and the batch sent, then (or at request_finished should it never be)
+            response.add_post_render_callback(closing.rendered)
+            return response
         closing.sent = _length(response)
     yield from closing.sending()
     return response

@@ -64,12 +64,22 @@ def test_every_way_of_settling_is_charged(client, path):
     assert used_now() == 77
 
 
-def test_a_drf_view_settles_through_the_throttle(settings):
-    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "RateLimitMiddleware" not in m]
+@pytest.mark.parametrize("middleware", [True, False])
+def test_a_drf_view_settles_through_the_throttle(settings, caplog, middleware):
+    if not middleware:
+        settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "RateLimitMiddleware" not in m]
     tokens_policy()
     response = Client().post("/llm/drf/", {"used": 512}, REMOTE_ADDR=IP)
     assert response.status_code == 200
     assert used_now() == 512
+    assert "limiter failed" not in caplog.text  # its answer, rendered after the door, is not read there
+
+
+def test_content_bytes_counts_a_drf_answer_once_it_is_rendered(client):
+    bytes_policy()
+    response = client.get("/download/api/?size=100", REMOTE_ADDR=IP, HTTP_ACCEPT="application/json")
+    assert response.status_code == 200
+    assert used_now("download-bytes") == len(response.content) == len(b'{"data":""}') + 100
 
 
 def test_usage_beyond_the_limit_is_debt_refused_until_the_window_moves_on(client):

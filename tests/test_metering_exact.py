@@ -19,7 +19,7 @@ from tests.test_concurrency import _until
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.metering_urls")]
 
 IP = "203.0.113.7"
-LIMIT = 30_000  # tokens: 8 x 40 requests of 0 to 200 tokens go past it, so that debt refuses some
+LIMIT = 15_000  # tokens: 8 x 25 requests of 0 to 200 tokens go past it, so that debt refuses some
 SHAPES = {
     # windows no test run crosses the edge of: a settle moves the window its estimate was charged in
     "fixed_window": {"window": MAX_WINDOW},
@@ -30,7 +30,7 @@ SHAPES = {
 }
 
 
-def _requests(seed, start, results, count=40):
+def _requests(seed, start, results, count=25):
     """Requests of random real costs; the tokens the admitted ones used, and how many were refused."""
     client, rng = Client(), random.Random(seed)
     start.wait()
@@ -50,7 +50,7 @@ def _requests(seed, start, results, count=40):
 def test_eight_processes_settle_every_counter_to_the_unit(strategy):
     make_policy(name="llm-tokens", action="llm", strategy=strategy, unit="tokens", **{"limit": LIMIT, **SHAPES[strategy]})
     Client().get("/llm/?used=0", REMOTE_ADDR=IP)  # loads the policies (and writes a quota's counter) before the fork
-    outcomes = in_processes(_run_seeded, ())
+    outcomes = in_processes(_run_seeded, (), timeout=180)  # a loaded machine: a bound, not a figure
     settled = sum(s for s, _ in outcomes)
     compiled = next(p for p in get_index().policies if p.name == "llm-tokens")
 
@@ -60,11 +60,15 @@ def test_eight_processes_settle_every_counter_to_the_unit(strategy):
     # this process's own settle (the first request's) may still be on its way, sent by a timer
     assert _until(lambda: counted() == settled), (counted(), settled)
     assert sum(r for _, r in outcomes) > 0  # debt refused some
-    print(f"{strategy}: {len(outcomes) * 40} requests, {sum(r for _, r in outcomes)} refused, "
+    print(f"{strategy}: {len(outcomes) * 25} requests, {sum(r for _, r in outcomes)} refused, "
           f"settled {settled} tokens, counted {counted()}")
 
 
 def _run_seeded(start, results):
+    import faulthandler
     import os
+    import sys
+
+    faulthandler.dump_traceback_later(40, file=sys.stderr)
 
     _requests(os.getpid(), start, results)
