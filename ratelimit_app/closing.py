@@ -149,7 +149,7 @@ def closing_of(request) -> Closing:
     if started is not None and origin is not None and started.origin is origin:
         return started
     closing = Closing(origin)
-    if django.VERSION < (6, 0):
+    if django.VERSION < (6, 0) and getattr(base, "scope", None) is not None:  # an ASGIRequest
         _closed_with_request(base, closing)
     return closing
 
