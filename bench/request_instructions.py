@@ -315,7 +315,7 @@ def main() -> None:
         if why:
             print(f"| {row.name:45} | {'n/a':>13} | {'':>9} | {'':>10} | {why} |", flush=True)
             continue
-        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings_e2e", "BENCH_FIRST": row.route,
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings_e2e", "BENCH_FIRST": row.route, "PYTHONHASHSEED": "0",
                "BENCH_MIDDLEWARE": "1" if row.middleware else "0",
                "BENCH_SERVER": "uvicorn" if row.server == "asgi" else "gunicorn"}
         got = measured[row.name] = measure(row, env, counts)
