@@ -131,7 +131,8 @@ class _Direct(ast.NodeTransformer):
         elif isinstance(value, ast.Name):
             def field(name: str) -> ast.expr:
                 return ast.Attribute(ast.Name(value.id, ast.Load()), name, ast.Load())
-            made = ast.Call(field("sync"), [ast.Starred(field("args"), ast.Load())], [ast.keyword(None, field("kwargs"))])
+            made = ast.Call(field("sync"), [ast.Starred(field("args"), ast.Load())],
+                            [ast.keyword(None, field("kwargs"))])
         else:
             raise TypeError(f"@steps {self.where}: yield Io(...) or a name, line {node.lineno}")
         return ast.copy_location(made, node)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import select
-import socket
 import threading
 import time
 import weakref
@@ -14,14 +13,9 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import MaxConnectionsError
 
-try:  # redis-py's hiredis parser, read straight (_reply); its names are redis-py's own, hence the fallback
-    from redis._parsers.hiredis import NOT_ENOUGH_DATA, _HiredisParser
-except ImportError:  # another redis-py: its read_response() is used
-    NOT_ENOUGH_DATA, _HiredisParser = object(), None
-
 from ..lru import BoundedCache
 from .circuit import PoolFull, ReplyLost, breaker, describe
-from .clients import DEFAULT_POOL_WAIT, WRITE_ATTEMPTS, client, is_cluster, packed_size, socket_of
+from .clients import DEFAULT_POOL_WAIT, WRITE_ATTEMPTS, client, is_cluster, packed_size, read_reply, socket_of
 
 
 class _Pinned(threading.local):
@@ -125,41 +119,12 @@ def _once(
             read_unread(connection, wait=True)
         if parse:
             return redis_client.parse_response(connection, command[0], **options)
-        return _reply(connection)
+        return read_reply(connection)
     except redis.ConnectionError as error:  # not a timeout (Redis not answering in time is an outage)
         connection.disconnect()
         # Redis (or a proxy) closed the connection with the command in it: it may have run
         raise ReplyLost(f"the connection closed before Redis answered ({describe(error)}); the call may have "
                         "counted, and is not sent again") from error
-
-
-def _reply(connection: redis.Connection) -> object:
-    """connection.read_response(), read straight from hiredis when redis-py parses RESP2 with it: the
-    same reply and errors, without the wrapper's checks (a tenth of a decision's Python)."""
-    parser = connection._parser
-    reader = getattr(parser, "_reader", None)
-    if type(parser) is not _HiredisParser or reader is None or connection.protocol not in (2, "2") \
-            or connection.health_check_interval:
-        return connection.read_response()
-    try:
-        reply = reader.gets()
-        while reply is NOT_ENOUGH_DATA:
-            parser.read_from_socket()
-            reply = reader.gets()
-    except socket.timeout:
-        connection.disconnect()
-        raise redis.TimeoutError(f"Timeout reading from {connection._host_error()}") from None
-    except OSError as error:
-        connection.disconnect()
-        raise redis.ConnectionError(f"Error while reading from {connection._host_error()} : {error.args}") from None
-    except BaseException:
-        connection.disconnect()
-        raise
-    if isinstance(reply, (redis.ResponseError, redis.ConnectionError)):  # hiredis hands errors back as values
-        raise reply
-    if type(reply) is list and reply and isinstance(reply[0], redis.ConnectionError):
-        raise reply[0]
-    return reply
 
 
 def read_unread(kept: redis.Connection, wait: bool = False) -> None:
