@@ -77,23 +77,19 @@ def apply(response, decisions: Sequence[Decision], denied: Sequence[Decision] = 
     if len(decisions) == 1:  # most responses: no list to filter or join
         decision = decisions[0]
         if decision.policy.enforce:
-            _set(response, _plain(_quoted(decision.policy.name)), _policy_item_of(decision), _item_of(decision))
+            store = getattr(response.headers, "_store", None)
+            if type(store) is dict and _plain(_quoted(decision.policy.name)):
+                # Django's ResponseHeaders keeps (name, value) by the lowercased name
+                store["ratelimit-policy"] = ("RateLimit-Policy", _policy_item_of(decision))
+                store["ratelimit"] = ("RateLimit", _item_of(decision))
+            else:
+                response.headers["RateLimit-Policy"] = _policy_item_of(decision)
+                response.headers["RateLimit"] = _item_of(decision)
     else:
         shown = [d for d in decisions if d.policy.enforce]
         if shown:
-            _set(response, all(_plain(_quoted(d.policy.name)) for d in shown),
-                 ", ".join(map(_policy_item_of, shown)), ", ".join(map(_item_of, shown)))
+            response.headers["RateLimit-Policy"] = ", ".join(map(_policy_item_of, shown))
+            response.headers["RateLimit"] = ", ".join(map(_item_of, shown))
     wait = retry_after(denied) if denied else None
     if wait is not None:
         response.headers["Retry-After"] = str(wait)
-
-
-def _set(response, plain: bool, policies: str, figures: str) -> None:
-    """The two headers; values of plain names (and numbers) stored without Django's header setter."""
-    store = getattr(response.headers, "_store", None)
-    if plain and type(store) is dict:  # Django's ResponseHeaders keeps (name, value) by the lowercased name
-        store["ratelimit-policy"] = ("RateLimit-Policy", policies)
-        store["ratelimit"] = ("RateLimit", figures)
-    else:
-        response.headers["RateLimit-Policy"] = policies
-        response.headers["RateLimit"] = figures
