@@ -102,7 +102,7 @@ class PolicyThrottle(BaseThrottle):
         match = getattr(request, "resolver_match", None)
         names = (getattr(view, "throttle_scope", None), match.view_name if match else None)
         last = is_last(self, view)
-        self.state = run(entering(request, names, last=last, cost=view_cost(view), door=THROTTLE))
+        self.state = entering.sync(request, names, last=last, cost=view_cost(view), door=THROTTLE)
         if self.state is None:
             return True
         if self.state.closing is not None:
