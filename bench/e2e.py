@@ -213,6 +213,12 @@ def generator(results: Results):
 # --- the run -----------------------------------------------------------------------------------
 
 
+def _site_key(configuration: Configuration, quick: bool) -> tuple[str, bool, str]:
+    """The site that serves a row: its own, its route first in the URLconf, so that resolving costs every row
+    the same; a quick run (a smoke test, its figures no comparison) shares one per server and middleware."""
+    return configuration.server, configuration.middleware, "" if quick else configuration.path
+
+
 def end_to_end(results: Results) -> None:
     from bench.site import urlpatterns
 
@@ -224,8 +230,7 @@ def end_to_end(results: Results) -> None:
     for action, strategy in POLICIES:
         policy(strategy, action=action, save=True)
     load = generator(results)
-    # a site per row, its route first in the URLconf: resolving costs every row the same
-    sites: dict[str, Site] = {}
+    sites: dict[tuple[str, bool, str], Site] = {}
     # requests, seconds, failed, commands, script usec, other usec, worker CPU s, Redis CPU s
     totals = {c.name: [0, 0.0, 0, 0, 0, 0, 0.0, 0.0] for c in configurations}
     rounds: dict[str, list[float]] = {c.name: [] for c in configurations}  # requests/s of each round
@@ -233,10 +238,12 @@ def end_to_end(results: Results) -> None:
     redis_client = server()
     try:
         for configuration in configurations:  # one at a time: a dozen starting at once outlast the wait on 2 cores
-            sites[configuration.name] = Site(configuration.middleware, configuration.server, configuration.path)
-            sites[configuration.name].wait(configuration.path)
+            key = _site_key(configuration, results.quick)
+            if key not in sites:
+                sites[key] = Site(configuration.middleware, configuration.server, key[2])
+                sites[key].wait(configuration.path)
         for configuration in configurations:  # both workers of each site import and load everything
-            site = sites[configuration.name]
+            site = sites[_site_key(configuration, results.quick)]
             if results.quick:
                 urllib.request.urlopen(site.url(configuration.path), timeout=5).read()
             else:
@@ -244,7 +251,7 @@ def end_to_end(results: Results) -> None:
         for number in range(max(results.e2e_rounds, results.e2e_floor_rounds)):
             chosen = [c for c in configurations if number < results.e2e_rounds or c.name in COMPARED]
             for configuration in chosen if number % 2 == 0 else reversed(chosen):
-                site = sites[configuration.name]
+                site = sites[_site_key(configuration, results.quick)]
                 before = _work(site, redis_client)
                 done = load(site, configuration.path, seconds)
                 spent = [None if b is None else a - b for a, b in zip(_work(site, redis_client), before)]
