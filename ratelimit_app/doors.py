@@ -3,20 +3,18 @@ Plain code that yields its I/O: each door runs it with the sync or the async dri
 
 from __future__ import annotations
 
-import weakref
 from typing import Iterable, NamedTuple
 
 from django.urls import Resolver404, resolve
 
-from . import engine, policies
+from . import closing, policies
 from .boundary import MIDDLEWARE, Door, fail_open, faults, guarded, protected
 from .conf import get_setting
 from .drivers import Io, Steps, run
-from .limiter import Cost, RequestState, deciding, holding_now, pending_checks
+from .limiter import Cost, RequestState, deciding, pending_checks
 from .lru import BoundedCache, byte_bounded_cache
 from .responses import answer, bare_refusal, refusal
 from .subjects import SIMPLE_PARTS, addresses, http_request
-from .values import Held
 
 STATE_ATTRIBUTE = "_ratelimit"  # the request's RequestState, in its HttpRequest's __dict__
 ADMIN_PAGES = "ratelimit_app_"  # URL names of this app's admin pages, in the admin's namespace
@@ -58,12 +56,6 @@ def has_throttle_inside(view) -> bool:
 def passed_drf_throttles(request) -> bool:
     """Whether `request` is a DRF Request: the view's throttles already ran, none will see it again."""
     return http_request(request) is not request
-
-
-def policy_throttle_is_last(throttle, view) -> bool:
-    """Whether this PolicyThrottle is the last of the view's: DRF runs them in order, the last decides."""
-    doors = [c for c in getattr(view, "throttle_classes", ()) if getattr(c, "ratelimit_door", False)]
-    return not doors or type(throttle) is doors[-1] or type(throttle) not in doors
 
 
 @byte_bounded_cache(2 << 20)  # a client inventing paths only evicts entries; resolving again is always right
@@ -174,7 +166,7 @@ def around_view(request, view: Io, turn: Steps[RequestState | None], door: Door)
         state = yield from turn
         if state is not None and state.refused:
             try:
-                if not state.held:  # most refusals hold no place: no steps to give one back
+                if state.closing is None:  # most refusals hold no place: no steps to give one back
                     return refusal(request, state)
                 return (yield from leaving(request, refusal(request, state), state))
             except Exception as error:  # noqa: BLE001 - the boundary (boundary.py): refused all the same
@@ -182,13 +174,13 @@ def around_view(request, view: Io, turn: Steps[RequestState | None], door: Door)
                 return bare_refusal(state)
         response = yield view
         if state is None:
-            state = _state(request)  # made inside the view: by a door, or hit()
+            state = state_now(request)  # made inside the view: by a door, or hit()
             if state is None:  # most requests of a site: no policy met them, nothing to answer for or give back
                 return response
         try:
             if state.awaiting:  # the door inside never ran (DRF refused first): decide now
                 yield from entering(request, (), last=True, door=door)
-            if not state.held:  # most requests hold no place (no in-flight policy): nothing to give back
+            if state.closing is None:  # most requests hold no place (no in-flight policy): nothing to give back
                 return answer(request, response, state)
             return (yield from leaving(request, answer(request, response, state), state))
         except Exception as error:  # noqa: BLE001 - the boundary: the view's answer goes as it is
@@ -207,10 +199,7 @@ def undecided(request, error: Exception, door: Door) -> RequestState | None:
     faults.record(error, door, request)
     if fail_open():
         return None
-    base = http_request(request)
-    state = base.__dict__.get(STATE_ATTRIBUTE)
-    if state is None:
-        state = base.__dict__[STATE_ATTRIBUTE] = RequestState()
+    state = state_of(request)
     state.unavailable = state.refused = True
     state.awaiting = False
     return state
@@ -273,123 +262,29 @@ def state_of(request, names: Iterable[str | None] = ()) -> RequestState:
     return state
 
 
-def _state(request) -> RequestState | None:
+def state_now(request) -> RequestState | None:
+    """The request's state, if a door or hit() made one."""
     return http_request(request).__dict__.get(STATE_ATTRIBUTE)
 
 
-# --- places in flight: given back when the answer leaves, or when the request fails --------------
+# --- what the request holds: sent by its closing step (closing.py) ---------------------------------
 
 
 def leaving(request, response, state: RequestState | None = None) -> Steps:
-    """The request's answer leaves a door: its places go back now, before a byte of it is sent, so that a
-    client's next request never finds them taken; a streamed body's when it ends, is closed, or the
-    response is dropped unsent (an outer middleware answered instead, e.g. ConditionalGetMiddleware's 304)."""
-    held = _taken(request, state)
-    if held:
-        if getattr(response, "streaming", False) and request.method != "HEAD":
-            _when_streamed(response, _Places(held))
-        else:
-            if request.method == "HEAD":
-                _unsent(response)
-            yield Io(engine.release, engine.arelease, (held,))
-    return response
-
-
-def _unsent(response) -> None:
-    """A HEAD's answer is whole with its headers, yet servers read a streamed body to the end to drop it:
-    it is not produced, which would be work done with no place held."""
-    if getattr(response, "streaming", False) and getattr(response, "file_to_stream", None) is None:
-        response.streaming_content = _nothing() if response.is_async else ()
-
-
-async def _nothing():
-    return
-    yield  # an async body with no chunk
+    """The request's answer leaves a door: its closing step runs now, or as its streamed body ends."""
+    if state is None:
+        state = state_now(request)
+    if state is None or state.closing is None:
+        return response
+    return (yield from closing.leaving(request, response, state.closing))
 
 
 def letting_go(request, door: Door) -> Steps[None]:
-    """The request failed (an exception, or its client left) before its answer left the door: its
-    places go back, and a failure to give them back never hides the request's own error."""
-    try:
-        held = _taken(request)
-        if held:
-            yield Io(engine.release, engine.arelease, (held,))
-    except Exception as error:  # noqa: BLE001 - the boundary (boundary.py)
-        faults.record(error, door)
+    """The request failed (an exception, or its client left) before its answer left the door."""
+    state = state_now(request)
+    return closing.letting_go(None if state is None else state.closing, door)
 
 
 def finish(request, response, door: Door):
     """leaving(), for the DRF throttle's view (sync, as DRF's finalize_response is)."""
     return run(guarded(leaving(request, response), door, lambda _error: response))
-
-
-def _taken(request, state: RequestState | None = None) -> list[Held]:
-    """The places the request holds, now no longer its own to give back (each is given back once)."""
-    if state is None:
-        state = _state(request)
-    return [] if state is None else state.take_held()
-
-
-class _Places:
-    """A streamed response's places: given back once, by the first of its body's end, its close, or
-    the end of the response object (dropped without being closed)."""
-
-    __slots__ = ("held",)
-
-    def __init__(self, held: list[Held]) -> None:
-        self.held = held
-
-    def take(self) -> list[Held]:
-        held, self.held = self.held, []
-        return held
-
-    def __call__(self) -> None:
-        held = self.take()
-        if held:
-            engine.release(held)
-
-
-def _when_streamed(response, places: _Places) -> None:
-    if getattr(response, "file_to_stream", None) is None:  # a file is sent by the server's file wrapper
-        # the chunks as the view gave them (streaming_content would tie the response to itself: a cycle
-        # that keeps a dropped response, and its places, until the collector runs)
-        chunks = response._iterator
-        response.streaming_content = _aended(chunks, places) if response.is_async else _ended(chunks, places)
-    response._resource_closers.append(places)
-    weakref.finalize(response, places).atexit = False
-
-
-def _ended(content, places: _Places):
-    try:
-        yield from content
-    finally:  # the last chunk was produced (the server has yet to end the body), or the body was closed
-        places()
-
-
-async def _aended(content, places: _Places):  # _ended's twin: an async body is iterated with `async for`
-    try:
-        async for chunk in content:
-            yield chunk
-    finally:
-        held = places.take()
-        if held:
-            await engine.arelease(held)
-
-
-def request_began(**kwargs) -> None:
-    """request_started: the states that take places from now on are this request's (limiter.asking)."""
-    holding_now.set([])
-
-
-def _request_ended(**kwargs) -> None:
-    holders = holding_now.get()
-    if holders:
-        held = [place for state in holders for place in state.take_held()]
-        holders.clear()
-        if held:
-            engine.release(held)
-
-
-#: request_finished (the server closed the response, or the client left): what no door gave back
-#: goes back now, e.g. places taken by hit() on a site without the middleware.
-request_ended = protected(_request_ended, MIDDLEWARE, lambda _error: None)

@@ -11,7 +11,7 @@ from rest_framework.throttling import BaseThrottle
 
 from . import headers
 from .boundary import THROTTLE
-from .doors import STATE_ATTRIBUTE, Route, entering, finish, letting_go, policy_throttle_is_last
+from .doors import STATE_ATTRIBUTE, Route, entering, finish, letting_go
 from .drivers import run
 from .lru import byte_bounded_cache
 from .registry import fixed_cost_problem
@@ -44,6 +44,12 @@ def _give_back_when_finalized(view, request) -> None:
             raise
 
     view.finalize_response, view.handle_exception = finalize_response, handle
+
+
+def is_last(throttle, view) -> bool:
+    """Whether this PolicyThrottle is the last of the view's: DRF runs them in order, the last decides."""
+    doors = [c for c in getattr(view, "throttle_classes", ()) if getattr(c, "ratelimit_door", False)]
+    return not doors or type(throttle) is doors[-1] or type(throttle) not in doors
 
 
 def view_cost(view):
@@ -104,13 +110,13 @@ class PolicyThrottle(BaseThrottle):
         base = http_request(request)
         match = getattr(base, "resolver_match", None)
         names = _names(getattr(view, "throttle_scope", None), match.view_name if match else None)
-        last = policy_throttle_is_last(self, view)
+        last = is_last(self, view)
         # the first door of the request: its route's policies and checks are kept, as the middleware's are
         route = Route(names, False, True, False) if STATE_ATTRIBUTE not in base.__dict__ else None
         self.state = run(entering(request, names, last=last, cost=view_cost(view), route=route, door=THROTTLE))
         if self.state is None:
             return True
-        if self.state.held:
+        if self.state.closing is not None:
             _give_back_when_finalized(view, request)
         if self.state.unavailable:
             raise RateLimitUnavailable()
