@@ -222,7 +222,8 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, route: Rou
         matched = checks = None
         by_address = False
         if route is not None:
-            base = http_request(request)  # a DRF Request hands on what it lacks through a raised AttributeError
+            # a DRF Request (the throttle's) hands on what it lacks through a raised AttributeError: its HttpRequest
+            base = request.__dict__.get("_request", request)
             key = (base.path_info, base.method, names)
             matched, by_address = _routes.matching(index, key, base)
             if not matched:

@@ -16,7 +16,6 @@ from .drivers import run
 from .lru import byte_bounded_cache
 from .registry import fixed_cost_problem
 from .responses import UNAVAILABLE_MESSAGE, UNAVAILABLE_RETRY_AFTER
-from .subjects import http_request
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -107,7 +106,7 @@ class PolicyThrottle(BaseThrottle):
     ratelimit_door = True  # tells the middleware that this throttle will see the request
 
     def allow_request(self, request, view) -> bool:
-        base = http_request(request)
+        base = request.__dict__.get("_request", request)  # DRF's Request hands on the rest through an AttributeError
         match = getattr(base, "resolver_match", None)
         names = _names(getattr(view, "throttle_scope", None), match.view_name if match else None)
         last = is_last(self, view)
