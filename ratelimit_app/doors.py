@@ -222,8 +222,10 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, route: Rou
         matched = checks = None
         by_address = False
         if route is not None:
-            key = (request.path_info, request.method, names)
-            matched, by_address = _routes.matching(index, key, request)
+            # a DRF Request (the throttle's) hands on what it lacks through a raised AttributeError: its HttpRequest
+            base = request.__dict__.get("_request", request)
+            key = (base.path_info, base.method, names)
+            matched, by_address = _routes.matching(index, key, base)
             if not matched:
                 return None
         state = state_of(request, names)
@@ -236,7 +238,7 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, route: Rou
             if len(state.names) != len(names):  # a door before gathered other names: matched anew
                 matched = None
             elif by_address and not state.decided:
-                remembered = (key, request.META.get("REMOTE_ADDR"))
+                remembered = (key, base.META.get("REMOTE_ADDR"))
                 checks = _routes.checks.get(remembered)
                 if checks is None:
                     checks = _routes.checks.put(remembered, pending_checks(request, state, index, matched))
