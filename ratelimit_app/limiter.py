@@ -209,6 +209,10 @@ def conclude(request, state: RequestState, call: Call, outcome: Verdict | engine
         unavailable(request, state, outcome)
         return
     settle(request, state, call.checks, outcome, call.epoch)
+    if outcome.metered:  # admitted on its estimates in metered policies: settled as it ends
+        if state.closing is None:
+            state.closing = closing_of(request)
+        state.closing.charge(outcome.metered)
     if call.holding:
         # a refused request took nothing anywhere; an admitted one holds where its policy had room
         taken = {(d.policy.id, d.subject) for d in outcome.decisions
