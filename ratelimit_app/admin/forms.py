@@ -28,7 +28,8 @@ class UnitInput(forms.TextInput):
 
     def render(self, name, value, attrs=None, renderer=None) -> str:
         options = format_html_join("", '<option value="{}">{}</option>', UNITS)
-        return format_html('{}<datalist id="rl-units">{}</datalist>', super().render(name, value, attrs, renderer), options)
+        field = super().render(name, value, attrs, renderer)
+        return format_html('{}<datalist id="rl-units">{}</datalist>', field, options)
 
 
 class PolicyListForm(forms.ModelForm):
