@@ -142,10 +142,15 @@ def quantity(number: int, unit: str = REQUESTS) -> str:
     return f"{number:,} {named}"
 
 
+def amount(number: int, unit: str = REQUESTS) -> str:
+    """A number of a policy's units where requests, the default unit, go unsaid: '5', '9,000 tokens'."""
+    return str(number) if unit == REQUESTS else quantity(number, unit)
+
+
 def human_limit(limit: int, unit: str, per: str) -> str:
-    """A limit as the admin's list, the tester and the CLI show it: '100 / 1 min' (requests, the default
-    unit, go unsaid), '10,000,000 tokens / calendar month (UTC)'."""
-    return f"{limit} / {per}" if unit == REQUESTS else f"{quantity(limit, unit)} / {per}"
+    """A limit as the admin's list, the tester and the CLI show it: '100 / 1 min',
+    '10,000,000 tokens / calendar month (UTC)'."""
+    return f"{amount(limit, unit)} / {per}"
 
 
 def human_usage(used: int, limit: int, unit: str, window: int, period: str = "") -> str:

@@ -202,9 +202,21 @@ def test_tester_shows_matches_subjects_and_overrides_without_counting(admin_clie
     for _ in range(3):
         page = admin_client.post(reverse("admin:ratelimit_app_policy_tester"), data).content.decode()
     assert "ip:203.0.113.7" in page
-    assert "ip 203.0.113.0/24" in page and "50 / 60 s" in page
+    assert "ip 203.0.113.0/24" in page and "50 / 1 min" in page  # the window as the list and the CLI say it
     assert "allow, 50 left" in page  # three tests counted nothing
     assert "does not apply" in page  # the per-user policy on an anonymous request
+
+
+def test_tester_speaks_in_each_policys_unit_and_says_the_cost_is_an_estimate_for_metered_ones(admin_client):
+    tokens = make(name="chat-tokens", action="/demo/", limit=20_000, unit="tokens")
+    engine.decide([check(compile_policy(tokens))], cost=1834)
+    make(name="per-ip", action="*", limit=100)
+    data = {"method": "GET", "path": "/demo/search/", "username": "", "ip": "203.0.113.7", "headers": ""}
+    page = admin_client.post(reverse("admin:ratelimit_app_policy_tester"), data).content.decode()
+    assert "<td>20,000 tokens / 1 min</td>" in page and "<td>1,834</td>" in page
+    assert "allow, 18,166 tokens left" in page
+    assert "<td>100 / 1 min</td>" in page and "allow, 100 left" in page  # requests stay as they were written
+    assert "The cost is the estimate the policies in tokens admit the request on" in page
 
 
 def test_tester_refuses_bad_input_with_messages(admin_client):
