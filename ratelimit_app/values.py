@@ -72,6 +72,7 @@ class CompiledPolicy:
     # beyond Redis: strategies/base.py `asked`); None for the others, whose terms are made once
     plugin: Any = None
     unit: str = REQUESTS  # what the limit counts (REQUESTS, CONTENT_BYTES, or a unit the view settles)
+    meters: bool = False  # unit != REQUESTS: a request's estimate is settled after it (a plain bool for the hot path)
 
     def applies_to_method(self, method: str) -> bool:
         return not self.methods or method in self.methods
@@ -128,6 +129,26 @@ class Held(NamedTuple):
     cost: int
 
 
+class Metered(NamedTuple):
+    """A request's estimate charged in a metered policy (its unit is not requests), and how a settle
+    moves that counter (the strategy's `settling`): its layout, the window or bucket charged, a figure."""
+
+    policy: CompiledPolicy
+    subject: Subject
+    estimate: int
+    layout: str
+    anchor: int
+    figure: int
+
+
+class Adjustment(NamedTuple):
+    """Units to move a metered counter by, after the request: more (it used more than its estimate) or
+    back (less), where its estimate was charged."""
+
+    charged: Metered
+    units: int
+
+
 class Verdict(NamedTuple):
     """The answer for one request: `allowed` when every enforced policy let it through, with each
     policy's Decision. A refused request is counted by no policy."""
@@ -135,6 +156,8 @@ class Verdict(NamedTuple):
     allowed: bool
     decisions: tuple[Decision, ...]
     version: bytes | None  # the policy version token read in the same call (None when not read)
+    # the estimates charged in metered policies, when the request was admitted (each may be settled)
+    metered: tuple[Metered, ...] = ()
 
     @property
     def denied_by(self) -> tuple[Decision, ...]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..values import Check, Decision, Verdict
+from ..strategies import STRATEGIES
+from ..values import Check, Decision, Metered, Verdict
 from .arguments import SEEN_COUNTED, SEEN_NOTHING, SEEN_REFUSED, Ask
 from .hooks import hooks
 from .server_clock import server_clock
@@ -41,7 +42,7 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Seq
             raise CounterAbsent(absent, now_ms)
     decisions = []
     seen = []  # the script leaves the totals and the live index to the worker (tally.py)
-    denied = False
+    denied = metering = False
     at = 1
     for (policy, subject, limit, plan), sent in zip(checks, parts):
         count, reset_ms, third = reply[at], reply[at + 1], reply[at + 2]
@@ -60,6 +61,8 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Seq
             retry_ms = ends_in if retry_ms < 0 else retry_ms
         allowed = not (exceeded and policy.enforce)
         denied = denied or not allowed
+        if policy.meters:
+            metering = True
         capacity = policy.capacity(limit)  # a token bucket's count is compared with its burst
         retry_after = retry_ms / 1000 if exceeded and cost <= policy.largest_cost(limit) else None  # None: never fits
         window = 0
@@ -84,5 +87,17 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Seq
         # every policy below its limit counted the request unless one denied it
         tally.note(seen if not denied else [entry for entry in seen if entry[4]])
     asked = 1 + 3 * len(checks)  # the version follows the figures when it was asked for
-    return Verdict(not denied, tuple(decisions), reply[asked] if len(reply) > asked else None)
+    version = reply[asked] if len(reply) > asked else None
+    if denied or call.dry_run or not metering:
+        return Verdict(not denied, tuple(decisions), version)
+    return Verdict(True, tuple(decisions), version, metered(decisions, now_ms))
+
+
+def metered(decisions: Sequence[Decision], at_ms: int) -> tuple[Metered, ...]:
+    """The estimates an admitted request was charged in its metered policies at `at_ms` (Redis's clock),
+    with where each was charged (the strategy's `settling`)."""
+    return tuple(
+        Metered(d.policy, d.subject, d.cost, *STRATEGIES[d.policy.strategy].settling(d.policy, d.limit, at_ms))
+        for d in decisions if d.policy.meters and not d.exceeded
+    )
 

@@ -55,6 +55,11 @@ def _refusals(found: Iterable[Strategy]) -> list[str]:
                 f"the strategy {name!r} counts no metered unit but does not say why: set its `unit_refusal`, "
                 "which the admin, the checks and the import show where a policy of it declares a unit"
             )
+        if strategy.counts_units and type(strategy).settling is Strategy.settling:
+            refusals.append(
+                f"the strategy {name!r} counts metered units but says not how a settle moves its counter: define "
+                "its `settling` (lua/settle.lua's layouts), or set counts_units = False with its unit_refusal"
+            )
         defined = _lua_functions(strategy)
         missing = [function for function in CONTRACT if function not in defined]
         if missing:

@@ -65,6 +65,12 @@ class Strategy:
         40 or 50 among its divisors), so a read of the totals stays short."""
         return next(window_ms // count for count in range(TOTALS_BUCKETS, 0, -1) if window_ms % count == 0)
 
+    def settling(self, policy, limit: int, at_ms: int) -> tuple[str, int, int]:
+        """How lua/settle.lua moves a counter of it charged at `at_ms` (Redis's clock) under `limit`, for a
+        request that used more or less than its estimate: (its counter's layout, the window, period or
+        bucket charged, a figure the layout reads). Only a strategy that `counts_units` is asked."""
+        raise NotImplementedError
+
     def live_batch(self, policy, batch: int, field_budget: int) -> int:
         """How many counters one read of the live page takes, at worst within its budget."""
         return batch

@@ -35,6 +35,9 @@ class SlidingWindow(Strategy):
         "the smallest size giving at most 60 buckets."
     )}
 
+    def settling(self, policy, limit: int, at_ms: int) -> tuple[str, int, int]:
+        return "s", at_ms // policy.bucket_ms, 0  # the bucket the estimate was counted in
+
     def clean(self, row) -> None:
         window, size = row.window, row.bucket_size
         if not window or window < 1 or window > MAX_WINDOW or (size is not None and size < 1):

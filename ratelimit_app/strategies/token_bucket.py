@@ -44,6 +44,10 @@ class TokenBucket(Strategy):
                 )
             raise ValidationError({"burst": message})
 
+    def settling(self, policy, limit: int, at_ms: int) -> tuple[str, int, int]:
+        # as lua/token_bucket.lua's sizes(): the interval per unit (us, rounded up) and the capacity
+        return "t", -(-policy.window_ms * 1000 // limit), policy.capacity(limit)
+
     def burst(self, row) -> int | None:
         return row.burst
 
