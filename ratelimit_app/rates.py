@@ -156,5 +156,5 @@ def human_limit(limit: int, unit: str, per: str) -> str:
 def human_usage(used: int, limit: int, unit: str, window: int, period: str = "") -> str:
     """What a subject used of a limit, as a customer reads it: '7,412,009 / 10,000,000 tokens this month',
     '41 / 100 requests per 1 min'."""
-    span = f"this {period}" if period else f"per {human_window(window)}"
+    span = "today" if period == "day" else f"this {period}" if period else f"per {human_window(window)}"
     return f"{used:,} / {quantity(limit, unit)} {span}"

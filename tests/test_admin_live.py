@@ -74,6 +74,17 @@ def test_a_policy_in_tokens_shows_its_limit_its_plans_and_its_column_in_tokens(a
     }
 
 
+def test_a_subject_in_debt_after_a_settle_is_blocked_with_its_overage(admin_client):
+    from tests.helpers import settled
+
+    tokens = make_policy(name="chat-minute", action="chat", limit=1000, window=60, key="ip", unit="tokens")
+    settled(compile_policy(tokens), f"ip:{IP}", used=1500, estimate=100)
+    [subject] = admin_client.get(live_url(tokens) + "?format=json").json()["subjects"]
+    assert {k: subject[k] for k in ("count", "limit", "remaining", "blocked", "overage")} == {
+        "count": 1500, "limit": 1000, "remaining": 0, "blocked": True, "overage": 500,
+    }
+
+
 def test_subjects_are_listed_busiest_first(admin_client, client, policy):
     search(client, "198.51.100.1", 1)
     search(client, "198.51.100.2", 3)

@@ -171,3 +171,16 @@ def test_usage_in_tokens_reads_as_a_customer_would_and_carries_the_unit():
     assert (tokens.unit, tokens.remaining, tokens.overage) == ("tokens", 2_587_991, 0)
     assert tokens.as_dict()["unit"] == "tokens" and tokens.as_dict()["overage"] == 0
     assert str(requests) == "0 / 60 requests per 1 min" and requests.unit == "requests"
+
+
+@pytest.mark.django_db
+def test_usage_beyond_the_limit_after_a_settle_is_reported_as_overage():
+    from ratelimit_app.policies import compile_policy
+    from tests.helpers import settled
+
+    day = make_policy(name="chat-day", action="/api/", strategy="calendar_quota", period="day", time_zone="UTC",
+                      limit=1000, key="ip", unit="tokens")
+    settled(compile_policy(day), "ip:203.0.113.9", used=1500, estimate=100)
+    [item] = ratelimit_app.usage(_request())
+    assert (item.used, item.limit, item.remaining, item.overage) == (1500, 1000, 0, 500)
+    assert str(item) == "1,500 / 1,000 tokens today"

@@ -84,6 +84,16 @@ def test_status_top_and_test_speak_in_the_policys_unit(client):
     assert " ".join(lines_of(said)["chat-tokens"][-10:]) == "20,000 tokens / 1 min 1,834 allow, 18,166 tokens left"
 
 
+def test_top_says_how_far_over_its_limit_a_subject_in_debt_is():
+    from ratelimit_app.policies import compile_policy
+    from tests.helpers import settled
+
+    tokens = make_policy(name="chat-tokens", action="demo:search", limit=20_000, window=60, unit="tokens")
+    settled(compile_policy(tokens), f"ip:{IP}", used=21_500, estimate=1000)
+    row = ratelimit("top", "chat-tokens").splitlines()[2]
+    assert row.split()[:4] == [f"ip:{IP}", "21,500", "20,000", "0"] and row.endswith("blocked, 1,500 over")
+
+
 def test_status_says_when_redis_is_unreachable_and_still_lists_policies(policy, settings):
     settings.CACHES = {**settings.CACHES, "dead": {**settings.CACHES["default"], "LOCATION": "redis://127.0.0.1:1/0"}}
     settings.RATELIMIT_CACHE = "dead"
