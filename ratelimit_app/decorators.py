@@ -47,6 +47,7 @@ def ratelimit(
     cost: Cost | None = None,
     time_zone: str | None = None,
     unit: str | None = None,
+    overage_cap: int | None = None,
 ) -> Callable:
     """Enforce the policies of `action`, or declare one (`rate=` or `limit=` + `window=`) and enforce it.
     `cost`: the units a request takes from each of them (a number, or a function of the request); with a
@@ -56,7 +57,7 @@ def ratelimit(
     if cost is not None and not callable(cost) and valid_cost(cost, "@ratelimit(cost=...)") != cost:
         raise ImproperlyConfigured(f"@ratelimit(cost={cost}): a request costs at least 1 unit.")
     declaring = rate is not None or limit is not None or window is not None
-    if action is not None and unit is not None:
+    if action is not None and (unit is not None or overage_cap is not None):
         raise TypeError("@ratelimit(unit=...) declares a policy's unit: give it with a rate, not with an action.")
     if action is not None and declaring:
         raise TypeError("@ratelimit takes either an action ('login') or a rate (rate='5/m', key='ip'), not both.")
@@ -66,7 +67,8 @@ def ratelimit(
         registry.note_cost(action, cost)
         return partial(_decorate, action=action, declared=None, cost=cost)
     options = {"rate": rate, "limit": limit, "window": window, "key": key, "methods": method, "burst": burst}
-    given = (("mode", mode), ("strategy", strategy), ("time_zone", time_zone), ("unit", unit))
+    given = (("mode", mode), ("strategy", strategy), ("time_zone", time_zone), ("unit", unit),
+             ("overage_cap", overage_cap))
     options.update((field, value) for field, value in given if value is not None)
 
     def declare(view):

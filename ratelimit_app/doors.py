@@ -16,7 +16,7 @@ from .limiter import Cost, RequestState, deciding, holding_now, pending_checks
 from .lru import BoundedCache, byte_bounded_cache
 from .responses import answer, bare_refusal, refusal
 from .subjects import SIMPLE_PARTS, addresses, http_request
-from .values import Held
+from .values import CONTENT_BYTES, Adjustment, Held
 
 STATE_ATTRIBUTE = "_ratelimit"  # the request's RequestState, in its HttpRequest's __dict__
 ADMIN_PAGES = "ratelimit_app_"  # URL names of this app's admin pages, in the admin's namespace
@@ -188,7 +188,7 @@ def around_view(request, view: Io, turn: Steps[RequestState | None], door: Door)
         try:
             if state.awaiting:  # the door inside never ran (DRF refused first): decide now
                 yield from entering(request, (), last=True, door=door)
-            if not state.held:  # most requests hold no place (no in-flight policy): nothing to give back
+            if not (state.held or state.metered):  # most requests: no place to give back, nothing to settle
                 return answer(request, response, state)
             return (yield from leaving(request, answer(request, response, state), state))
         except Exception as error:  # noqa: BLE001 - the boundary: the view's answer goes as it is
@@ -281,17 +281,39 @@ def _state(request) -> RequestState | None:
 
 def leaving(request, response, state: RequestState | None = None) -> Steps:
     """The request's answer leaves a door: its places go back now, before a byte of it is sent, so that a
-    client's next request never finds them taken; a streamed body's when it ends, is closed, or the
-    response is dropped unsent (an outer middleware answered instead, e.g. ConditionalGetMiddleware's 304)."""
-    held = _taken(request, state)
-    if held:
-        if getattr(response, "streaming", False) and request.method != "HEAD":
-            _when_streamed(response, _Places(held))
-        else:
-            if request.method == "HEAD":
-                _unsent(response)
-            yield Io(engine.release, engine.arelease, (held,))
+    client's next request never finds them taken, and its metered policies are settled; a streamed body's
+    when it ends, is closed, or the response is dropped unsent (an outer middleware answered instead, e.g.
+    ConditionalGetMiddleware's 304), with the bytes it really sent."""
+    if state is None:
+        state = _state(request)
+    if state is None or not (state.held or state.metered):
+        return response
+    if getattr(response, "streaming", False) and request.method != "HEAD":
+        _when_streamed(response, _Ending(state.take_held(), state))
+        return response
+    if request.method == "HEAD":
+        _unsent(response)
+    if state.metered:
+        _sent_bytes(state, 0 if request.method == "HEAD" else _length(response))
+    held, adjustments = state.take_ending()
+    if held or adjustments:
+        yield Io(engine.release, engine.arelease, (held, adjustments))
     return response
+
+
+def _length(response) -> int | None:
+    """The bytes of a whole response's body; a file the server sends itself by its Content-Length (None: unknown)."""
+    if not getattr(response, "streaming", False):
+        return len(response.content)
+    length = response.get("Content-Length")
+    return int(length) if length and length.isdigit() else None
+
+
+def _sent_bytes(state: RequestState, sent: int | None) -> None:
+    """content-bytes settles itself with what the response sent, unless the view settled it."""
+    if sent is not None and any(charged.policy.unit == CONTENT_BYTES for charged in state.metered):
+        if CONTENT_BYTES not in (state.used or ()):
+            state.settle({CONTENT_BYTES: sent})
 
 
 def _unsent(response) -> None:
@@ -310,9 +332,10 @@ def letting_go(request, door: Door) -> Steps[None]:
     """The request failed (an exception, or its client left) before its answer left the door: its
     places go back, and a failure to give them back never hides the request's own error."""
     try:
-        held = _taken(request)
-        if held:
-            yield Io(engine.release, engine.arelease, (held,))
+        state = _state(request)
+        held, adjustments = ([], []) if state is None else state.take_ending()
+        if held or adjustments:
+            yield Io(engine.release, engine.arelease, (held, adjustments))
     except Exception as error:  # noqa: BLE001 - the boundary (boundary.py)
         faults.record(error, door)
 
@@ -322,57 +345,69 @@ def finish(request, response, door: Door):
     return run(guarded(leaving(request, response), door, lambda _error: response))
 
 
-def _taken(request, state: RequestState | None = None) -> list[Held]:
-    """The places the request holds, now no longer its own to give back (each is given back once)."""
-    if state is None:
-        state = _state(request)
-    return [] if state is None else state.take_held()
+class _Ending:
+    """A streamed response's end: its places given back and its metered policies settled once, by the
+    first of its body's end, its close, or the end of the response object (dropped without being closed),
+    content-bytes with the bytes its body really gave."""
 
+    __slots__ = ("held", "state", "sent")
 
-class _Places:
-    """A streamed response's places: given back once, by the first of its body's end, its close, or
-    the end of the response object (dropped without being closed)."""
-
-    __slots__ = ("held",)
-
-    def __init__(self, held: list[Held]) -> None:
+    def __init__(self, held: list[Held], state: RequestState) -> None:
         self.held = held
+        self.state = state
+        self.sent = 0  # bytes of the body produced so far
 
-    def take(self) -> list[Held]:
+    def take(self) -> tuple[list[Held], list[Adjustment]]:
         held, self.held = self.held, []
-        return held
+        state = self.state
+        if state.metered and not state.ended:
+            _sent_bytes(state, self.sent)
+        return held, state.take_adjustments()
 
     def __call__(self) -> None:
-        held = self.take()
-        if held:
-            engine.release(held)
+        held, adjustments = self.take()
+        if held or adjustments:
+            engine.release(held, adjustments)
 
 
-def _when_streamed(response, places: _Places) -> None:
+def _when_streamed(response, places: _Ending) -> None:
     if getattr(response, "file_to_stream", None) is None:  # a file is sent by the server's file wrapper
         # the chunks as the view gave them (streaming_content would tie the response to itself: a cycle
         # that keeps a dropped response, and its places, until the collector runs)
-        chunks = response._iterator
-        response.streaming_content = _aended(chunks, places) if response.is_async else _ended(chunks, places)
+        chunks, charset = response._iterator, response.charset
+        ended = _aended if response.is_async else _ended
+        response.streaming_content = ended(chunks, places, charset)
+    else:
+        places.sent = _length(response) or 0
     response._resource_closers.append(places)
     weakref.finalize(response, places).atexit = False
 
 
-def _ended(content, places: _Places):
+def _size(chunk, charset: str) -> int:
+    """The bytes a chunk of a streamed body is sent as (Django encodes text with the response's charset)."""
+    if isinstance(chunk, (bytes, bytearray)):
+        return len(chunk)
+    return len(bytes(chunk) if isinstance(chunk, memoryview) else str(chunk).encode(charset))
+
+
+def _ended(content, places: _Ending, charset: str):
     try:
-        yield from content
+        for chunk in content:
+            places.sent += _size(chunk, charset)
+            yield chunk
     finally:  # the last chunk was produced (the server has yet to end the body), or the body was closed
         places()
 
 
-async def _aended(content, places: _Places):  # _ended's twin: an async body is iterated with `async for`
+async def _aended(content, places: _Ending, charset: str):  # _ended's twin: iterated with `async for`
     try:
         async for chunk in content:
+            places.sent += _size(chunk, charset)
             yield chunk
     finally:
-        held = places.take()
-        if held:
-            await engine.arelease(held)
+        held, adjustments = places.take()
+        if held or adjustments:
+            await engine.arelease(held, adjustments)
 
 
 def request_began(**kwargs) -> None:
@@ -383,10 +418,12 @@ def request_began(**kwargs) -> None:
 def _request_ended(**kwargs) -> None:
     holders = holding_now.get()
     if holders:
-        held = [place for state in holders for place in state.take_held()]
+        endings = [state.take_ending() for state in holders]
         holders.clear()
-        if held:
-            engine.release(held)
+        held = [place for places, _ in endings for place in places]
+        adjustments = [adjustment for _, moved in endings for adjustment in moved]
+        if held or adjustments:
+            engine.release(held, adjustments)
 
 
 #: request_finished (the server closed the response, or the client left): what no door gave back

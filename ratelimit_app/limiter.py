@@ -16,7 +16,7 @@ from .deny_cache import enabled as deny_cache_enabled
 from .drivers import Io, Steps, nothing
 from .plans import limit_in_effect
 from .subjects import http_request, subject_for
-from .values import Check, CompiledPolicy, Decision, Held, Verdict
+from .values import Adjustment, Check, CompiledPolicy, Decision, Held, Metered, Verdict
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -52,7 +52,7 @@ class RequestState:
 
     __slots__ = (
         "names", "decided", "decisions", "denied", "unavailable", "outage", "awaiting", "refused", "json_api", "cost",
-        "lease", "held",
+        "lease", "held", "metered", "used", "ended",
     )
 
     def __init__(self, names: Iterable[str | None] = ()) -> None:
@@ -70,12 +70,57 @@ class RequestState:
         # the places it may hold until it ends (doors.finish): recorded before the call is sent, so
         # that a call left unanswered (timed out, cancelled) is given back too
         self.held: list[Held] = []
+        self.metered: list[Metered] = []  # its estimates charged in metered policies, settled when it ends
+        self.used: dict[str, int] | None = None  # what settle() said it used, by unit
+        self.ended = False  # its usage was settled (the closing step took it): settle() comes too late
         self.add_names(names)
 
     def add_names(self, names: Iterable[str | None]) -> None:
         for name in names:
             if name and name not in self.names:
                 self.names.append(name)
+
+    def settle(self, used: dict[str, int]) -> None:
+        """Record what the request used of each unit (settle()); each unit once, before the request ends."""
+        if self.ended:
+            raise ValueError(
+                "settle(): this request has ended and its usage was settled with it: settle before the view "
+                "returns its response, or in a streamed body before its last chunk is sent."
+            )
+        if self.used is None:
+            self.used = {}
+        for unit in used:
+            if unit in self.used:
+                raise ValueError(
+                    f"settle(): {unit} were already settled for this request ({self.used[unit]}): settle each "
+                    "unit once, with what the whole request used."
+                )
+        self.used.update(used)
+
+    def take_adjustments(self) -> list[Adjustment]:
+        """What its metered policies are moved by now that it ends (each once): what it used of their unit
+        less its estimate, at most their overage cap above it; nothing where it did not settle their unit."""
+        self.ended = True
+        metered, used = self.metered, self.used
+        if not metered or not used:
+            return []
+        self.metered = []
+        adjustments = []
+        for charged in metered:
+            amount = used.get(charged.policy.unit)
+            if amount is None:
+                continue  # not settled: its estimate stands
+            units = amount - charged.estimate
+            cap = charged.policy.overage_cap
+            if cap is not None and units > cap:
+                units = cap
+            if units:
+                adjustments.append(Adjustment(charged, units))
+        return adjustments
+
+    def take_ending(self) -> tuple[list[Held], list[Adjustment]]:
+        """What its end sends (each once): its places, and what its metered policies move by."""
+        return self.take_held(), self.take_adjustments()
 
     def take_held(self) -> list[Held]:
         """The places the request holds, now no longer its own to give back (each is given back once)."""
@@ -213,10 +258,16 @@ def asking(request, state: RequestState, call: Call) -> None:
     """Before the call is sent: the request may hold its places from now on, answered or not. What no
     door gives back goes back at the first of request_finished in the request's context (doors.py) and
     Django's close of the request."""
+    state.held += call.holding
+    ending_with(request, state)
+
+
+def ending_with(request, state: RequestState) -> None:
+    """What no door sends as `state`'s request ends (places, settled usage) goes at the first of
+    request_finished in the request's context (doors.py) and Django's close of the request."""
     holders = holding_now.get()
     if holders is not None and state not in holders:
         holders.append(state)
-    state.held += call.holding
     _given_back_at_close(request, state)
 
 
@@ -233,9 +284,9 @@ def _given_back_at_close(request, state: RequestState) -> None:
         try:
             close()
         finally:
-            held = state.take_held()
-            if held:
-                engine.release(held)
+            held, adjustments = state.take_ending()
+            if held or adjustments:
+                engine.release(held, adjustments)
 
     base.close = closing
     base.__dict__[CLOSING] = True
@@ -248,6 +299,9 @@ def conclude(request, state: RequestState, call: Call, outcome: Verdict | engine
         unavailable(request, state, outcome)
         return
     settle(request, state, call.checks, outcome, call.epoch)
+    if outcome.metered:  # admitted on its estimate in metered policies: settled as it ends
+        state.metered += outcome.metered
+        ending_with(request, state)
     if call.holding:
         # a refused request took nothing anywhere; an admitted one holds where its policy had room
         taken = {(d.policy.id, d.subject) for d in outcome.decisions

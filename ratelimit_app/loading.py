@@ -59,6 +59,7 @@ def compile_policy(row: Policy) -> CompiledPolicy:
         plugin=strategy if strategy.asked else None,
         unit=row.unit,
         meters=row.unit != REQUESTS,
+        overage_cap=row.overage_cap,
     )
 
 

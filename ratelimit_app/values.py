@@ -73,6 +73,7 @@ class CompiledPolicy:
     plugin: Any = None
     unit: str = REQUESTS  # what the limit counts (REQUESTS, CONTENT_BYTES, or a unit the view settles)
     meters: bool = False  # unit != REQUESTS: a request's estimate is settled after it (a plain bool for the hot path)
+    overage_cap: int | None = None  # the most units a settle charges beyond a request's estimate (None: all it used)
 
     def applies_to_method(self, method: str) -> bool:
         return not self.methods or method in self.methods

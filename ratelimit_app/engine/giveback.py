@@ -14,13 +14,14 @@ import redis
 from asgiref.sync import sync_to_async
 from redis.exceptions import AskError, MovedError
 
-from ..values import Held
+from ..values import Adjustment, Held
 from . import decision_connection, keys
 from .aclients import aclient
 from .batches import answered, ran_nothing, read_replies, refresh_slots
 from .circuit import RedisUnavailable, breaker, describe
 from .clients import client, cluster_configured, is_cluster, socket_of
 from .decision_connection import ALL_READ, UNREAD, decision_client, read_unread, replace_if_closed
+from .settling import settle_commands
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -29,11 +30,12 @@ _SOURCE = resources.files("ratelimit_app").joinpath("lua", "release.lua").read_t
 RELEASE = "\n".join(line for line in _SOURCE.splitlines() if line.strip() and not line.lstrip().startswith("--"))
 
 
-def release(held: Sequence[Held]) -> None:
-    """Give back the places requests held (they ended): one EVAL per slot (on one server: one in all),
-    written without waiting for a reply. While Redis cannot take them (down, the circuit open) they
-    are owed (Owed), never waited for."""
-    held = _sendable(held)
+def release(held: Sequence[Held], adjustments: Sequence[Adjustment] = ()) -> None:
+    """Give back the places requests held (they ended), and move their metered policies by what they used
+    beyond or short of their estimates (settling.py): one EVAL of each per slot (on one server: in one
+    write), written without waiting for a reply. While Redis cannot take them (down, the circuit open)
+    they are owed (Owed), never waited for."""
+    held = _sendable([*held, *adjustments] if adjustments else held)
     if not held:
         return
     try:
@@ -52,12 +54,12 @@ def _sendable(held: Sequence[Held]) -> tuple:
     return held
 
 
-async def arelease(held: Sequence[Held]) -> None:
+async def arelease(held: Sequence[Held], adjustments: Sequence[Adjustment] = ()) -> None:
     """release() for async code: only the write is awaited; its reply is read by a task of its own
     (the sync twin leaves it for its connection's next use), which then keeps the connection."""
     if cluster_configured():
-        return await sync_to_async(release, thread_sensitive=False)(held)
-    held = _sendable(held)
+        return await sync_to_async(release, thread_sensitive=False)(held, adjustments)
+    held = _sendable([*held, *adjustments] if adjustments else held)
     if not held:
         return
     redis_client = aclient()
@@ -108,14 +110,14 @@ async def _aread_replies(redis_client, connection, count: int, held: Sequence[He
         if answered:
             await redis_client.keep(connection)
         else:
-            owed.add(held)
+            owed.lost(held)
             await redis_client.discard(connection)
 
 
 class Owed:
-    """Places whose give-back Redis could not take: sent with the next give-back, or by a timer within
-    a second (which may probe an open circuit). Bounded: past LIMIT the oldest are dropped (logged),
-    and their leases run out instead."""
+    """Places whose give-back Redis could not take, and settled usage it did not run: sent with the next
+    give-back, or by a timer within a second (which may probe an open circuit). Bounded: past LIMIT the
+    oldest are dropped (logged), and their leases run out instead (settled usage: the estimates stand)."""
 
     LIMIT = 4096
 
@@ -159,6 +161,17 @@ class Owed:
                 breaker.call(lambda: send(client(), held))
             except RedisUnavailable as error:
                 self.add(held, error)
+
+    def lost(self, sent: Sequence[Held | Adjustment], cause: BaseException | None = None) -> None:
+        """What was written but never answered (the connection lost its replies): it may have run. Places
+        are owed again (given back twice, harmlessly); settled usage is not, so that it never counts twice."""
+        places = [item for item in sent if type(item) is Held]
+        unsure = len(sent) - len(places)
+        if unsure:
+            logger.warning("ratelimit: %d settled usages may not have reached Redis (their connection closed "
+                           "before it answered); not sent again, so that none counts twice", unsure)
+        if places:
+            self.add(places, cause)
 
     def forget(self) -> None:
         with self._lock:
@@ -207,13 +220,19 @@ def _owe_unless_taken(replies: Sequence, held: Sequence[Held], strict: bool = Fa
     refused = [reply for reply in replies if not answered(reply) or ran_nothing(reply)]
     if refused and strict:
         raise refused[0]
-    if refused:
+    if any(ran_nothing(reply) for reply in refused):
         owed.add(held, refused[0])
+    elif refused:
+        owed.lost(held, refused[0])
 
 
-def _release_commands(held: Sequence[Held], slot_of) -> list[tuple[str, tuple, list[Held]]]:
-    """(a key, the EVAL, its places) for each slot the counters live in (`slot_of` None: one server,
-    one EVAL)."""
+def _release_commands(sent: Sequence[Held | Adjustment], slot_of) -> list[tuple[str, tuple, list]]:
+    """(a key, the EVAL, its places or settled usage) for each slot the counters live in (`slot_of` None:
+    one server, one EVAL of release.lua, and one of settle.lua when usage is settled)."""
+    held = [item for item in sent if type(item) is Held]
+    if len(held) < len(sent):
+        adjustments = [item for item in sent if type(item) is not Held]
+        return _release_commands(held, slot_of) + settle_commands(adjustments, slot_of)
     key_prefix = keys.prefix()
     groups: dict[int, tuple[list[str], list, list[Held]]] = {}
     for place in held:
@@ -251,10 +270,10 @@ def _send_unanswered(kept: redis.Connection, commands: Sequence[tuple], held: Se
     except redis.ConnectionError:  # a write that failed ran nothing; a release runs twice harmlessly
         kept.disconnect()
         if due:  # their replies went with the connection: they may not have run
-            owed.add(owing)
+            owed.lost(owing)
             due, owing = 0, []
         kept.send_packed_command(packed)
     setattr(kept, UNREAD, (socket_of(kept), due + len(commands), [*owing, *held]))
 
 
-decision_connection.replies_lost = owed.add
+decision_connection.replies_lost = owed.lost

@@ -121,6 +121,17 @@ class Policy(models.Model):
         help_text="enforce denies with 429 over the limit; shadow only counts and reports what it would deny.",
     )
     enabled = models.BooleanField("enabled", default=True, help_text="Disabled policies are ignored.")
+    overage_cap = models.PositiveIntegerField(
+        "overage cap",
+        null=True,
+        blank=True,
+        validators=[MaxValueValidator(MAX_COST, f"The overage cap can be at most {MAX_COST}.")],
+        help_text=(
+            "Metered units only: the most a request is charged beyond its estimate, e.g. 4000 tokens; what it "
+            "used beyond that is not counted. Blank: everything it used (usage over the limit is debt, refused "
+            "until it has left the window)."
+        ),
+    )
     bucket_size = RegistryHelpIntegerField(
         "bucket size (seconds)",
         null=True,
@@ -202,6 +213,11 @@ class Policy(models.Model):
                     f"{self.strategy} counts in a window of seconds, not by the calendar: choose the {users} "
                     f"strategy for a calendar period, or leave the {option.replace('_', ' ')} blank."
                 )})
+        if self.overage_cap is not None and self.unit == REQUESTS:
+            raise ValidationError({"overage_cap": (
+                "The overage cap applies to a metered unit (tokens, content-bytes...): a request's cost in "
+                "requests is known before the view. Leave it blank, or choose the unit it caps."
+            )})
         if self.unit != REQUESTS and not strategy.counts_units:
             raise ValidationError({"unit": (
                 f"{self.strategy} cannot count {self.unit}: {strategy.unit_refusal}. Choose "
