@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ratelimit_app', '0009_policy_unit'),
+        ('ratelimit_app', '0010_policy_overage_cap'),
     ]
 
     operations = [
