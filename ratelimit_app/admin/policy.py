@@ -44,7 +44,8 @@ class PolicyAdmin(admin.ModelAdmin):
         (None, {"fields": ("name", "description", "enabled", "mode")}),
         ("What it protects", {"fields": ("action", "methods")}),
         ("How much", {"fields": (
-            "rate", "limit", "window", "unit", "strategy", "bucket_size", "burst", "period", "time_zone", "key",
+            "rate", "limit", "window", "unit", "overage_cap", "strategy", "bucket_size", "burst", "period", "time_zone",
+            "key",
         )}),
         ("Bookkeeping", {"classes": ("collapse",), "fields": ("generation", "created", "updated")}),
     )
