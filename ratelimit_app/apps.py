@@ -12,14 +12,14 @@ class RateLimitConfig(AppConfig):
         from django.core.signals import request_finished, request_started
 
         # system checks, settings, invalidation, code policies
-        from . import checks, doors, registry, runtime, signals  # noqa: F401
+        from . import checks, closing, registry, runtime, signals  # noqa: F401
         from .boundary import MIDDLEWARE, protected
 
         # declarations of settings and code are written at a process's first request, never while its index
         # loads; inside the boundary, as a signal's receiver that raises fails the request before any view
         sync_pending = protected(registry.sync_pending, MIDDLEWARE, lambda _error: None)
         request_started.connect(sync_pending, dispatch_uid="ratelimit_registry_pending", weak=False)
-        # places no door gives back (hit() without the middleware) go back when the request ends (and
-        # when Django closes the request: limiter.asking)
-        request_started.connect(doors.request_began, dispatch_uid="ratelimit_request_began")
-        request_finished.connect(doors.request_ended, dispatch_uid="ratelimit_request_ended")
+        # a request's closing step (closing.py) also runs when it ends: what no door sent (hit() without
+        # the middleware, a streamed answer dropped unsent) goes then
+        request_started.connect(closing.request_began, dispatch_uid="ratelimit_request_began")
+        request_finished.connect(closing.request_ended, dispatch_uid="ratelimit_request_ended")

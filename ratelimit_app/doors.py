@@ -3,20 +3,18 @@ Plain code that yields its I/O: each door runs it with the sync or the async dri
 
 from __future__ import annotations
 
-import weakref
 from typing import Iterable, NamedTuple
 
 from django.urls import Resolver404, resolve
 
-from . import engine, policies
+from . import closing, policies
 from .boundary import MIDDLEWARE, Door, fail_open, faults, guarded, protected
 from .conf import get_setting
 from .drivers import Io, Steps, run
-from .limiter import Cost, RequestState, deciding, holding_now, pending_checks
+from .limiter import Cost, RequestState, deciding, pending_checks
 from .lru import BoundedCache, byte_bounded_cache
 from .responses import answer, bare_refusal, refusal
 from .subjects import SIMPLE_PARTS, addresses, http_request
-from .values import CONTENT_BYTES, Adjustment, Held
 
 STATE_ATTRIBUTE = "_ratelimit"  # the request's RequestState, in its HttpRequest's __dict__
 ADMIN_PAGES = "ratelimit_app_"  # URL names of this app's admin pages, in the admin's namespace
@@ -174,7 +172,7 @@ def around_view(request, view: Io, turn: Steps[RequestState | None], door: Door)
         state = yield from turn
         if state is not None and state.refused:
             try:
-                if not state.held:  # most refusals hold no place: no steps to give one back
+                if state.closing is None:  # most refusals hold no place: no steps to give one back
                     return refusal(request, state)
                 return (yield from leaving(request, refusal(request, state), state))
             except Exception as error:  # noqa: BLE001 - the boundary (boundary.py): refused all the same
@@ -188,7 +186,7 @@ def around_view(request, view: Io, turn: Steps[RequestState | None], door: Door)
         try:
             if state.awaiting:  # the door inside never ran (DRF refused first): decide now
                 yield from entering(request, (), last=True, door=door)
-            if not (state.held or state.metered):  # most requests: no place to give back, nothing to settle
+            if state.closing is None:  # most requests hold no place (no in-flight policy): nothing to give back
                 return answer(request, response, state)
             return (yield from leaving(request, answer(request, response, state), state))
         except Exception as error:  # noqa: BLE001 - the boundary: the view's answer goes as it is
@@ -276,156 +274,24 @@ def _state(request) -> RequestState | None:
     return http_request(request).__dict__.get(STATE_ATTRIBUTE)
 
 
-# --- places in flight: given back when the answer leaves, or when the request fails --------------
+# --- what the request holds: sent by its closing step (closing.py) ---------------------------------
 
 
 def leaving(request, response, state: RequestState | None = None) -> Steps:
-    """The request's answer leaves a door: its places go back now, before a byte of it is sent, so that a
-    client's next request never finds them taken, and its metered policies are settled; a streamed body's
-    when it ends, is closed, or the response is dropped unsent (an outer middleware answered instead, e.g.
-    ConditionalGetMiddleware's 304), with the bytes it really sent."""
+    """The request's answer leaves a door: its closing step runs now, or as its streamed body ends."""
     if state is None:
         state = _state(request)
-    if state is None or not (state.held or state.metered):
+    if state is None or state.closing is None:
         return response
-    if getattr(response, "streaming", False) and request.method != "HEAD":
-        _when_streamed(response, _Ending(state.take_held(), state))
-        return response
-    if request.method == "HEAD":
-        _unsent(response)
-    if state.metered:
-        _sent_bytes(state, 0 if request.method == "HEAD" else _length(response))
-    held, adjustments = state.take_ending()
-    if held or adjustments:
-        yield Io(engine.release, engine.arelease, (held, adjustments))
-    return response
-
-
-def _length(response) -> int | None:
-    """The bytes of a whole response's body; a file the server sends itself by its Content-Length (None: unknown)."""
-    if not getattr(response, "streaming", False):
-        return len(response.content)
-    length = response.get("Content-Length")
-    return int(length) if length and length.isdigit() else None
-
-
-def _sent_bytes(state: RequestState, sent: int | None) -> None:
-    """content-bytes settles itself with what the response sent, unless the view settled it."""
-    if sent is not None and any(charged.policy.unit == CONTENT_BYTES for charged in state.metered):
-        if CONTENT_BYTES not in (state.used or ()):
-            state.settle({CONTENT_BYTES: sent})
-
-
-def _unsent(response) -> None:
-    """A HEAD's answer is whole with its headers, yet servers read a streamed body to the end to drop it:
-    it is not produced, which would be work done with no place held."""
-    if getattr(response, "streaming", False) and getattr(response, "file_to_stream", None) is None:
-        response.streaming_content = _nothing() if response.is_async else ()
-
-
-async def _nothing():
-    return
-    yield  # an async body with no chunk
+    return (yield from closing.leaving(request, response, state.closing))
 
 
 def letting_go(request, door: Door) -> Steps[None]:
-    """The request failed (an exception, or its client left) before its answer left the door: its
-    places go back, and a failure to give them back never hides the request's own error."""
-    try:
-        state = _state(request)
-        held, adjustments = ([], []) if state is None else state.take_ending()
-        if held or adjustments:
-            yield Io(engine.release, engine.arelease, (held, adjustments))
-    except Exception as error:  # noqa: BLE001 - the boundary (boundary.py)
-        faults.record(error, door)
+    """The request failed (an exception, or its client left) before its answer left the door."""
+    state = _state(request)
+    return closing.letting_go(None if state is None else state.closing, door)
 
 
 def finish(request, response, door: Door):
     """leaving(), for the DRF throttle's view (sync, as DRF's finalize_response is)."""
     return run(guarded(leaving(request, response), door, lambda _error: response))
-
-
-class _Ending:
-    """A streamed response's end: its places given back and its metered policies settled once, by the
-    first of its body's end, its close, or the end of the response object (dropped without being closed),
-    content-bytes with the bytes its body really gave."""
-
-    __slots__ = ("held", "state", "sent")
-
-    def __init__(self, held: list[Held], state: RequestState) -> None:
-        self.held = held
-        self.state = state
-        self.sent = 0  # bytes of the body produced so far
-
-    def take(self) -> tuple[list[Held], list[Adjustment]]:
-        held, self.held = self.held, []
-        state = self.state
-        if state.metered and not state.ended:
-            _sent_bytes(state, self.sent)
-        return held, state.take_adjustments()
-
-    def __call__(self) -> None:
-        held, adjustments = self.take()
-        if held or adjustments:
-            engine.release(held, adjustments)
-
-
-def _when_streamed(response, places: _Ending) -> None:
-    if getattr(response, "file_to_stream", None) is None:  # a file is sent by the server's file wrapper
-        # the chunks as the view gave them (streaming_content would tie the response to itself: a cycle
-        # that keeps a dropped response, and its places, until the collector runs)
-        chunks, charset = response._iterator, response.charset
-        ended = _aended if response.is_async else _ended
-        response.streaming_content = ended(chunks, places, charset)
-    else:
-        places.sent = _length(response) or 0
-    response._resource_closers.append(places)
-    weakref.finalize(response, places).atexit = False
-
-
-def _size(chunk, charset: str) -> int:
-    """The bytes a chunk of a streamed body is sent as (Django encodes text with the response's charset)."""
-    if isinstance(chunk, (bytes, bytearray)):
-        return len(chunk)
-    return len(bytes(chunk) if isinstance(chunk, memoryview) else str(chunk).encode(charset))
-
-
-def _ended(content, places: _Ending, charset: str):
-    try:
-        for chunk in content:
-            places.sent += _size(chunk, charset)
-            yield chunk
-    finally:  # the last chunk was produced (the server has yet to end the body), or the body was closed
-        places()
-
-
-async def _aended(content, places: _Ending, charset: str):  # _ended's twin: iterated with `async for`
-    try:
-        async for chunk in content:
-            places.sent += _size(chunk, charset)
-            yield chunk
-    finally:
-        held, adjustments = places.take()
-        if held or adjustments:
-            await engine.arelease(held, adjustments)
-
-
-def request_began(**kwargs) -> None:
-    """request_started: the states that take places from now on are this request's (limiter.asking)."""
-    holding_now.set([])
-
-
-def _request_ended(**kwargs) -> None:
-    holders = holding_now.get()
-    if holders:
-        endings = [state.take_ending() for state in holders]
-        holders.clear()
-        held = [place for places, _ in endings for place in places]
-        adjustments = [adjustment for _, moved in endings for adjustment in moved]
-        if held or adjustments:
-            engine.release(held, adjustments)
-
-
-#: request_finished (the server closed the response, or the client left): what no door gave back
-#: goes back now, e.g. places taken by hit() on a site without the middleware.
-request_ended = protected(_request_ended, MIDDLEWARE, lambda _error: None)

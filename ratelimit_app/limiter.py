@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import logging
 import secrets
-from contextvars import ContextVar
 from typing import Callable, Iterable, NamedTuple, Sequence, Union
 
 from . import engine, events, metrics, policies
+from .closing import Closing, closing_of
 from .conf import get_setting
 from .events import outage
 from .deny_cache import deny_cache
 from .deny_cache import enabled as deny_cache_enabled
 from .drivers import Io, Steps, nothing
 from .plans import limit_in_effect
-from .subjects import http_request, subject_for
-from .values import Adjustment, Check, CompiledPolicy, Decision, Held, Metered, Verdict
+from .subjects import subject_for
+from .values import Check, CompiledPolicy, Decision, Held, Verdict
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -52,7 +52,7 @@ class RequestState:
 
     __slots__ = (
         "names", "decided", "decisions", "denied", "unavailable", "outage", "awaiting", "refused", "json_api", "cost",
-        "lease", "held", "metered", "used", "ended",
+        "lease", "closing",
     )
 
     def __init__(self, names: Iterable[str | None] = ()) -> None:
@@ -67,67 +67,13 @@ class RequestState:
         self.json_api = False  # the view is a DRF API: its clients expect JSON
         self.cost: Cost | None = None  # what the view's code says the request costs (None: nothing)
         self.lease = ""  # what in-flight policies name this request's places after ('' until one applies)
-        # the places it may hold until it ends (doors.finish): recorded before the call is sent, so
-        # that a call left unanswered (timed out, cancelled) is given back too
-        self.held: list[Held] = []
-        self.metered: list[Metered] = []  # its estimates charged in metered policies, settled when it ends
-        self.used: dict[str, int] | None = None  # what settle() said it used, by unit
-        self.ended = False  # its usage was settled (the closing step took it): settle() comes too late
+        self.closing: Closing | None = None  # what it holds until it ends (closing.py), once it holds anything
         self.add_names(names)
 
     def add_names(self, names: Iterable[str | None]) -> None:
         for name in names:
             if name and name not in self.names:
                 self.names.append(name)
-
-    def settle(self, used: dict[str, int]) -> None:
-        """Record what the request used of each unit (settle()); each unit once, before the request ends."""
-        if self.ended:
-            raise ValueError(
-                "settle(): this request has ended and its usage was settled with it: settle before the view "
-                "returns its response, or in a streamed body before its last chunk is sent."
-            )
-        if self.used is None:
-            self.used = {}
-        for unit in used:
-            if unit in self.used:
-                raise ValueError(
-                    f"settle(): {unit} were already settled for this request ({self.used[unit]}): settle each "
-                    "unit once, with what the whole request used."
-                )
-        self.used.update(used)
-
-    def take_adjustments(self) -> list[Adjustment]:
-        """What its metered policies are moved by now that it ends (each once): what it used of their unit
-        less its estimate, at most their overage cap above it; nothing where it did not settle their unit."""
-        self.ended = True
-        metered, used = self.metered, self.used
-        if not metered or not used:
-            return []
-        self.metered = []
-        adjustments = []
-        for charged in metered:
-            amount = used.get(charged.policy.unit)
-            if amount is None:
-                continue  # not settled: its estimate stands
-            units = amount - charged.estimate
-            cap = charged.policy.overage_cap
-            if cap is not None and units > cap:
-                units = cap
-            if units:
-                adjustments.append(Adjustment(charged, units))
-        return adjustments
-
-    def take_ending(self) -> tuple[list[Held], list[Adjustment]]:
-        """What its end sends (each once): its places, and what its metered policies move by."""
-        return self.take_held(), self.take_adjustments()
-
-    def take_held(self) -> list[Held]:
-        """The places the request holds, now no longer its own to give back (each is given back once)."""
-        held = self.held
-        if held:  # most requests hold none: nothing to replace
-            self.held = []
-        return held
 
 
 def pending_checks(request, state: RequestState, index: policies.PolicyIndex | None = None,
@@ -248,48 +194,12 @@ def lease_of(state: RequestState) -> str:
     return state.lease
 
 
-# the states of this request's context that hold places (set when a request starts): what no door
-# gave back, e.g. hit()'s on a site without the middleware, goes back when the request ends
-holding_now: ContextVar[list[RequestState] | None] = ContextVar("ratelimit_holding_now", default=None)
-CLOSING = "_ratelimit_closing"  # on an HttpRequest: its close() gives back what its state still holds
-
-
 def asking(request, state: RequestState, call: Call) -> None:
-    """Before the call is sent: the request may hold its places from now on, answered or not. What no
-    door gives back goes back at the first of request_finished in the request's context (doors.py) and
-    Django's close of the request."""
-    state.held += call.holding
-    ending_with(request, state)
-
-
-def ending_with(request, state: RequestState) -> None:
-    """What no door sends as `state`'s request ends (places, settled usage) goes at the first of
-    request_finished in the request's context (doors.py) and Django's close of the request."""
-    holders = holding_now.get()
-    if holders is not None and state not in holders:
-        holders.append(state)
-    _given_back_at_close(request, state)
-
-
-def _given_back_at_close(request, state: RequestState) -> None:
-    """Django closes the request with its response's resources, under WSGI and ASGI: that reaches the
-    request where request_started did not (ASGI before Django 6.0 sends it to a sync receiver in a task
-    of its own, whose context the request never sees)."""
-    base = http_request(request)
-    if base.__dict__.get(CLOSING):
-        return
-    close = base.close
-
-    def closing() -> None:
-        try:
-            close()
-        finally:
-            held, adjustments = state.take_ending()
-            if held or adjustments:
-                engine.release(held, adjustments)
-
-    base.close = closing
-    base.__dict__[CLOSING] = True
+    """Before the call is sent: the request may hold its places from now on, answered or not; its
+    closing step gives them back (closing.py)."""
+    if state.closing is None:
+        state.closing = closing_of(request)
+    state.closing.hold(call.holding)
 
 
 def conclude(request, state: RequestState, call: Call, outcome: Verdict | engine.RedisUnavailable) -> None:
@@ -299,16 +209,15 @@ def conclude(request, state: RequestState, call: Call, outcome: Verdict | engine
         unavailable(request, state, outcome)
         return
     settle(request, state, call.checks, outcome, call.epoch)
-    if outcome.metered:  # admitted on its estimate in metered policies: settled as it ends
-        state.metered += outcome.metered
-        ending_with(request, state)
+    if outcome.metered:  # admitted on its estimates in metered policies: settled as it ends
+        if state.closing is None:
+            state.closing = closing_of(request)
+        state.closing.charge(outcome.metered)
     if call.holding:
         # a refused request took nothing anywhere; an admitted one holds where its policy had room
         taken = {(d.policy.id, d.subject) for d in outcome.decisions
                  if outcome.allowed and d.policy.holds and not d.exceeded}
-        asked = set(map(id, call.holding))
-        state.held = [place for place in state.held
-                      if id(place) not in asked or (place.policy.id, place.subject) in taken]
+        state.closing.forget([place for place in call.holding if (place.policy.id, place.subject) not in taken])
 
 
 def loading(request, index: policies.PolicyIndex | None = None) -> Steps[policies.PolicyIndex]:

@@ -23,8 +23,8 @@ def settle(request, **used: int) -> None:
     twice, or a request that has ended."""
     amounts = _amounts(used)
     state = http_request(request).__dict__.get(STATE_ATTRIBUTE)
-    if state is not None:
-        state.settle(amounts)
+    if state is not None and state.closing is not None:
+        state.closing.settle(amounts)
 
 
 async def asettle(request, **used: int) -> None:

@@ -99,7 +99,7 @@ class PolicyThrottle(BaseThrottle):
         self.state = run(entering(request, names, last=last, cost=view_cost(view), door=THROTTLE))
         if self.state is None:
             return True
-        if self.state.held:
+        if self.state.closing is not None:
             _give_back_when_finalized(view, request)
         if self.state.unavailable:
             raise RateLimitUnavailable()

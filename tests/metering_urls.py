@@ -53,6 +53,11 @@ def failing(request):
     raise ValueError("the model failed")
 
 
+@ratelimit("plain")
+def plain(request):
+    return HttpResponse("done")
+
+
 def by_hit(request):
     verdict = ratelimit_app.hit(request, "llm", cost=ESTIMATE)
     if not verdict.allowed:
@@ -83,6 +88,7 @@ def download_streamed(request):
 urlpatterns = [
     path("llm/", complete),
     path("llm/async/", acomplete),
+    path("llm/plain/", plain),
     path("llm/streamed/", complete_streamed),
     path("llm/twice/", settled_twice),
     path("llm/failing/", failing),

@@ -156,3 +156,30 @@ def test_one_function_computes_the_limit_in_effect():
         str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py") if looking_up.search(path.read_text())
     )
     assert found == ["subjects/matching.py"]
+
+
+# Django's private names the package may reach, where, and why: a refusal in place of the view's answer
+# runs what that answer was to run when closed (its file, its body's generator); nothing else is read.
+DJANGO_PRIVATE = {("responses.py", "_resource_closers")}
+
+
+def test_one_module_sends_what_a_request_holds_through_djangos_public_hooks():
+    """closing.py alone gives places back (engine.release / arelease); no module reads a response's body or
+    closers past its public API, and only closing.py replaces a request's close (Django 5.2 under ASGI)."""
+    import ast
+
+    giving_back, private, closes = set(), set(), set()
+    for path in PACKAGE.rglob("*.py"):
+        where = str(path.relative_to(PACKAGE))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("release", "arelease") and \
+                    isinstance(node.value, ast.Name) and node.value.id == "engine":
+                giving_back.add(where)
+            if isinstance(node, ast.Attribute) and node.attr in ("_iterator", "_resource_closers", "_handler_class"):
+                private.add((where, node.attr))
+            if isinstance(node, ast.Assign) and any(isinstance(target, ast.Attribute) and target.attr == "close"
+                                                    for target in node.targets):
+                closes.add(where)
+    assert giving_back == {"closing.py"}
+    assert private <= DJANGO_PRIVATE, private - DJANGO_PRIVATE
+    assert closes == {"closing.py"}

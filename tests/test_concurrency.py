@@ -281,6 +281,19 @@ def test_without_the_middleware_the_decorator_and_drf_give_places_back(settings)
         assert in_flight() == 0, path
 
 
+def test_without_any_door_hit_gives_places_back_as_the_request_ends_and_leaves_its_close_alone(settings):
+    """Under WSGI (and ASGI from Django 6.0) request_started and request_finished run in the request's
+    context: its closing step runs there, and the request's own close() stays Django's."""
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "ratelimit" not in m]
+    make()
+    client = Client()
+    for path in ["/hit/", "/hit/async/"]:
+        response = client.get(path, REMOTE_ADDR=IP)
+        assert response.status_code == 200, path
+        assert in_flight() == 0, path
+        assert "close" not in response.wsgi_request.__dict__, path
+
+
 def test_the_live_page_shows_the_requests_in_flight():
     make()
     compiled = inflight_policy()

@@ -214,3 +214,32 @@ def eventually(condition, tries: int = 200) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+# --- what settling costs on the wire -----------------------------------------------------------------
+
+
+def test_a_metered_request_makes_no_more_round_trips_than_an_unmetered_one(client):
+    from tests.helpers import count_round_trips
+
+    tokens_policy(limit=10**9)
+    make_policy(name="plain", action="plain", limit=10**9, window=3600, strategy="fixed_window")
+    client.get("/llm/?used=5", REMOTE_ADDR=IP)  # loads the policies and the scripts
+    client.get("/llm/plain/", REMOTE_ADDR=IP)
+    with count_round_trips() as metered:
+        for used in (5, 700, 10, 3):  # differing from the estimate or not
+            client.get(f"/llm/?used={used}", REMOTE_ADDR=IP)
+    with count_round_trips() as unmetered:
+        for _ in range(4):
+            client.get("/llm/plain/", REMOTE_ADDR=IP)
+    assert metered[0] == unmetered[0] == 4
+    assert used_now() == 5 + 5 + 700 + 10 + 3  # each settle rode on the next request's call
+
+
+def test_settled_usage_no_request_carries_is_sent_within_a_second(client):
+    tokens_policy()
+    client.get("/llm/?used=250", REMOTE_ADDR=IP)
+    # read on another connection: the settle waits on this thread's for its next call, or the timer
+    compiled = next(p for p in get_index().policies if p.name == "llm-tokens")
+    key = engine.counter_key(compiled, check(compiled, f"ip:{IP}").subject.key)
+    assert eventually(lambda: int(engine.client().get(key) or 0) // 1_000_000 == 250)

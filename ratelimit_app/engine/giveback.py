@@ -5,8 +5,11 @@ take it, and sent again when its connection closed before Redis answered or a mo
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
+import os
 import threading
+import weakref
 from importlib import resources
 from typing import Sequence
 
@@ -20,7 +23,7 @@ from .aclients import aclient
 from .batches import answered, ran_nothing, read_replies, refresh_slots
 from .circuit import RedisUnavailable, breaker, describe
 from .clients import client, cluster_configured, is_cluster, socket_of
-from .decision_connection import ALL_READ, UNREAD, decision_client, read_unread, replace_if_closed
+from .decision_connection import ALL_READ, OUTBOX, UNREAD, decision_client, read_unread, replace_if_closed
 from .settling import settle_commands
 
 logger = logging.getLogger("ratelimit_app")
@@ -30,12 +33,12 @@ _SOURCE = resources.files("ratelimit_app").joinpath("lua", "release.lua").read_t
 RELEASE = "\n".join(line for line in _SOURCE.splitlines() if line.strip() and not line.lstrip().startswith("--"))
 
 
-def release(held: Sequence[Held], adjustments: Sequence[Adjustment] = ()) -> None:
+def release(held: Sequence[Held | Adjustment]) -> None:
     """Give back the places requests held (they ended), and move their metered policies by what they used
-    beyond or short of their estimates (settling.py): one EVAL of each per slot (on one server: in one
-    write), written without waiting for a reply. While Redis cannot take them (down, the circuit open)
-    they are owed (Owed), never waited for."""
-    held = _sendable([*held, *adjustments] if adjustments else held)
+    beyond or short of their estimates (Adjustment, settling.py): one EVAL of each per slot (on one server:
+    in one write), written without waiting for a reply. While Redis cannot take them (down, the circuit
+    open) they are owed (Owed), never waited for."""
+    held = _sendable(held)
     if not held:
         return
     try:
@@ -54,12 +57,12 @@ def _sendable(held: Sequence[Held]) -> tuple:
     return held
 
 
-async def arelease(held: Sequence[Held], adjustments: Sequence[Adjustment] = ()) -> None:
+async def arelease(held: Sequence[Held | Adjustment]) -> None:
     """release() for async code: only the write is awaited; its reply is read by a task of its own
     (the sync twin leaves it for its connection's next use), which then keeps the connection."""
     if cluster_configured():
-        return await sync_to_async(release, thread_sensitive=False)(held, adjustments)
-    held = _sendable([*held, *adjustments] if adjustments else held)
+        return await sync_to_async(release, thread_sensitive=False)(held)
+    held = _sendable(held)
     if not held:
         return
     redis_client = aclient()
@@ -257,23 +260,89 @@ def _send_answered(redis_client: redis.Redis, commands: Sequence[tuple]) -> list
         pool.release(connection)
 
 
-def _send_unanswered(kept: redis.Connection, commands: Sequence[tuple], held: Sequence[Held]) -> None:
+def _send_unanswered(kept: redis.Connection, commands: Sequence[tuple], held: Sequence[Held | Adjustment]) -> None:
     """On the thread's kept connection: write `commands` and wait for no reply. The replies are read
-    when they have come, at the latest by the connection's next command, before its own reply."""
+    when they have come, at the latest by the connection's next command, before its own reply.
+
+    Settled usage alone (no place to give back) waits for the connection's next write instead, a decision
+    call's or a give-back's (decision_connection.OUTBOX): it makes no round trip of its own. A timer sends
+    what no write took within a second (Carried)."""
+    if all(type(item) is not Held for item in held):
+        carried.add(kept, kept.pack_commands(commands), len(commands), held)
+        return
     read_unread(kept)
     _, due, owing = getattr(kept, UNREAD, ALL_READ)
     if not due:  # nothing is due on it: readable is Redis having closed it (idle timeout, CLIENT KILL)
         replace_if_closed(kept)
+    waiting = kept.__dict__.pop(OUTBOX, None)
     packed = kept.pack_commands(commands)
     try:
-        kept.send_packed_command(packed)
-    except redis.ConnectionError:  # a write that failed ran nothing; a release runs twice harmlessly
+        kept.send_packed_command(packed if waiting is None else [*waiting[0], *packed])
+    except redis.ConnectionError:  # nothing whole ran but what came first; a release runs twice harmlessly
         kept.disconnect()
         if due:  # their replies went with the connection: they may not have run
             owed.lost(owing)
             due, owing = 0, []
+        if waiting is not None:  # written first, they may have reached Redis whole: never sent twice
+            owed.lost(waiting[2])
+            waiting = None
+        places = [item for item in held if type(item) is Held]
+        if len(places) < len(held):  # the same: the usage settled after the places may have run
+            owed.lost([item for item in held if type(item) is not Held])
+            held, commands = places, [command for command in commands if command[1] is RELEASE]
+            packed = kept.pack_commands(commands)
         kept.send_packed_command(packed)
-    setattr(kept, UNREAD, (socket_of(kept), due + len(commands), [*owing, *held]))
+    count = len(commands)
+    if waiting is not None:
+        count, held = count + waiting[1], [*waiting[2], *held]
+    setattr(kept, UNREAD, (socket_of(kept), due + count, [*owing, *held]))
+
+
+class Carried:
+    """Settled usage waiting on kept connections for their next write (decision_connection.OUTBOX), which
+    carries it at no round trip of its own; what none took within a second is sent by a timer on a pooled
+    connection, and what a process still holds at exit too."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # a thread adds to its connection's while the timer takes them all
+        self._waiting: weakref.WeakSet = weakref.WeakSet()  # the connections with settled usage waiting
+        self._timer: threading.Timer | None = None
+
+    def add(self, kept: redis.Connection, packed: list, count: int, items: Sequence[Adjustment]) -> None:
+        with self._lock:
+            before = kept.__dict__.get(OUTBOX)
+            if before is not None:
+                packed, count, items = [*before[0], *packed], before[1] + count, [*before[2], *items]
+            kept.__dict__[OUTBOX] = (packed, count, list(items))
+            self._waiting.add(kept)
+            if self._timer is None:
+                self._timer = threading.Timer(1.0, self.send)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def take(self) -> list[Adjustment]:
+        """What waits on every connection, no longer waiting there: whoever takes it sends it."""
+        with self._lock:
+            self._timer = None
+            waiting = [kept.__dict__.pop(OUTBOX, None) for kept in list(self._waiting)]
+            self._waiting = weakref.WeakSet()
+        return [item for found in waiting if found is not None for item in found[2]]
+
+    def send(self) -> None:
+        items = self.take()
+        if items:
+            try:
+                breaker.call(lambda: send(client(), items))  # answered: a timer's thread ends at once
+            except RedisUnavailable as error:
+                owed.add(items, error)
+
+    def forget(self) -> None:
+        self.take()
+
+
+carried = Carried()
+atexit.register(carried.send)
+os.register_at_fork(after_in_child=carried.forget)  # a child's connections are its parent's: theirs to send
 
 
 decision_connection.replies_lost = owed.lost

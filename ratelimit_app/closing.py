@@ -1,0 +1,308 @@
+"""What a request holds and what its closing step sends (docs/explanation/decision.md).
+
+Each request has one Closing: the places of in-flight policies it took are held there, and its closing
+step sends everything held in one batch, once, at the first of:
+
+- a door's answer leaving it (before a byte of it is sent): leaving();
+- its streamed body ending, failing or being closed (the body the door hands the server is a Body);
+- the request failing before its answer left a door: letting_go();
+- request_finished in the request's context (the server closed whatever answer it sent: a 304 in place of
+  a streamed body, or any answer of a view that called hit() without a door).
+
+A batch is a list of items for engine.release(): the places held, and what the request's metered
+policies move by (what it settled less its estimate: values.Adjustment), worked out as it is taken.
+Only Django's public hooks are used, but for one case: _closed_with_request().
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from typing import Sequence
+
+import django
+
+from . import engine
+from .boundary import MIDDLEWARE, Door, faults, protected
+from .drivers import Io, Steps
+from .subjects import http_request
+from .values import CONTENT_BYTES, Adjustment, Held, Metered
+
+
+class Closing:
+    """One request's closing step: what it holds until it ends. `origin`: the environ or scope its
+    request_started was sent with (None when no handler started it), which tells its own from another's."""
+
+    __slots__ = ("origin", "batch", "metered", "used", "sent", "ended")
+
+    def __init__(self, origin: object = None) -> None:
+        self.origin = origin
+        self.batch: list[Held] = []
+        self.metered: list[Metered] = []  # its estimates charged in metered policies (values.Metered)
+        self.used: dict[str, int] | None = None  # what settle() said it used, by unit
+        self.sent: int | None = None  # the bytes its response sent, once known (content-bytes)
+        self.ended = False  # its closing step ran: a settle() now comes too late
+
+    def charge(self, metered: Sequence[Metered]) -> None:
+        """Estimates charged in metered policies: settled (moved by what it used less them) as it ends."""
+        self.metered += metered
+
+    def settle(self, used: dict[str, int]) -> None:
+        """Record what the request used of each unit (ratelimit_app.settle()): each unit once, before it ends."""
+        if self.ended:
+            raise ValueError(
+                "settle(): this request has ended and its usage was settled with it: settle before the view "
+                "returns its response, or in a streamed body before its last chunk is sent."
+            )
+        if self.used is None:
+            self.used = {}
+        for unit in used:
+            if unit in self.used:
+                raise ValueError(
+                    f"settle(): {unit} were already settled for this request ({self.used[unit]}): settle each "
+                    "unit once, with what the whole request used."
+                )
+        self.used.update(used)
+
+    def _adjustments(self) -> list[Adjustment]:
+        """What its metered policies move by: what it used of their unit less its estimate (at most their
+        overage cap above it); nothing where their unit was not settled (the estimate stands).
+        content-bytes settles itself with the bytes the response sent, unless the view settled it."""
+        used = self.used or {}
+        if self.sent is not None and CONTENT_BYTES not in used:
+            used = {**used, CONTENT_BYTES: self.sent}
+        adjustments = []
+        for charged in self.metered:
+            amount = used.get(charged.policy.unit)
+            if amount is None:
+                continue
+            units = amount - charged.estimate
+            cap = charged.policy.overage_cap
+            if cap is not None and units > cap:
+                units = cap
+            if units:
+                adjustments.append(Adjustment(charged, units))
+        self.metered = []
+        return adjustments
+
+    def hold(self, items: Sequence[Held]) -> None:
+        """Items the closing step sends: recorded before the call that takes them is sent, so that a call
+        left unanswered (timed out, cancelled) is given back too."""
+        self.batch += items
+
+    def forget(self, items: Sequence[Held]) -> None:
+        """Items held for a call that did not take them (refused, or no room): nothing to send."""
+        dropped = set(map(id, items))
+        self.batch = [item for item in self.batch if id(item) not in dropped]
+
+    def take(self) -> list[Held | Adjustment]:
+        """The batch, no longer held: whoever takes it sends it (each item is sent once)."""
+        self.ended = True
+        batch = self.batch
+        if batch:  # most requests hold nothing: nothing to replace
+            self.batch = []
+        if self.metered:
+            batch = batch + self._adjustments()
+        return batch
+
+    def send(self) -> None:
+        batch = self.take()
+        if batch:
+            engine.release(batch)
+
+    async def asend(self) -> None:
+        batch = self.take()
+        if batch:
+            await engine.arelease(batch)
+
+    def sending(self) -> Steps[None]:
+        """send(), as a step the sync or the async driver runs."""
+        batch = self.take()
+        if batch:
+            yield Io(engine.release, engine.arelease, (batch,))
+
+
+#: the Closing of the request this context serves, made when the request started
+current: ContextVar[Closing | None] = ContextVar("ratelimit_closing", default=None)
+
+
+def _origin(base) -> object:
+    scope = getattr(base, "scope", None)  # an ASGIRequest's; a WSGIRequest has its environ
+    return scope if scope is not None else getattr(base, "environ", None)
+
+
+def closing_of(request) -> Closing:
+    """The Closing of `request` (a DRF Request's is its HttpRequest's): the one its request_started made
+    when this context saw it, else a new one."""
+    base = http_request(request)
+    started = current.get()
+    origin = _origin(base)
+    if started is not None and origin is not None and started.origin is origin:
+        return started
+    closing = Closing(origin)
+    if django.VERSION < (6, 0):
+        _closed_with_request(base, closing)
+    return closing
+
+
+CLOSES_WITH = "_ratelimit_closing"  # on an HttpRequest: its close() runs this Closing's step
+
+
+def _closed_with_request(base, closing: Closing) -> None:
+    """The one private touch: Django 5.2 under ASGI sends request_started to sync receivers in a task of
+    their own (Signal.asend gathers them), whose context the request never sees, and request_finished names
+    no request; the one step of its own Django runs when the request ends is the request's close(), listed
+    with the response's closers. Django 6.0 sends both signals in the request's context: not needed there."""
+    if base.__dict__.get(CLOSES_WITH) is not None:
+        return
+    close = base.close
+
+    def closing_too() -> None:
+        try:
+            close()
+        finally:
+            closing.send()
+
+    base.close = closing_too
+    base.__dict__[CLOSES_WITH] = closing
+
+
+# --- when the answer leaves a door ----------------------------------------------------------------
+
+
+def leaving(request, response, closing: Closing) -> Steps:
+    """The request's answer leaves a door: what it holds is sent now, before a byte of the answer is; a
+    streamed body's when it ends, fails or is closed (and at request_finished, should the response be
+    dropped unsent: an outer middleware answered instead, e.g. ConditionalGetMiddleware's 304)."""
+    if not (closing.batch or closing.metered):
+        return response
+    if getattr(response, "streaming", False) and request.method != "HEAD":
+        # a file is sent by the server's file wrapper (a body set anew would not be): its close ends it
+        if getattr(response, "file_to_stream", None) is None:
+            body = response.streaming_content
+            closing.sent = 0  # counted as the body is produced
+            response.streaming_content = ABody(body, closing) if response.is_async else Body(body, closing)
+        else:
+            closing.sent = _length(response)
+        return response
+    if request.method == "HEAD":
+        _unsent(response)
+        closing.sent = 0
+    elif closing.metered:
+        closing.sent = _length(response)
+    yield from closing.sending()
+    return response
+
+
+def _length(response) -> int | None:
+    """The bytes of a whole response's body; a file the server sends itself by its Content-Length (None: unknown)."""
+    if not getattr(response, "streaming", False):
+        return len(response.content)
+    length = response.get("Content-Length")
+    return int(length) if length and length.isdigit() else None
+
+
+def _unsent(response) -> None:
+    """A HEAD's answer is whole with its headers, yet servers read a streamed body to the end to drop it:
+    it is not produced, which would be work done with no place held."""
+    if getattr(response, "streaming", False) and getattr(response, "file_to_stream", None) is None:
+        response.streaming_content = _nothing() if response.is_async else ()
+
+
+async def _nothing():
+    return
+    yield  # an async body with no chunk
+
+
+_ENDED = iter(())
+
+
+class Body:
+    """A streamed body, chunk by chunk as the view made it: its end (the last chunk produced, the server has
+    yet to end the body), its failure and its close (Django calls the close() of what streaming_content is
+    set to with the response's) run the closing step."""
+
+    __slots__ = ("chunks", "closing")
+
+    def __init__(self, chunks, closing: Closing) -> None:
+        self.chunks = iter(chunks)
+        self.closing = closing
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            chunk = next(self.chunks)
+        except BaseException:  # StopIteration: the body ended
+            self.close()
+            raise
+        self.closing.sent += len(chunk)  # bytes: streaming_content made them so
+        return chunk
+
+    def close(self) -> None:
+        self.chunks = _ENDED  # the chunks refer to the response: no cycle keeps it once the body ended
+        self.closing.send()
+
+
+class ABody:
+    """Body's twin for an async body (iterated with `async for`); Django closes it with the response."""
+
+    __slots__ = ("chunks", "closing")
+
+    def __init__(self, chunks, closing: Closing) -> None:
+        self.chunks = chunks
+        self.closing = closing
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        try:
+            chunk = await self.chunks.__anext__()
+        except BaseException:  # StopAsyncIteration: the body ended; or it failed, or was cancelled
+            self.chunks = _NO_CHUNKS
+            await self.closing.asend()
+            raise
+        self.closing.sent += len(chunk)
+        return chunk
+
+    def close(self) -> None:
+        self.chunks = _NO_CHUNKS
+        self.closing.send()
+
+
+class _NoChunks:
+    async def __anext__(self):
+        raise StopAsyncIteration
+
+
+_NO_CHUNKS = _NoChunks()
+
+
+def letting_go(closing: Closing | None, door: Door) -> Steps[None]:
+    """The request failed (an exception, or its client left) before its answer left the door: what it
+    holds is sent, and a failure to send it never hides the request's own error."""
+    try:
+        if closing is not None:
+            yield from closing.sending()
+    except Exception as error:  # noqa: BLE001 - the boundary (boundary.py)
+        faults.record(error, door)
+
+
+# --- the request's start and end (apps.py connects them) ------------------------------------------
+
+
+def request_began(environ=None, scope=None, **kwargs) -> None:
+    """request_started: the request served in this context has a Closing from now on."""
+    current.set(Closing(scope if scope is not None else environ))
+
+
+def _request_ended(**kwargs) -> None:
+    closing = current.get()
+    if closing is not None:
+        closing.send()
+
+
+#: request_finished (the server closed the response it sent, or the client left): what no door sent
+#: goes now, e.g. places taken by hit() on a site without the middleware.
+request_ended = protected(_request_ended, MIDDLEWARE, lambda _error: None)
