@@ -195,6 +195,8 @@ def leaving(request, response, closing: Closing) -> Steps:
 
 def _length(response) -> int | None:
     """The bytes of a whole response's body; a file the server sends itself by its Content-Length (None: unknown)."""
+    if getattr(response, "is_rendered", True) is False:
+        return None  # a template or DRF response left a door before it was rendered: its estimate stands
     if not getattr(response, "streaming", False):
         return len(response.content)
     length = response.get("Content-Length")
