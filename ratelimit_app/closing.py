@@ -188,15 +188,37 @@ def leaving(request, response, closing: Closing) -> Steps:
         _unsent(response)
         closing.sent = 0
     elif closing.metered:
+        if getattr(response, "is_rendered", True) is False and _counts_bytes(closing):
+            # a DRF Response or a TemplateResponse: its bytes exist once Django's handler renders it, which it
+            # does before sending it; its closing step runs then (or at request_finished if it never is)
+            response.add_post_render_callback(_when_rendered(closing))
+            return response
         closing.sent = _length(response)
     yield from closing.sending()
     return response
 
 
+def _counts_bytes(closing: Closing) -> bool:
+    return any(charged.policy.unit == CONTENT_BYTES for charged in closing.metered)
+
+
+def _when_rendered(closing: Closing):
+    def rendered(response) -> None:
+        if not closing.ended:
+            closing.sent = len(response.content)
+            _send_protected(closing)
+
+    return rendered
+
+
+# the closing step run by Django's rendering: a failure of the limiter's never reaches the handler
+_send_protected = protected(Closing.send, MIDDLEWARE, lambda _error: None)
+
+
 def _length(response) -> int | None:
     """The bytes of a whole response's body; a file the server sends itself by its Content-Length (None: unknown)."""
     if getattr(response, "is_rendered", True) is False:
-        return None  # a template or DRF response left a door before it was rendered: its estimate stands
+        return None  # not rendered yet (a DRF or template response): no policy here counts its bytes
     if not getattr(response, "streaming", False):
         return len(response.content)
     length = response.get("Content-Length")
