@@ -106,6 +106,14 @@ def test_a_named_unit_is_saved_and_the_list_shows_limits_in_it(admin_client):
     assert admin_client.get(CHANGELIST + "?unit__exact=tokens").context["cl"].result_count == 2
 
 
+def test_a_policy_declared_in_code_in_tokens_says_so_where_it_shows_the_codes_values(admin_client):
+    values = {"action": "chat", "limit": 20000, "window": 60, "strategy": "fixed_window", "key": "ip",
+              "methods": "", "mode": "enforce", "unit": "tokens"}
+    policy = Policy.objects.create(name="chat-tokens", source="code", code_values=values, **values)
+    page = admin_client.get(f"{CHANGELIST}{policy.pk}/change/").content.decode()
+    assert "The code declares 20000/m tokens, fixed_window, per ip, enforce" in page
+
+
 def test_a_unit_the_strategy_cannot_count_is_refused_on_the_unit_field_with_the_reason(admin_client):
     response = admin_client.post(CHANGELIST + "add/", {**FORM, "strategy": "sliding_log", "unit": "tokens"})
     assert response.status_code == 200

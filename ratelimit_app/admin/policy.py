@@ -18,6 +18,7 @@ from ..checks.routes import unrouted
 from ..engine import RedisUnavailable
 from ..models import Mode, Policy, QuotaUsage
 from ..rates import figure, format_rate, human_limit, human_window
+from ..values import REQUESTS
 from .forms import PolicyForm, PolicyListForm
 from .live_page import LivePage, ResetPage
 from .overrides import OverrideInline
@@ -177,6 +178,8 @@ class PolicyAdmin(admin.ModelAdmin):
     def code_status(self, policy: Policy) -> str:
         values = policy.code_values or {}
         rate = format_rate(values.get("limit", 0), values.get("window", 1))
+        unit = values.get("unit", REQUESTS)
+        rate += "" if unit == REQUESTS else f" {unit}"  # '20000/m tokens'
         said = f"The code declares {rate}, {values.get('strategy')}, per {values.get('key')}, {values.get('mode')}" + (
             "" if values.get("enabled", True) else ", disabled"
         )
