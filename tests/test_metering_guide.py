@@ -14,6 +14,7 @@ import types
 
 import pytest
 from django.contrib import admin
+from django.core.management import call_command
 from django.urls import clear_url_caches, path
 from rest_framework.test import APIClient
 
@@ -21,7 +22,6 @@ import ratelimit_app
 from ratelimit_app import quotas
 from ratelimit_app.models import Policy, QuotaUsage
 from ratelimit_app.periods import periods_at, zone
-from ratelimit_app.portable import import_data, parse_json
 from ratelimit_app.quotas import as_datetime
 from tests.servers import ROOT
 
@@ -47,7 +47,7 @@ def shown(field: str) -> str:
 
 
 @pytest.fixture
-def mysite(monkeypatch, settings):
+def mysite(monkeypatch, settings, tmp_path):
     """The guide's modules as a `mysite` package, its URLconf the site's."""
     package = types.ModuleType("mysite")
     package.__path__ = []
@@ -63,7 +63,9 @@ def mysite(monkeypatch, settings):
     settings.ROOT_URLCONF = "mysite.urls"
     clear_url_caches()
     (policies,) = [text for text in blocks("json") if '"format": "ratelimit_app/1"' in text]
-    import_data(parse_json(policies))
+    command = re.search(r"`python manage\.py (ratelimit_import) (plans\.json)`", GUIDE.read_text())
+    (tmp_path / command[2]).write_text(policies)
+    call_command(command[1], str(tmp_path / command[2]), stdout=io.StringIO())
     yield package
     clear_url_caches()
 
