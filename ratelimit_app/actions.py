@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Iterable, NamedTuple, Sequence
 
 from . import engine, policies
-from .boundary import CHECK, HIT, fail_open, guarded
+from .boundary import CHECK, HIT, fail_open, faults, guarded
 from .conf import get_setting
 from .events import outage
 from .drivers import Steps, arun, run
@@ -116,20 +116,23 @@ def _looked_cost(request, action: str, index: policies.PolicyIndex, cost: Cost |
 def hitting(request, action: str, cost: Cost | None = None) -> Steps[Verdict]:
     """Count `request` under the policies of `action` not decided yet for it, taking `cost` units
     (a number, or a function of the request; the admin's cost for the action wins); returns the verdict.
-    Inside the boundary: while the limiter cannot decide, the failure rule's answer."""
-    return _answer((yield from guarded(_hitting(request, action, cost), HIT, _failure_rule)))
-
-
-def _hitting(request, action: str, cost: Cost | None) -> Steps[Verdict]:
-    if not get_setting("RATELIMIT_ENABLED"):
-        return engine.NO_POLICIES
-    state = state_of(request, [action])
-    before = len(state.decisions)
-    yield from deciding(request, state, cost=cost)
-    if state.unavailable:
-        return Undecided(state.outage or Unavailable("Redis unavailable and RATELIMIT_FAIL_OPEN is False"))
-    decisions = tuple(state.decisions[before:])
-    return Verdict(all(d.allowed for d in decisions), decisions, None)
+    Inside the boundary (boundary.guarded, written out: a generator less to make on every call): while
+    the limiter cannot decide, the failure rule's answer."""
+    try:
+        if not get_setting("RATELIMIT_ENABLED"):
+            return engine.NO_POLICIES
+        state = state_of(request, [action])
+        before = len(state.decisions)
+        yield from deciding(request, state, cost=cost)
+        if state.unavailable:
+            outcome = Undecided(state.outage or Unavailable("Redis unavailable and RATELIMIT_FAIL_OPEN is False"))
+        else:
+            decisions = tuple(state.decisions[before:])
+            outcome = Verdict(all(d.allowed for d in decisions), decisions, None)
+    except Exception as error:  # noqa: BLE001 - the boundary: the site never sees the limiter's errors
+        faults.record(error, HIT)
+        outcome = _failure_rule(error)
+    return _answer(outcome)
 
 
 def check(request, action: str, cost: Cost | None = None) -> Verdict:

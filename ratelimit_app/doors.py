@@ -58,12 +58,6 @@ def passed_drf_throttles(request) -> bool:
     return http_request(request) is not request
 
 
-def policy_throttle_is_last(throttle, view) -> bool:
-    """Whether this PolicyThrottle is the last of the view's: DRF runs them in order, the last decides."""
-    doors = [c for c in getattr(view, "throttle_classes", ()) if getattr(c, "ratelimit_door", False)]
-    return not doors or type(throttle) is doors[-1] or type(throttle) not in doors
-
-
 @byte_bounded_cache(2 << 20)  # a client inventing paths only evicts entries; resolving again is always right
 def _resolve_route(path: str, urlconf: str | None) -> Route:
     try:
@@ -180,7 +174,7 @@ def around_view(request, view: Io, turn: Steps[RequestState | None], door: Door)
                 return bare_refusal(state)
         response = yield view
         if state is None:
-            state = _state(request)  # made inside the view: by a door, or hit()
+            state = state_now(request)  # made inside the view: by a door, or hit()
             if state is None:  # most requests of a site: no policy met them, nothing to answer for or give back
                 return response
         try:
@@ -205,10 +199,7 @@ def undecided(request, error: Exception, door: Door) -> RequestState | None:
     faults.record(error, door, request)
     if fail_open():
         return None
-    base = http_request(request)
-    state = base.__dict__.get(STATE_ATTRIBUTE)
-    if state is None:
-        state = base.__dict__[STATE_ATTRIBUTE] = RequestState()
+    state = state_of(request)
     state.unavailable = state.refused = True
     state.awaiting = False
     return state
@@ -270,7 +261,8 @@ def state_of(request, names: Iterable[str | None] = ()) -> RequestState:
     return state
 
 
-def _state(request) -> RequestState | None:
+def state_now(request) -> RequestState | None:
+    """The request's state, if a door or hit() made one."""
     return http_request(request).__dict__.get(STATE_ATTRIBUTE)
 
 
@@ -280,7 +272,7 @@ def _state(request) -> RequestState | None:
 def leaving(request, response, state: RequestState | None = None) -> Steps:
     """The request's answer leaves a door: its closing step runs now, or as its streamed body ends."""
     if state is None:
-        state = _state(request)
+        state = state_now(request)
     if state is None or state.closing is None:
         return response
     return (yield from closing.leaving(request, response, state.closing))
@@ -288,7 +280,7 @@ def leaving(request, response, state: RequestState | None = None) -> Steps:
 
 def letting_go(request, door: Door) -> Steps[None]:
     """The request failed (an exception, or its client left) before its answer left the door."""
-    state = _state(request)
+    state = state_now(request)
     return closing.letting_go(None if state is None else state.closing, door)
 
 

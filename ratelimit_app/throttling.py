@@ -11,7 +11,7 @@ from rest_framework.throttling import BaseThrottle
 
 from . import headers
 from .boundary import THROTTLE
-from .doors import entering, finish, letting_go, policy_throttle_is_last
+from .doors import entering, finish, letting_go
 from .drivers import run
 from .lru import byte_bounded_cache
 from .registry import fixed_cost_problem
@@ -43,6 +43,12 @@ def _give_back_when_finalized(view, request) -> None:
             raise
 
     view.finalize_response, view.handle_exception = finalize_response, handle
+
+
+def is_last(throttle, view) -> bool:
+    """Whether this PolicyThrottle is the last of the view's: DRF runs them in order, the last decides."""
+    doors = [c for c in getattr(view, "throttle_classes", ()) if getattr(c, "ratelimit_door", False)]
+    return not doors or type(throttle) is doors[-1] or type(throttle) not in doors
 
 
 def view_cost(view):
@@ -95,7 +101,7 @@ class PolicyThrottle(BaseThrottle):
     def allow_request(self, request, view) -> bool:
         match = getattr(request, "resolver_match", None)
         names = (getattr(view, "throttle_scope", None), match.view_name if match else None)
-        last = policy_throttle_is_last(self, view)
+        last = is_last(self, view)
         self.state = run(entering(request, names, last=last, cost=view_cost(view), door=THROTTLE))
         if self.state is None:
             return True

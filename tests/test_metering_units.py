@@ -74,14 +74,22 @@ def test_the_registry_lists_the_strategies_that_count_units():
     assert all(strategies.get(name).unit_refusal for name in ("sliding_log", "concurrency"))
 
 
-def test_the_registry_refuses_a_strategy_that_counts_no_unit_without_saying_why():
-    class Silent(strategies.Strategy):
-        name, label, help, letter, order, reference = "silent", "Silent", "-", "z", 99, "tests/x.py::Model"
-        counts_units = False
+def test_the_registry_refuses_a_strategy_that_counts_units_without_saying_how_or_refuses_them_without_why():
+    class Counting(strategies.Strategy):
+        name, label, help, letter, order, reference = "counting", "Counting", "-", "y", 98, "tests/x.py::Model"
+        counts_units = True
+
+        def script(self) -> str:
+            return "strategies.counting = {look = look, charge = charge, refund = refund}"
+
+    class Silent(Counting):
+        name, letter, counts_units, unit_refusal = "silent", "z", False, ""
 
         def script(self) -> str:
             return "strategies.silent = {look = look, charge = charge, refund = refund}"
 
+    with pytest.raises(ImproperlyConfigured, match="'counting' counts metered units but says not how a settle"):
+        strategies.registry([Counting()])
     with pytest.raises(ImproperlyConfigured, match="'silent' counts no metered unit but does not say why"):
         strategies.registry([Silent()])
 

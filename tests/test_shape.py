@@ -6,13 +6,15 @@ import sys
 from typing import Callable, Iterable
 
 import pytest
+from django.conf import settings as django_settings
+from django.test import RequestFactory
 
 from ratelimit_app.middleware import RateLimitMiddleware
 from tests.helpers import make_policy
 
 pytestmark = pytest.mark.django_db
 
-MODULES, CLIMBS = 10, 8  # the budget: a change that lengthens the route says why, here
+MODULES, CLIMBS = 9, 8  # every route's budget: a change that lengthens one says why, here
 # The bottom layer (.importlinter) imports nothing of the package: a call into it leads nowhere else
 VOCABULARY = frozenset({"values", "conf", "rates", "lru", "headers", "periods", "drivers"})
 ENGINE = "engine"  # the Redis side, entered through decide(): what it calls is its own business
@@ -98,11 +100,7 @@ def test_a_request_through_the_middleware_visits_few_modules(client):
 
 
 # A quota's first request of a period asks Redis twice (the counter is absent: the saved usage is read and
-# the call made again); the engine does that through its hooks, so the route is a window's. Budgeted apart.
-QUOTA_MODULES, QUOTA_CLIMBS = 9, 8
-PLAN_MODULES, PLAN_CLIMBS = 9, 8  # a subject on a plan: its limit is the plan's, resolved beside its subject
-
-
+# the call made again); the engine does that through its hooks, so the route is a window's.
 def test_a_quotas_first_request_of_a_period_visits_few_modules(client):
     from ratelimit_app import quotas
     from ratelimit_app.models import QuotaUsage
@@ -114,12 +112,13 @@ def test_a_quotas_first_request_of_a_period_visits_few_modules(client):
     print(f"\nroute: {figures(route)}\nevery call: {figures(every_call)}")
     assert "quotas" in every_call  # its first of the period: the saved usage was read
     assert {"middleware", "engine"} <= set(route)
-    assert len(set(route)) <= QUOTA_MODULES and climbs(route) <= QUOTA_CLIMBS, figures(route)
+    assert len(set(route)) <= MODULES and climbs(route) <= CLIMBS, figures(route)
     quotas.saver.save()
     assert QuotaUsage.objects.get(display="ip:203.0.113.7").used == 1  # and what it counted was saved
 
 
 
+# a subject on a plan: its limit is the plan's, resolved beside its subject
 def test_a_request_on_a_plan_visits_few_modules(client):
     from ratelimit_app.models import Plan, PlanAssignment, PlanLimit
 
@@ -131,6 +130,65 @@ def test_a_request_on_a_plan_visits_few_modules(client):
     route, every_call = walk(lambda: client.get("/demo/search/?q=a", REMOTE_ADDR="203.0.113.7"))
     print(f"\nroute: {figures(route)}\nevery call: {figures(every_call)}")
     assert {"middleware", "engine"} <= set(route)
-    assert len(set(route)) <= PLAN_MODULES and climbs(route) <= PLAN_CLIMBS, figures(route)
+    assert len(set(route)) <= MODULES and climbs(route) <= CLIMBS, figures(route)
     # the plan's limit was in effect: a 5th request within the minute passes, the policy's own 3 would refuse it
     assert [client.get("/demo/search/?q=a", REMOTE_ADDR="203.0.113.7").status_code for _ in range(3)] == [200] * 3
+
+
+# --- the other doors: each alone (no middleware in front), from the door's own entry ---------------------
+
+WITHOUT_MIDDLEWARE = [m for m in django_settings.MIDDLEWARE if not m.startswith("ratelimit_app")]
+
+
+def test_a_request_through_ratelimit_alone_visits_few_modules(client, settings):
+    from project.demo import views
+
+    settings.MIDDLEWARE = WITHOUT_MIDDLEWARE
+    make_policy(name="login-per-ip", action="login", limit=100)
+    client.get("/demo/login/", REMOTE_ADDR="203.0.113.7")
+    route, every_call = walk(lambda: client.get("/demo/login/", REMOTE_ADDR="203.0.113.7"),
+                             entry=views.login.__wrapped__)  # @ratelimit's, inside require_http_methods
+    print(f"\nroute: {figures(route)}\nevery call: {figures(every_call)}")
+    assert {"decorators", "engine"} <= set(route)
+    assert len(set(route)) <= MODULES and climbs(route) <= CLIMBS, figures(route)
+
+
+def test_a_request_through_the_drf_throttle_alone_visits_few_modules(client, settings):
+    from ratelimit_app.throttling import PolicyThrottle
+
+    settings.MIDDLEWARE = WITHOUT_MIDDLEWARE
+    make_policy(name="items-per-ip", action="items", limit=100)
+    client.get("/api/items/", REMOTE_ADDR="203.0.113.7")
+    route, every_call = walk(lambda: client.get("/api/items/", REMOTE_ADDR="203.0.113.7"),
+                             entry=PolicyThrottle.allow_request)
+    print(f"\nroute: {figures(route)}\nevery call: {figures(every_call)}")
+    assert {"throttling", "engine"} <= set(route)
+    assert len(set(route)) <= MODULES and climbs(route) <= CLIMBS, figures(route)
+
+
+def test_a_hit_visits_few_modules():
+    import ratelimit_app
+
+    make_policy(name="upload-per-ip", action="upload", limit=100)
+    ratelimit_app.hit(RequestFactory().get("/", REMOTE_ADDR="203.0.113.7"), "upload")
+    request = RequestFactory().get("/", REMOTE_ADDR="203.0.113.7")
+    route, every_call = walk(lambda: ratelimit_app.hit(request, "upload"), entry=ratelimit_app.hit)
+    print(f"\nroute: {figures(route)}\nevery call: {figures(every_call)}")
+    assert "engine" in route
+    assert len(set(route)) <= MODULES and climbs(route) <= CLIMBS, figures(route)
+
+
+# Two doors on one route: the middleware matches the route and leaves the call to @ratelimit or the DRF
+# throttle, which gathers its names and makes it; both doors' modules are on the route, and each enters
+# the sequence (doors) and the request's state (limiter) once.
+TWO_DOORS_MODULES, TWO_DOORS_CLIMBS = 10, 12
+
+
+@pytest.mark.parametrize("path", ["/demo/login/", "/api/items/"])
+def test_a_request_through_the_middleware_and_a_door_inside_visits_few_modules(client, path):
+    make_policy(name="inside", action="items" if path.startswith("/api/") else "login", limit=100)
+    client.get(path, REMOTE_ADDR="203.0.113.7")
+    route, every_call = walk(lambda: client.get(path, REMOTE_ADDR="203.0.113.7"))
+    print(f"\nroute: {figures(route)}\nevery call: {figures(every_call)}")
+    assert {"middleware", "engine"} <= set(route)
+    assert len(set(route)) <= TWO_DOORS_MODULES and climbs(route) <= TWO_DOORS_CLIMBS, figures(route)

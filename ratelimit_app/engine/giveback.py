@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import multiprocessing.util
 import os
 import threading
 import weakref
@@ -305,6 +306,7 @@ class Carried:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # a thread adds to its connection's while the timer takes them all
+        self._sending = threading.Lock()  # held while sending: the exit hook waits for the timer's send
         self._waiting: weakref.WeakSet = weakref.WeakSet()  # the connections with settled usage waiting
         self._timer: threading.Timer | None = None
 
@@ -329,20 +331,30 @@ class Carried:
         return [item for found in waiting if found is not None for item in found[2]]
 
     def send(self) -> None:
-        items = self.take()
-        if items:
-            try:
-                breaker.call(lambda: send(client(), items))  # answered: a timer's thread ends at once
-            except RedisUnavailable as error:
-                owed.add(items, error)
+        with self._sending:
+            items = self.take()
+            if items:
+                try:
+                    breaker.call(lambda: send(client(), items))  # answered: a timer's thread ends at once
+                except RedisUnavailable as error:
+                    owed.add(items, error)
 
     def forget(self) -> None:
         self.take()
 
+    def _forked(self) -> None:
+        # a child's connections are its parent's, and what waits on them the parent's to send
+        self._lock, self._sending, self._waiting, self._timer = threading.Lock(), threading.Lock(), weakref.WeakSet(), None
+
+    def _multiprocessing_child(self) -> None:
+        # a multiprocessing child ends with os._exit, past atexit: its own exit hook sends
+        multiprocessing.util.Finalize(None, self.send, exitpriority=10)
+
 
 carried = Carried()
 atexit.register(carried.send)
-os.register_at_fork(after_in_child=carried.forget)  # a child's connections are its parent's: theirs to send
+os.register_at_fork(after_in_child=carried._forked)
+multiprocessing.util.register_after_fork(carried, Carried._multiprocessing_child)
 
 
 decision_connection.replies_lost = owed.lost

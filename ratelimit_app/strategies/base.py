@@ -27,9 +27,10 @@ class Strategy:
     # request's work in Redis, and a larger cost never fits (scripts.py hands the figure to the Lua half)
     most: ClassVar[int | None] = None
     # its count may move by any number of units after a request (a unit metered after the response:
-    # tokens, content-bytes); when not, `unit_refusal` says why, as the form, the check and the import show it
-    counts_units: ClassVar[bool] = True
-    unit_refusal: ClassVar[str] = ""
+    # tokens, content-bytes: it defines `settling`); when not, `unit_refusal` says why, as the form, the
+    # check and the import show it
+    counts_units: ClassVar[bool] = False
+    unit_refusal: ClassVar[str] = "it does not say how a settle moves its counter (its `settling`)"
     # its count starts afresh at each window's edge: the live page says "this window", not "in the last ..."
     whole_windows: ClassVar[bool] = False
     counts_like: ClassVar[tuple[str, ...]] = ()  # libraries whose counting it reproduces, for their compat layers

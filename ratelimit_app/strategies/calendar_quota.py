@@ -52,6 +52,7 @@ class Quota(Strategy):
     letter = "q"
     order = 6
     reference = "tests/test_quotas.py::test_the_quota_strategy_decides_as_the_calendar_does"
+    counts_units = True  # tokens, content-bytes: a settle moves its count (settling)
     options = {
         "period": "the calendar period counted: a day, a week (ISO, from Monday) or a month, e.g. month.",
         "time_zone": "where the period's days begin, e.g. Europe/Paris; blank: the site's TIME_ZONE.",

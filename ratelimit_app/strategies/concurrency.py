@@ -16,7 +16,6 @@ class Concurrency(Strategy):
     order = 5
     reference = "tests/test_strategies_property.py::InFlight"
     holds = True
-    counts_units = False
     unit_refusal = "it counts the requests in progress (places given back when each ends), not what they used"
     most = 10_000  # a member a place: one request's places are written (and given back) in bounded time
     notes = {

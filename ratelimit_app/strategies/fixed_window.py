@@ -14,6 +14,7 @@ class FixedWindow(Strategy):
     letter = "f"
     order = 1
     reference = "tests/test_strategies_property.py::FixedWindow"
+    counts_units = True  # tokens, content-bytes: a settle moves its count (settling)
     whole_windows = True
     counts_like = ("django-ratelimit",)  # a cache counter per window
 

@@ -29,6 +29,7 @@ class SlidingWindow(Strategy):
     letter = "s"
     order = 2
     reference = "tests/test_strategies_property.py::SlidingWindow"
+    counts_units = True  # tokens, content-bytes: a settle moves its count (settling)
     default = True
     options = {"bucket_size": (
         "width of one bucket in seconds; must divide the window, e.g. 10 for a 60 second window. Blank picks "

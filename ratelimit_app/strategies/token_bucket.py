@@ -17,6 +17,7 @@ class TokenBucket(Strategy):
     letter = "t"
     order = 4
     reference = "tests/test_token_bucket.py::test_decisions_match_the_reference_model"
+    counts_units = True  # tokens, content-bytes: a settle moves its count (settling)
     options = {"burst": (
         "requests allowed at once, at most the limit; after them, one request every window / limit. E.g. "
         "limit 10, window 60, burst 10 (or blank): burst 10, then 1 request every 6 s; burst 2: 2 at once, "

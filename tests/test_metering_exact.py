@@ -1,0 +1,65 @@
+"""Exact metering: 8 processes send requests of random real costs through the doors, each admitted on its
+estimate and settled with what it used; every counter then holds the sum of what the admitted requests
+settled, to the unit, on every strategy that counts units. Some requests meet the debt of others and are
+refused: they settle nothing."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from django.test import Client
+
+from ratelimit_app import engine
+from ratelimit_app.policies import get_index
+from ratelimit_app.rates import MAX_WINDOW
+from tests.helpers import check, in_processes, make_policy
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.metering_urls")]
+
+IP = "203.0.113.7"
+LIMIT = 30_000  # tokens: 8 x 40 requests of 0 to 200 tokens go past it, so that debt refuses some
+SHAPES = {
+    # windows no test run crosses the edge of: a settle moves the window its estimate was charged in
+    "fixed_window": {"window": MAX_WINDOW},
+    "sliding_window": {"window": 3600, "bucket_size": 60},
+    # a token every 31 s, a burst of LIMIT: no token comes back during the run
+    "token_bucket": {"limit": 1_000_000, "window": MAX_WINDOW, "burst": LIMIT},
+    "calendar_quota": {"period": "month", "time_zone": "UTC", "window": 31 * 86400},
+}
+
+
+def _requests(seed, start, results, count=40):
+    """Requests of random real costs; the tokens the admitted ones used, and how many were refused."""
+    client, rng = Client(), random.Random(seed)
+    start.wait()
+    settled = refused = 0
+    for _ in range(count):
+        used = rng.randint(0, 200)
+        status = client.get(f"/llm/?used={used}", REMOTE_ADDR=IP).status_code
+        if status == 200:
+            settled += used
+        else:
+            assert status == 429, status
+            refused += 1
+    results.put((settled, refused))
+
+
+@pytest.mark.parametrize("strategy", list(SHAPES))
+def test_eight_processes_settle_every_counter_to_the_unit(strategy):
+    make_policy(name="llm-tokens", action="llm", strategy=strategy, unit="tokens", **{"limit": LIMIT, **SHAPES[strategy]})
+    Client().get("/llm/?used=0", REMOTE_ADDR=IP)  # loads the policies (and writes a quota's counter) before the fork
+    outcomes = in_processes(_run_seeded, ())
+    settled = sum(s for s, _ in outcomes)
+    compiled = next(p for p in get_index().policies if p.name == "llm-tokens")
+    counted = engine.decide([check(compiled, f"ip:{IP}")], dry_run=True).decisions[0].count
+    assert counted == settled
+    assert sum(r for _, r in outcomes) > 0  # debt refused some
+    print(f"{strategy}: {len(outcomes) * 40} requests, {sum(r for _, r in outcomes)} refused, "
+          f"settled {settled} tokens, counted {counted}")
+
+
+def _run_seeded(start, results):
+    import os
+
+    _requests(os.getpid(), start, results)
