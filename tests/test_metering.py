@@ -11,6 +11,7 @@ import ratelimit_app
 from ratelimit_app import engine
 from ratelimit_app.policies import get_index
 from tests.helpers import check, make_policy
+from tests.test_concurrency import _until
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.metering_urls")]
 
@@ -201,19 +202,9 @@ async def test_an_async_view_settles_through_the_async_doors():
         response = await client_at(IP).get("/llm/async/?used=61")
         assert response.status_code == 200
         # written on the async client's connection: read here on another one, once it has run
-        assert await sync_to_async(eventually)(lambda: used_now() == 61)
+        assert await sync_to_async(_until)(lambda: used_now() == 61)
     finally:
         await sync_to_async(connections.close_all)()
-
-
-def eventually(condition, tries: int = 200) -> bool:
-    import time
-
-    for _ in range(tries):
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 # --- what settling costs on the wire -----------------------------------------------------------------
@@ -242,4 +233,15 @@ def test_settled_usage_no_request_carries_is_sent_within_a_second(client):
     # read on another connection: the settle waits on this thread's for its next call, or the timer
     compiled = next(p for p in get_index().policies if p.name == "llm-tokens")
     key = engine.counter_key(compiled, check(compiled, f"ip:{IP}").subject.key)
-    assert eventually(lambda: int(engine.client().get(key) or 0) // 1_000_000 == 250)
+    assert _until(lambda: int(engine.client().get(key) or 0) // 1_000_000 == 250)
+
+
+def test_a_shadow_policy_in_debt_reports_what_metering_would_have_refused(client, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="ratelimit_app")
+    tokens_policy(limit=100, mode="shadow")
+    client.get("/llm/?used=250", REMOTE_ADDR=IP)
+    assert client.get("/llm/?used=1", REMOTE_ADDR=IP).status_code == 200  # never refused...
+    assert "shadow policy 'llm-tokens' would deny" in caplog.text  # ...but says it would have been
+    assert used_now() == 250

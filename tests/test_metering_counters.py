@@ -143,3 +143,20 @@ def test_a_calendar_quota_settles_in_the_period_it_was_charged_in(redis_client):
     settle([Adjustment(verdict.metered[0], 7_412_009 - 1000)])
     [looked] = engine.decide([check(quota)], dry_run=True).decisions
     assert (looked.count, looked.remaining, looked.allowed) == (7_412_009, 0, False)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("strategy", "shape", "commands"), [
+    ("fixed_window", {"window": 3600}, 3),  # the EVAL, GET, INCRBY
+    ("sliding_window", {"window": 3600, "bucket_size": 60}, 4),  # the EVAL, HMGET, two HINCRBY
+    ("token_bucket", {"window": 3600}, 4),  # the EVAL, TIME, GET, SET
+    ("calendar_quota", {"period": "month", "time_zone": "UTC", "window": 31 * 86400}, 3),
+])
+def test_a_settle_runs_few_server_commands(redis_client, strategy, shape, commands):
+    """What settling costs Redis (INFO commandstats: the script itself and each command it runs)."""
+    from tests.helpers import server_commands_per_call
+
+    limited = policy(strategy=strategy, limit=10**6, unit="tokens", **shape)
+    charged = engine.decide([check(limited)], cost=10).metered[0]
+    settle([Adjustment(charged, 5)])
+    assert server_commands_per_call(redis_client, lambda: settle([Adjustment(charged, 5)])) == commands

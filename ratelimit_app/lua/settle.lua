@@ -24,13 +24,14 @@ local function packed(key, units, number)
 end
 
 local function series(key, units, bucket)
-  local v = redis.call('HMGET', key, 'c', 'n')
-  local cleaned, newest = tonumber(v[1]), tonumber(v[2])
+  local v = redis.call('HMGET', key, 'c', 'n', 't', bucket)
+  local cleaned, newest, total, here = tonumber(v[1]), tonumber(v[2]), tonumber(v[3]) or 0, tonumber(v[4]) or 0
   if not cleaned or not newest then return end
-  bucket = math.min(bucket, newest) -- the worker's clock ahead of the charge: it went to the newest bucket
+  if bucket > newest then -- the worker's clock ahead of the charge: it went to the newest bucket
+    bucket = newest
+    here = tonumber(redis.call('HGET', key, bucket)) or 0
+  end
   if bucket < cleaned then return end -- its units left the window and were subtracted
-  local here = tonumber(redis.call('HGET', key, bucket)) or 0
-  local total = tonumber(redis.call('HGET', key, 't')) or 0
   units = math.min(math.max(units, -here), MOST - total)
   if units ~= 0 then
     redis.call('HINCRBY', key, bucket, units)
