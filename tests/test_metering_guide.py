@@ -108,6 +108,15 @@ def test_a_streamed_answer_settles_on_its_last_chunk(mysite):
     assert used(free)["chat-tokens-per-month"] == "13 / 1,000,000 tokens this month"
 
 
+def test_a_streamed_answer_the_client_stops_reading_settles_what_it_was_sent(mysite):
+    free = customer(FREE)
+    answer = free.post("/v1/chat/stream/", {"prompt": PROMPT, "max_tokens": 50}, format="json")
+    chunks = iter(answer.streaming_content)
+    assert [next(chunks) for _ in range(3)] == [b"the ", b"quick ", b"brown "]
+    answer.close()  # the client went away: the server closes the body
+    assert used(free)["chat-tokens-per-month"] == "11 / 1,000,000 tokens this month"  # 8 + the 3 it was sent
+
+
 def test_a_request_the_view_refuses_costs_what_its_estimate_could_read(mysite):
     free = customer(FREE)
     assert free.post("/v1/chat/", {"prompt": PROMPT, "max_tokens": 0}, format="json").status_code == 400
