@@ -365,7 +365,7 @@ def test_saved_usage_keeps_the_subjects_limit_and_the_export_bills_what_went_bey
     rows = {line.split(",")[1]: line.split(",")[6:] for line in lines.splitlines()[1:]}
     assert rows == {pro.display: ["tokens", "5000", "1200"], free.display: ["tokens", "1000", "0"]}
     listed = admin_client.get("/admin/ratelimit_app/quotausage/").content.decode()
-    assert '<td class="field-overage">1200</td>' in listed
+    assert '<td class="field-overage">1200</td>' in listed and '<td class="field-unit">tokens</td>' in listed
 
 
 @pytest.mark.django_db

@@ -106,7 +106,7 @@ EXPORT = "ratelimit_app_quotausage_export"
 class QuotaUsageAdmin(admin.ModelAdmin):
     """Read only: the workers write usage; operators look at it and export it."""
 
-    list_display = ("display", "policy", "period_start", "used", "limit_in_effect", "overage", "updated")
+    list_display = ("display", "policy", "period_start", "used", "limit_in_effect", "overage", "unit", "updated")
     list_filter = (PeriodFilter, "policy")
     search_fields = ("display", "subject")
     list_select_related = ("policy",)
@@ -115,6 +115,11 @@ class QuotaUsageAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+    @admin.display(description="unit", ordering="policy__unit")
+    def unit(self, usage: QuotaUsage) -> str:
+        """What `used`, `limit` and `overage` count: the policy's unit."""
+        return usage.policy.unit
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False
