@@ -132,7 +132,9 @@ class Explanation(NamedTuple):
             return f"allow, {amount(decision.remaining, self.policy.unit)} left"
         if decision.allowed:
             return "allow, but over the limit (shadow)"
-        return f"deny, retry in {math.ceil(decision.retry_after or 0)} s"
+        if decision.retry_after is None:
+            return "deny: the cost is more than it ever allows at once"
+        return f"deny, retry in {math.ceil(decision.retry_after)} s"
 
 
 class Results(NamedTuple):

@@ -246,3 +246,16 @@ def test_test_of_a_request_no_policy_matches(policy):
 def test_test_refuses_bad_input_with_a_clear_error(policy, args, message):
     with pytest.raises(CommandError, match=message):
         ratelimit("test", *args)
+
+
+def test_test_says_a_cost_above_what_a_plan_ever_allows_is_refused_for_good(policy):
+    """A plan's limit below the action's cost: no wait admits the request (it said retry in 0 s; main raised TypeError)."""
+    from ratelimit_app.models import ActionCost, Plan, PlanAssignment, PlanLimit
+
+    ActionCost.objects.create(action="demo:search", cost=2)
+    small = Plan.objects.create(name="small")
+    PlanLimit.objects.create(plan=small, policy=policy, limit=1)
+    PlanAssignment.objects.create(plan=small, kind="ip", network=f"{IP}/32")
+    said = ratelimit("test", "GET", "/demo/search/", "--ip", IP)
+    assert " ".join(lines_of(said)["search-per-ip"][-11:]) == "deny: the cost is more than it ever allows at once"
+    assert "The request would be denied (429)." in said
