@@ -249,7 +249,7 @@ def test_test_refuses_bad_input_with_a_clear_error(policy, args, message):
 
 
 def test_test_says_a_cost_above_what_a_plan_ever_allows_is_refused_for_good(policy):
-    """A plan's limit below the action's cost: no wait admits the request (it said retry in 0 s; main raised TypeError)."""
+    """A plan's limit below the action's cost: no wait admits the request, and no retry time is given."""
     from ratelimit_app.models import ActionCost, Plan, PlanAssignment, PlanLimit
 
     ActionCost.objects.create(action="demo:search", cost=2)
