@@ -117,6 +117,27 @@ def test_a_streamed_answer_the_client_stops_reading_settles_what_it_was_sent(mys
     assert used(free)["chat-tokens-per-month"] == "11 / 1,000,000 tokens this month"  # 8 + the 3 it was sent
 
 
+def test_a_chat_whose_estimate_does_not_fit_is_refused_before_the_model_runs_in_words_of_tokens(mysite):
+    from ratelimit_app import engine
+    from ratelimit_app.policies import compile_policy
+    from ratelimit_app.values import Check, Subject
+
+    minute = compile_policy(Policy.objects.get(name="chat-tokens-per-minute"))
+    subject = Subject(ratelimit_app.subject_key(minute.name, f"header:X-Api-Key={FREE}"), "header:x-api-key=…")
+    assert engine.decide([Check(minute, subject, minute.limit)], cost=19_500).allowed  # the minute nearly used
+    refused = customer(FREE).post("/v1/chat/", {"prompt": PROMPT}, format="json")
+    assert refused.status_code == 429
+    assert refused.json()["detail"].startswith(
+        "Too many requests: the limit of 20,000 tokens per 60 s of policy 'chat-tokens-per-minute' is reached. "
+        "This request is estimated at 1,008 tokens. Retry in "
+    )
+    never = customer(FREE).post("/v1/chat/", {"prompt": "word " * 19_500}, format="json")
+    assert never.json()["detail"] == (
+        "Too many requests: this request is estimated at 20,500 tokens, more than policy 'chat-tokens-per-minute' "
+        "allows at once (20,000 tokens); it can never be admitted."
+    )
+
+
 def test_a_request_the_view_refuses_costs_what_its_estimate_could_read(mysite):
     free = customer(FREE)
     assert free.post("/v1/chat/", {"prompt": PROMPT, "max_tokens": 0}, format="json").status_code == 400
