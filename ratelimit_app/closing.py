@@ -1,4 +1,4 @@
-"""What a request holds and what its closing step sends (docs/explanation/decision.md).
+"""What a request holds and what its closing step sends (when, for users: docs/howto/in-flight.md).
 
 Each request has one Closing: the places of in-flight policies it took are held there, and its closing
 step sends everything held in one batch, once, at the first of:

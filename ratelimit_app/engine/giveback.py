@@ -344,7 +344,8 @@ class Carried:
 
     def _forked(self) -> None:
         # a child's connections are its parent's, and what waits on them the parent's to send
-        self._lock, self._sending, self._waiting, self._timer = threading.Lock(), threading.Lock(), weakref.WeakSet(), None
+        self._lock, self._sending = threading.Lock(), threading.Lock()
+        self._waiting, self._timer = weakref.WeakSet(), None
 
     def _multiprocessing_child(self) -> None:
         # a multiprocessing child ends with os._exit, past atexit: its own exit hook sends
