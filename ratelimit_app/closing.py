@@ -84,6 +84,16 @@ class Closing:
         self.metered = []
         return adjustments
 
+    def counts_bytes(self) -> bool:
+        """Whether a policy that admitted the request counts the bytes of its answer (content-bytes)."""
+        return any(charged.policy.unit == CONTENT_BYTES for charged in self.metered)
+
+    def rendered(self, response) -> None:
+        """A post-render callback: the answer's bytes are known now; the batch goes (returns None: the
+        response stays as it is)."""
+        self.sent = len(response.content)
+        self.send()
+
     def hold(self, items: Sequence[Held]) -> None:
         """Items the closing step sends: recorded before the call that takes them is sent, so that a call
         left unanswered (timed out, cancelled) is given back too."""
@@ -139,7 +149,7 @@ def closing_of(request) -> Closing:
     if started is not None and origin is not None and started.origin is origin:
         return started
     closing = Closing(origin)
-    if django.VERSION < (6, 0):
+    if django.VERSION < (6, 0) and getattr(base, "scope", None) is not None:  # an ASGIRequest
         _closed_with_request(base, closing)
     return closing
 
@@ -187,38 +197,19 @@ def leaving(request, response, closing: Closing) -> Steps:
     if request.method == "HEAD":
         _unsent(response)
         closing.sent = 0
-    elif closing.metered:
-        if getattr(response, "is_rendered", True) is False and _counts_bytes(closing):
-            # a DRF Response or a TemplateResponse: its bytes exist once Django's handler renders it, which it
-            # does before sending it; its closing step runs then (or at request_finished if it never is)
-            response.add_post_render_callback(_when_rendered(closing))
+    elif closing.counts_bytes():
+        if getattr(response, "is_rendered", True) is False:
+            # a template's or DRF's answer is rendered after the doors, before a byte of it is sent: its
+            # bytes are known, and the batch sent, then (or at request_finished should it never be)
+            response.add_post_render_callback(closing.rendered)
             return response
         closing.sent = _length(response)
     yield from closing.sending()
     return response
 
 
-def _counts_bytes(closing: Closing) -> bool:
-    return any(charged.policy.unit == CONTENT_BYTES for charged in closing.metered)
-
-
-def _when_rendered(closing: Closing):
-    def rendered(response) -> None:
-        if not closing.ended:
-            closing.sent = len(response.content)
-            _send_protected(closing)
-
-    return rendered
-
-
-# the closing step run by Django's rendering: a failure of the limiter's never reaches the handler
-_send_protected = protected(Closing.send, MIDDLEWARE, lambda _error: None)
-
-
 def _length(response) -> int | None:
     """The bytes of a whole response's body; a file the server sends itself by its Content-Length (None: unknown)."""
-    if getattr(response, "is_rendered", True) is False:
-        return None  # not rendered yet (a DRF or template response): no policy here counts its bytes
     if not getattr(response, "streaming", False):
         return len(response.content)
     length = response.get("Content-Length")

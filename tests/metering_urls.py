@@ -76,6 +76,14 @@ class Completion(APIView):
         return Response({"done": True})
 
 
+class DownloadApi(APIView):
+    throttle_classes = [PolicyThrottle]
+    throttle_scope = "download"
+
+    def get(self, request):
+        return Response({"data": "x" * int(request.GET["size"])})  # rendered after the throttle's door
+
+
 def download(request):
     return HttpResponse(b"x" * int(request.GET["size"]))
 
@@ -95,5 +103,6 @@ urlpatterns = [
     path("llm/hit/", by_hit),
     path("llm/drf/", Completion.as_view()),
     path("download/", download, name="download"),
+    path("download/api/", DownloadApi.as_view()),
     path("download/streamed/", download_streamed, name="download"),
 ]

@@ -8,7 +8,7 @@ import pytest
 from django.test import Client, RequestFactory
 
 import ratelimit_app
-from ratelimit_app import engine
+from ratelimit_app import closing, engine
 from ratelimit_app.policies import get_index
 from tests.helpers import check, make_policy
 from tests.test_concurrency import _until
@@ -22,6 +22,17 @@ def tokens_policy(**fields):
     values = {"name": "llm-tokens", "action": "llm", "limit": 1000, "window": 3600, "strategy": "fixed_window",
               "unit": "tokens"}
     return make_policy(**{**values, **fields})
+
+
+def started(request):
+    """A request made by hand, started as a handler starts one (request_started in this context)."""
+    closing.request_began(environ=request.environ)
+    return request
+
+
+def ended() -> None:
+    """request_finished, as the handler sends it once the response is closed."""
+    closing.request_ended()
 
 
 def used_now(name: str = "llm-tokens", who: str = IP) -> int:
@@ -64,12 +75,22 @@ def test_every_way_of_settling_is_charged(client, path):
     assert used_now() == 77
 
 
-def test_a_drf_view_settles_through_the_throttle(settings):
-    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "RateLimitMiddleware" not in m]
+@pytest.mark.parametrize("middleware", [True, False])
+def test_a_drf_view_settles_through_the_throttle(settings, caplog, middleware):
+    if not middleware:
+        settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "RateLimitMiddleware" not in m]
     tokens_policy()
     response = Client().post("/llm/drf/", {"used": 512}, REMOTE_ADDR=IP)
     assert response.status_code == 200
     assert used_now() == 512
+    assert "limiter failed" not in caplog.text  # its answer, rendered after the door, is not read there
+
+
+def test_content_bytes_counts_a_drf_answer_once_it_is_rendered(client):
+    bytes_policy()
+    response = client.get("/download/api/?size=100", REMOTE_ADDR=IP, HTTP_ACCEPT="application/json")
+    assert response.status_code == 200
+    assert used_now("download-bytes") == len(response.content) == len(b'{"data":""}') + 100
 
 
 def test_usage_beyond_the_limit_is_debt_refused_until_the_window_moves_on(client):
@@ -163,18 +184,18 @@ def test_what_is_not_an_amount_of_a_unit_is_refused_with_why(rf, used, error, me
 
 def test_a_unit_with_a_hyphen_is_settled_with_an_underscore(rf):
     make_policy(name="gpu", action="gpu", limit=100, window=3600, strategy="fixed_window", unit="gpu-seconds")
-    request = rf.get("/", REMOTE_ADDR=IP)
+    request = started(rf.get("/", REMOTE_ADDR=IP))
     ratelimit_app.hit(request, "gpu", cost=5)
     ratelimit_app.settle(request, gpu_seconds=7)
-    request.close()  # Django closes the request as its response ends: what no door sent goes then
+    ended()  # request_finished: what no door sent goes then
     assert used_now("gpu") == 7
 
 
 def test_a_settle_after_the_request_ended_says_so(rf):
     tokens_policy()
-    request = rf.get("/", REMOTE_ADDR=IP)
+    request = started(rf.get("/", REMOTE_ADDR=IP))
     ratelimit_app.hit(request, "llm", cost=10)
-    request.close()
+    ended()
     with pytest.raises(ValueError, match="this request has ended"):
         ratelimit_app.settle(request, tokens=3)
     assert used_now() == 10
@@ -183,10 +204,10 @@ def test_a_settle_after_the_request_ended_says_so(rf):
 def test_a_settle_for_a_request_never_decided_or_of_no_metered_policy_is_ignored(rf):
     ratelimit_app.settle(rf.get("/"), tokens=5)  # no door saw it
     tokens_policy()
-    request = rf.get("/", REMOTE_ADDR=IP)
+    request = started(rf.get("/", REMOTE_ADDR=IP))
     ratelimit_app.hit(request, "other-action")
     ratelimit_app.settle(request, tokens=5)
-    request.close()
+    ended()
     assert used_now() == 0
 
 

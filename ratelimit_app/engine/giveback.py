@@ -10,7 +10,6 @@ import logging
 import multiprocessing.util
 import os
 import threading
-import weakref
 from importlib import resources
 from typing import Sequence
 
@@ -18,6 +17,7 @@ import redis
 from asgiref.sync import sync_to_async
 from redis.exceptions import AskError, MovedError
 
+from ..loggate import LogGate
 from ..values import Adjustment, Held
 from . import decision_connection, keys
 from .aclients import aclient
@@ -118,6 +118,9 @@ async def _aread_replies(redis_client, connection, count: int, held: Sequence[He
             await redis_client.discard(connection)
 
 
+unsure_said = LogGate()  # settled usage not sent again: said once a minute
+
+
 class Owed:
     """Places whose give-back Redis could not take, and settled usage it did not run: sent with the next
     give-back, or by a timer within a second (which may probe an open circuit). Bounded: past LIMIT the
@@ -171,9 +174,10 @@ class Owed:
         are owed again (given back twice, harmlessly); settled usage is not, so that it never counts twice."""
         places = [item for item in sent if type(item) is Held]
         unsure = len(sent) - len(places)
-        if unsure:
-            logger.warning("ratelimit: %d settled usages may not have reached Redis (their connection closed "
-                           "before it answered); not sent again, so that none counts twice", unsure)
+        if unsure and unsure_said.due():  # (an async request's loop may end before its reply is read)
+            logger.warning("ratelimit: %d settled usages may not have reached Redis (their reply was never read: "
+                           "the connection closed, or the loop that waited ended); not sent again, so that none "
+                           "counts twice", unsure)
         if places:
             self.add(places, cause)
 
@@ -307,7 +311,8 @@ class Carried:
     def __init__(self) -> None:
         self._lock = threading.Lock()  # a thread adds to its connection's while the timer takes them all
         self._sending = threading.Lock()  # held while sending: the exit hook waits for the timer's send
-        self._waiting: weakref.WeakSet = weakref.WeakSet()  # the connections with settled usage waiting
+        # the connections with settled usage waiting, held until the timer takes it (a pool reset meanwhile loses none)
+        self._waiting: set[redis.Connection] = set()
         self._timer: threading.Timer | None = None
 
     def add(self, kept: redis.Connection, packed: list, count: int, items: Sequence[Adjustment]) -> None:
@@ -326,8 +331,8 @@ class Carried:
         """What waits on every connection, no longer waiting there: whoever takes it sends it."""
         with self._lock:
             self._timer = None
-            waiting = [kept.__dict__.pop(OUTBOX, None) for kept in list(self._waiting)]
-            self._waiting = weakref.WeakSet()
+            waiting = [kept.__dict__.pop(OUTBOX, None) for kept in self._waiting]
+            self._waiting = set()
         return [item for found in waiting if found is not None for item in found[2]]
 
     def send(self) -> None:
@@ -345,7 +350,7 @@ class Carried:
     def _forked(self) -> None:
         # a child's connections are its parent's, and what waits on them the parent's to send
         self._lock, self._sending = threading.Lock(), threading.Lock()
-        self._waiting, self._timer = weakref.WeakSet(), None
+        self._waiting, self._timer = set(), None
 
     def _multiprocessing_child(self) -> None:
         # a multiprocessing child ends with os._exit, past atexit: its own exit hook sends
