@@ -3,9 +3,11 @@
 For code that is not a view: `ratelimit_app.check(request, action)` tells what would happen
 without counting; `ratelimit_app.hit(request, action)` counts the request. Both take `cost=N` for a
 request worth N units (the admin's cost for the action wins) and return a Verdict;
-`acheck` and `ahit` are the same for async code. `ratelimit_app.usage(request)` (`ausage`) lists the
-caller's quotas and rate limits; `ratelimit_app.subject_key(policy, subject)` finds a subject's rows
-of saved usage. `ratelimit_app.ratelimit` is the view decorator.
+`acheck` and `ahit` are the same for async code. `ratelimit_app.settle(request, tokens=1834)`
+(`asettle`) says what a request of a metered policy really used, once the view knows.
+`ratelimit_app.usage(request)` (`ausage`) lists the caller's quotas and rate limits;
+`ratelimit_app.subject_key(policy, subject)` finds a subject's rows of saved usage.
+`ratelimit_app.ratelimit` is the view decorator.
 """
 
 from __future__ import annotations
@@ -51,6 +53,21 @@ async def ahit(request, action: str, cost=None):
     from .actions import ahit as ahit_action
 
     return await ahit_action(request, action, cost)
+
+
+def settle(request, **used):
+    """Say what `request` really used of a metered unit, once the view knows: `settle(request, tokens=1834)`.
+    It was admitted on its estimate (its cost); its policies in that unit are charged the difference as it ends."""
+    from .metering import settle as settle_usage
+
+    settle_usage(request, **used)
+
+
+async def asettle(request, **used):
+    """settle() for async code."""
+    from .metering import asettle as asettle_usage
+
+    await asettle_usage(request, **used)
 
 
 def usage(request):

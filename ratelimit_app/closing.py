@@ -9,8 +9,9 @@ step sends everything held in one batch, once, at the first of:
 - request_finished in the request's context (the server closed whatever answer it sent: a 304 in place of
   a streamed body, or any answer of a view that called hit() without a door).
 
-A batch is a list of items for engine.release(); what a later closing step sends (unit adjustments)
-joins the same batch. Only Django's public hooks are used, but for one case: _closed_with_request().
+A batch is a list of items for engine.release(): the places held, and what the request's metered
+policies move by (what it settled less its estimate: values.Adjustment), worked out as it is taken.
+Only Django's public hooks are used, but for one case: _closed_with_request().
 """
 
 from __future__ import annotations
@@ -22,20 +23,76 @@ import django
 
 from . import engine
 from .boundary import MIDDLEWARE, Door, faults, protected
-from .drivers import Io, Steps
+from .drivers import Io, Steps, steps
 from .subjects import http_request
-from .values import Held
+from .values import CONTENT_BYTES, Adjustment, Held, Metered
 
 
 class Closing:
     """One request's closing step: what it holds until it ends. `origin`: the environ or scope its
     request_started was sent with (None when no handler started it), which tells its own from another's."""
 
-    __slots__ = ("origin", "batch")
+    __slots__ = ("origin", "batch", "metered", "used", "sent", "ended")
 
     def __init__(self, origin: object = None) -> None:
         self.origin = origin
         self.batch: list[Held] = []
+        self.metered: list[Metered] = []  # its estimates charged in metered policies (values.Metered)
+        self.used: dict[str, int] | None = None  # what settle() said it used, by unit
+        self.sent: int | None = None  # the bytes its response sent, once known (content-bytes)
+        self.ended = False  # its closing step ran: a settle() now comes too late
+
+    def charge(self, metered: Sequence[Metered]) -> None:
+        """Estimates charged in metered policies: settled (moved by what it used less them) as it ends."""
+        self.metered += metered
+
+    def settle(self, used: dict[str, int]) -> None:
+        """Record what the request used of each unit (ratelimit_app.settle()): each unit once, before it ends."""
+        if self.ended:
+            raise ValueError(
+                "settle(): this request has ended and its usage was settled with it: settle before the view "
+                "returns its response, or in a streamed body before its last chunk is sent."
+            )
+        if self.used is None:
+            self.used = {}
+        for unit in used:
+            if unit in self.used:
+                raise ValueError(
+                    f"settle(): {unit} were already settled for this request ({self.used[unit]}): settle each "
+                    "unit once, with what the whole request used."
+                )
+        self.used.update(used)
+
+    def _adjustments(self) -> list[Adjustment]:
+        """What its metered policies move by: what it used of their unit less its estimate (at most their
+        overage cap above it); nothing where their unit was not settled (the estimate stands).
+        content-bytes settles itself with the bytes the response sent, unless the view settled it."""
+        used = self.used or {}
+        if self.sent is not None and CONTENT_BYTES not in used:
+            used = {**used, CONTENT_BYTES: self.sent}
+        adjustments = []
+        for charged in self.metered:
+            amount = used.get(charged.policy.unit)
+            if amount is None:
+                continue
+            units = amount - charged.estimate
+            cap = charged.policy.overage_cap
+            if cap is not None and units > cap:
+                units = cap
+            if units:
+                adjustments.append(Adjustment(charged, units))
+        self.metered = []
+        return adjustments
+
+    def counts_bytes(self) -> bool:
+        """Whether a policy that admitted the request counts the bytes of its answer (content-bytes)."""
+        return any(charged.policy.unit == CONTENT_BYTES for charged in self.metered)
+
+    def rendered(self, response) -> None:
+        """A post-render callback: the answer's bytes are known now; the batch goes (returns None: the
+        response stays as it is)."""
+        self.sent = len(response.content)
+        self.send()
 
     def hold(self, items: Sequence[Held]) -> None:
         """Items the closing step sends: recorded before the call that takes them is sent, so that a call
@@ -47,11 +104,14 @@ class Closing:
         dropped = set(map(id, items))
         self.batch = [item for item in self.batch if id(item) not in dropped]
 
-    def take(self) -> list[Held]:
+    def take(self) -> list[Held | Adjustment]:
         """The batch, no longer held: whoever takes it sends it (each item is sent once)."""
+        self.ended = True
         batch = self.batch
         if batch:  # most requests hold nothing: nothing to replace
             self.batch = []
+        if self.metered:
+            batch = batch + self._adjustments()
         return batch
 
     def send(self) -> None:
@@ -64,11 +124,6 @@ class Closing:
         if batch:
             await engine.arelease(batch)
 
-    def sending(self) -> Steps[None]:
-        """send(), as a step the sync or the async driver runs."""
-        batch = self.take()
-        if batch:
-            yield Io(engine.release, engine.arelease, (batch,))
 
 
 #: the Closing of the request this context serves, made when the request started
@@ -119,22 +174,42 @@ def _closed_with_request(base, closing: Closing) -> None:
 # --- when the answer leaves a door ----------------------------------------------------------------
 
 
+@steps
 def leaving(request, response, closing: Closing) -> Steps:
     """The request's answer leaves a door: what it holds is sent now, before a byte of the answer is; a
     streamed body's when it ends, fails or is closed (and at request_finished, should the response be
     dropped unsent: an outer middleware answered instead, e.g. ConditionalGetMiddleware's 304)."""
-    if not closing.batch:
+    if not (closing.batch or closing.metered):
         return response
     if getattr(response, "streaming", False) and request.method != "HEAD":
         # a file is sent by the server's file wrapper (a body set anew would not be): its close ends it
         if getattr(response, "file_to_stream", None) is None:
             body = response.streaming_content
+            closing.sent = 0  # counted as the body is produced
             response.streaming_content = ABody(body, closing) if response.is_async else Body(body, closing)
+        else:
+            closing.sent = _length(response)
         return response
     if request.method == "HEAD":
         _unsent(response)
-    yield from closing.sending()
+        closing.sent = 0
+    elif closing.counts_bytes():
+        if getattr(response, "is_rendered", True) is False:
+            # a template's or DRF's answer is rendered after the doors, before a byte of it is sent: its
+            # bytes are known, and the batch sent, then (or at request_finished should it never be)
+            response.add_post_render_callback(closing.rendered)
+            return response
+        closing.sent = _length(response)
+    yield Io(closing.send, closing.asend)  # send(), by the door's driver
     return response
+
+
+def _length(response) -> int | None:
+    """The bytes of a whole response's body; a file the server sends itself by its Content-Length (None: unknown)."""
+    if not getattr(response, "streaming", False):
+        return len(response.content)
+    length = response.get("Content-Length")
+    return int(length) if length and length.isdigit() else None
 
 
 def _unsent(response) -> None:
@@ -168,10 +243,12 @@ class Body:
 
     def __next__(self):
         try:
-            return next(self.chunks)
+            chunk = next(self.chunks)
         except BaseException:  # StopIteration: the body ended
             self.close()
             raise
+        self.closing.sent += len(chunk)  # bytes: streaming_content made them so
+        return chunk
 
     def close(self) -> None:
         self.chunks = _ENDED  # the chunks refer to the response: no cycle keeps it once the body ended
@@ -192,11 +269,13 @@ class ABody:
 
     async def __anext__(self):
         try:
-            return await self.chunks.__anext__()
+            chunk = await self.chunks.__anext__()
         except BaseException:  # StopAsyncIteration: the body ended; or it failed, or was cancelled
             self.chunks = _NO_CHUNKS
             await self.closing.asend()
             raise
+        self.closing.sent += len(chunk)
+        return chunk
 
     def close(self) -> None:
         self.chunks = _NO_CHUNKS
@@ -211,12 +290,13 @@ class _NoChunks:
 _NO_CHUNKS = _NoChunks()
 
 
+@steps
 def letting_go(closing: Closing | None, door: Door) -> Steps[None]:
     """The request failed (an exception, or its client left) before its answer left the door: what it
     holds is sent, and a failure to send it never hides the request's own error."""
     try:
         if closing is not None:
-            yield from closing.sending()
+            yield Io(closing.send, closing.asend)  # send(), by the door's driver
     except Exception as error:  # noqa: BLE001 - the boundary (boundary.py)
         faults.record(error, door)
 

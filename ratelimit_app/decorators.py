@@ -19,8 +19,8 @@ from django.utils.decorators import method_decorator
 
 from . import registry
 from .boundary import DECORATOR
-from .doors import around_view, entering, has_decorator_inside, has_throttle_inside, passed_drf_throttles
-from .drivers import Io, arun, run
+from .doors import around_view, has_decorator_inside, has_throttle_inside, passed_drf_throttles
+from .drivers import Io, arun
 from .limiter import Cost, valid_cost
 from .rates import format_rate
 from .registry import CodePolicy
@@ -46,14 +46,19 @@ def ratelimit(
     window: int | None = None,
     cost: Cost | None = None,
     time_zone: str | None = None,
+    unit: str | None = None,
+    overage_cap: int | None = None,
 ) -> Callable:
     """Enforce the policies of `action`, or declare one (`rate=` or `limit=` + `window=`) and enforce it.
-    `cost`: the units a request takes from each of them (a number, or a function of the request)."""
+    `cost`: the units a request takes from each of them (a number, or a function of the request); with a
+    `unit` ('tokens', 'content-bytes'), the estimate a request is admitted on before it settles."""
     if callable(action):
         raise TypeError(USAGE)  # bare @ratelimit: fail at import, not at the first request
     if cost is not None and not callable(cost) and valid_cost(cost, "@ratelimit(cost=...)") != cost:
         raise ImproperlyConfigured(f"@ratelimit(cost={cost}): a request costs at least 1 unit.")
     declaring = rate is not None or limit is not None or window is not None
+    if action is not None and (unit is not None or overage_cap is not None):
+        raise TypeError("@ratelimit(unit=...) declares a policy's unit: give it with a rate, not with an action.")
     if action is not None and declaring:
         raise TypeError("@ratelimit takes either an action ('login') or a rate (rate='5/m', key='ip'), not both.")
     if action is None and not declaring:
@@ -62,7 +67,8 @@ def ratelimit(
         registry.note_cost(action, cost)
         return partial(_decorate, action=action, declared=None, cost=cost)
     options = {"rate": rate, "limit": limit, "window": window, "key": key, "methods": method, "burst": burst}
-    given = (("mode", mode), ("strategy", strategy), ("time_zone", time_zone))
+    given = (("mode", mode), ("strategy", strategy), ("time_zone", time_zone), ("unit", unit),
+             ("overage_cap", overage_cap))
     options.update((field, value) for field, value in given if value is not None)
 
     def declare(view):
@@ -116,18 +122,21 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, cost: Cost | No
     decorator_inside = has_decorator_inside(view)
     throttle_inside = not decorator_inside and has_throttle_inside(view)
 
-    def steps(request, args, kwargs):
+    names = (action,)
+
+    def last(request) -> bool:
         _declared_again(declared)
-        last = not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
-        turn = entering(request, [action], last=last, cost=cost, door=DECORATOR)
-        return around_view(request, Io(view, view, (request, *args), kwargs), turn, DECORATOR)
+        return not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
 
     if iscoroutinefunction(view) if is_async is None else is_async:
         async def limited(request, *args, **kwargs):  # a coroutine function to inspect too, as the view was
-            return await arun(steps(request, args, kwargs))
+            steps = around_view(request, Io(view, view, (request, *args), kwargs), DECORATOR, names,
+                                last=last(request), cost=cost)
+            return await arun(steps)
     else:
         def limited(request, *args, **kwargs):
-            return run(steps(request, args, kwargs))
+            return around_view.sync(request, Io(view, view, (request, *args), kwargs), DECORATOR, names,
+                                    last=last(request), cost=cost)
     limited = wraps(view)(limited)
     limited.ratelimit_actions = (*getattr(view, "ratelimit_actions", ()), action)
     if cost is not None:

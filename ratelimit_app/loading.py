@@ -15,7 +15,7 @@ from .models import ActionCost, Mode, Override, PlanAssignment, PlanLimit, Polic
 from .overrides import PolicyOverrides, compile_overrides
 from .plans import PlanAssignments, compile_plans
 from .subjects import parse_key_spec
-from .values import CompiledPolicy
+from .values import REQUESTS, CompiledPolicy
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -57,6 +57,9 @@ def compile_policy(row: Policy) -> CompiledPolicy:
         period=period,
         time_zone=time_zone,
         plugin=strategy if strategy.asked else None,
+        unit=row.unit,
+        meters=row.unit != REQUESTS,
+        overage_cap=row.overage_cap,
     )
 
 

@@ -6,6 +6,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 
+# a policy's unit: what its limit counts. Requests (a request's cost, known before the view), the bytes of
+# the response body (counted by the app), or a unit the view reports once it knows (settle(): 'tokens')
+REQUESTS = "requests"
+CONTENT_BYTES = "content-bytes"
+
+
 class Unavailable(Exception):
     """The limiter could not decide (Redis, the database it reads policies from, a broken setting):
     raised by hit(), check() and usage() where RATELIMIT_FAIL_OPEN says to refuse; the middleware
@@ -65,6 +71,9 @@ class CompiledPolicy:
     # its strategy when the engine asks it at each decision (terms that move, its span's end, usage kept
     # beyond Redis: strategies/base.py `asked`); None for the others, whose terms are made once
     plugin: Any = None
+    unit: str = REQUESTS  # what the limit counts (REQUESTS, CONTENT_BYTES, or a unit the view settles)
+    meters: bool = False  # unit != REQUESTS: a request's estimate is settled after it (a plain bool for the hot path)
+    overage_cap: int | None = None  # the most units a settle charges beyond a request's estimate (None: all it used)
 
     def applies_to_method(self, method: str) -> bool:
         return not self.methods or method in self.methods
@@ -121,6 +130,26 @@ class Held(NamedTuple):
     cost: int
 
 
+class Metered(NamedTuple):
+    """A request's estimate charged in a metered policy (its unit is not requests), and how a settle
+    moves that counter (the strategy's `settling`): its layout, the window or bucket charged, a figure."""
+
+    policy: CompiledPolicy
+    subject: Subject
+    estimate: int
+    layout: str
+    anchor: int
+    figure: int
+
+
+class Adjustment(NamedTuple):
+    """Units to move a metered counter by, after the request: more (it used more than its estimate) or
+    back (less), where its estimate was charged."""
+
+    charged: Metered
+    units: int
+
+
 class Verdict(NamedTuple):
     """The answer for one request: `allowed` when every enforced policy let it through, with each
     policy's Decision. A refused request is counted by no policy."""
@@ -128,6 +157,8 @@ class Verdict(NamedTuple):
     allowed: bool
     decisions: tuple[Decision, ...]
     version: bytes | None  # the policy version token read in the same call (None when not read)
+    # the estimates charged in metered policies, when the request was admitted (each may be settled)
+    metered: tuple[Metered, ...] = ()
 
     @property
     def denied_by(self) -> tuple[Decision, ...]:

@@ -15,7 +15,7 @@ from redis.exceptions import MaxConnectionsError
 
 from ..lru import BoundedCache
 from .circuit import PoolFull, ReplyLost, breaker, describe
-from .clients import DEFAULT_POOL_WAIT, WRITE_ATTEMPTS, client, is_cluster, packed_size, socket_of
+from .clients import DEFAULT_POOL_WAIT, WRITE_ATTEMPTS, client, is_cluster, packed_size, read_reply, socket_of
 
 
 class _Pinned(threading.local):
@@ -29,6 +29,8 @@ _pinned = _Pinned()
 packed = BoundedCache("ratelimit_app.engine.decision_connection.packed", packed_size)
 _packed_get = packed.get
 UNREAD = "_ratelimit_unread"  # on a kept connection: (its socket, replies of give-backs not read yet, their places)
+# on a kept connection: settled usage its next write carries (packed commands, how many, their items): giveback.py
+OUTBOX = "_ratelimit_outbox"
 ALL_READ = (None, 0, ())
 WATCH = "_ratelimit_watch"  # on a connection: (its socket, a poller of it, or None where one cannot tell)
 _generation = 0  # moves on when the cache settings change, after an outage or a failover (see unpin)
@@ -101,14 +103,22 @@ def _once(
     if not unread:  # a connection with replies still due is in use, not resting: readable is not closed
         replace_if_closed(connection)
     message = _packed(connection, command) if not options else connection.pack_command(*command)
+    carried = connection.__dict__.pop(OUTBOX, None)  # settled usage waiting for this write (giveback.py)
     for attempt in range(1, WRITE_ATTEMPTS + 1):
         try:
-            connection.send_packed_command(message, check_health=False)  # connects first when need be
+            if carried is None:
+                connection.send_packed_command(message, check_health=False)  # connects first when need be
+            else:
+                connection.send_packed_command([*carried[0], *message], check_health=False)
+                unread = _carrying(connection, carried)
             break
         except redis.ConnectionError:
             # nothing reached Redis whole (a failed write leaves at most part of a command, which Redis
             # never runs): safe to send anew. A refused connection fails again at once: an outage
             connection.disconnect()
+            if carried is not None:  # written before the command, it may have reached Redis whole: not twice
+                replies_lost(carried[2])
+                carried = None
             if unread:  # the give-backs' replies went with it: owed, sent again
                 read_unread(connection)
                 unread = 0
@@ -119,12 +129,20 @@ def _once(
             read_unread(connection, wait=True)
         if parse:
             return redis_client.parse_response(connection, command[0], **options)
-        return connection.read_response()
+        return read_reply(connection)
     except redis.ConnectionError as error:  # not a timeout (Redis not answering in time is an outage)
         connection.disconnect()
         # Redis (or a proxy) closed the connection with the command in it: it may have run
         raise ReplyLost(f"the connection closed before Redis answered ({describe(error)}); the call may have "
                         "counted, and is not sent again") from error
+
+
+def _carrying(connection: redis.Connection, carried: tuple) -> int:
+    """The settled usage written before the command: its replies come first, read as the give-backs' are."""
+    sock, due, owing = getattr(connection, UNREAD, ALL_READ)
+    due += carried[1]
+    setattr(connection, UNREAD, (socket_of(connection), due, [*owing, *carried[2]]))
+    return due
 
 
 def read_unread(kept: redis.Connection, wait: bool = False) -> None:

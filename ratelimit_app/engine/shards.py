@@ -146,4 +146,6 @@ def _merged(
         if isinstance(verdicts[shard], Verdict):
             decided.update(zip(map(id, group), verdicts[shard].decisions))
     decisions = tuple(decided[id(check)] for check in checks if id(check) in decided)
-    return Verdict(all(isinstance(v, Verdict) and v.allowed for v in verdicts.values()), decisions, None)
+    allowed = all(isinstance(v, Verdict) and v.allowed for v in verdicts.values())
+    metered = tuple(m for v in verdicts.values() for m in v.metered) if allowed else ()
+    return Verdict(allowed, decisions, None, metered)

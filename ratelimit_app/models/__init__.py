@@ -19,6 +19,7 @@ from .validators import (
     validate_methods,
     validate_network,
     validate_time_zone,
+    validate_unit,
 )
 
 __all__ = [
@@ -26,5 +27,5 @@ __all__ = [
     "Plan", "PlanAssignment", "PlanLimit", "Policy", "QuotaUsage", "Source", "Strategy", "StrategyField",
     "SubjectMatch", "actions_overlap", "canonical_network", "exemption_errors", "limit_field", "never_admitted",
     "parse_methods", "validate_action", "validate_key_spec", "validate_methods", "validate_network",
-    "validate_time_zone",
+    "validate_time_zone", "validate_unit",
 ]

@@ -11,7 +11,10 @@ from .. import strategies
 from ..periods import LABELS as PERIOD_LABELS
 from ..rates import MAX_WINDOW
 from .fields import MAX_COST, RegistryHelpCharField, RegistryHelpIntegerField, StrategyField, registry_text
-from .validators import parse_methods, validate_action, validate_key_spec, validate_methods, validate_time_zone
+from ..values import REQUESTS
+from .validators import (
+    UNIT_LENGTH, parse_methods, validate_action, validate_key_spec, validate_methods, validate_time_zone, validate_unit,
+)
 
 OPTION_NAMES = {"bucket_size": "bucket size", "burst": "burst"}  # the fields only some strategies read
 
@@ -79,6 +82,19 @@ class Policy(models.Model):
         ),
     )
     strategy = StrategyField("strategy")
+    unit = models.CharField(
+        "unit",
+        max_length=UNIT_LENGTH,
+        default=REQUESTS,
+        db_default=REQUESTS,
+        validators=[validate_unit],
+        help_text=(
+            "What the limit counts: 'requests' (each request's cost, known before the view); 'content-bytes' "
+            "(the bytes of each response, counted by the app); or a unit the view reports once it knows, "
+            "e.g. 'tokens' with ratelimit_app.settle(request, tokens=1834). A request is admitted on its "
+            "estimate (its cost) and then charged what it really used."
+        ),
+    )
     key = models.CharField(
         "counted per",
         max_length=200,
@@ -105,6 +121,17 @@ class Policy(models.Model):
         help_text="enforce denies with 429 over the limit; shadow only counts and reports what it would deny.",
     )
     enabled = models.BooleanField("enabled", default=True, help_text="Disabled policies are ignored.")
+    overage_cap = models.PositiveIntegerField(
+        "overage cap",
+        null=True,
+        blank=True,
+        validators=[MaxValueValidator(MAX_COST, f"The overage cap can be at most {MAX_COST}.")],
+        help_text=(
+            "Metered units only: the most a request is charged beyond its estimate, e.g. 4000 tokens; what it "
+            "used beyond that is not counted. Blank: everything it used (usage over the limit is debt, refused "
+            "until it has left the window)."
+        ),
+    )
     bucket_size = RegistryHelpIntegerField(
         "bucket size (seconds)",
         null=True,
@@ -186,6 +213,16 @@ class Policy(models.Model):
                     f"{self.strategy} counts in a window of seconds, not by the calendar: choose the {users} "
                     f"strategy for a calendar period, or leave the {option.replace('_', ' ')} blank."
                 )})
+        if self.overage_cap is not None and self.unit == REQUESTS:
+            raise ValidationError({"overage_cap": (
+                "The overage cap applies to a metered unit (tokens, content-bytes...): a request's cost in "
+                "requests is known before the view. Leave it blank, or choose the unit it caps."
+            )})
+        if self.unit != REQUESTS and not strategy.counts_units:
+            raise ValidationError({"unit": (
+                f"{self.strategy} cannot count {self.unit}: {strategy.unit_refusal}. Choose "
+                f"{' or '.join(strategies.counting_units())}, or the unit 'requests'."
+            )})
         strategy.clean(self)
 
     def validate_constraints(self, exclude=None) -> None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 from django.core.exceptions import ValidationError
 
 from ..periods import zone
 from ..subjects import KeySpecError, ip_network, parse_key_spec
 
+UNIT_LENGTH = 32
+UNIT = re.compile(r"[a-z][a-z0-9-]*")
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
 
 
@@ -38,6 +42,16 @@ def validate_methods(value: str) -> None:
             "Unknown HTTP method(s): %(unknown)s. Use a comma list such as 'POST,PUT', or leave blank for all.",
             params={"unknown": ", ".join(unknown)},
             code="invalid_methods",
+        )
+
+
+def validate_unit(value: str) -> None:
+    if not UNIT.fullmatch(value) or len(value) > UNIT_LENGTH:
+        raise ValidationError(
+            "A unit is 'requests', 'content-bytes' (the bytes of the response), or a short name in lower case "
+            "that the view reports, such as 'tokens' or 'credits' (letters, digits and hyphens, at most "
+            f"{UNIT_LENGTH} characters).",
+            code="invalid_unit",
         )
 
 

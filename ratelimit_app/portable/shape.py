@@ -15,7 +15,8 @@ POLICY_FIELDS: dict[str, tuple[str, bool]] = {
     "name": (TEXT, False), "action": (TEXT, False), "limit": (WHOLE, False), "window": (WHOLE, False),
     "strategy": (TEXT, False), "key": (TEXT, False), "methods": (TEXT, False), "mode": (TEXT, False),
     "enabled": (FLAG, False), "bucket_size": (WHOLE, True), "burst": (WHOLE, True), "description": (TEXT, False),
-    "period": (TEXT, False), "time_zone": (TEXT, False),
+    "period": (TEXT, False), "time_zone": (TEXT, False), "unit": (TEXT, False),
+    "overage_cap": (WHOLE, True),
 }
 IMPORTED_POLICY_FIELDS = {**POLICY_FIELDS, "rate": (TEXT, False)}  # '100/m' may stand for limit and window
 MATCH_FIELDS: dict[str, tuple[str, bool]] = {

@@ -16,17 +16,18 @@ from ..conf import get_setting
 from ..models import MAX_COST, Mode, Policy
 from ..periods import PERIODS
 from ..rates import format_rate, parse_quota, parse_rate
+from ..values import REQUESTS
 
 logger = logging.getLogger("ratelimit_app")
 
 # How much a policy allows: taken from the code as one unit unless the operator changed any of it.
-RATE_FIELDS = ("limit", "window", "strategy", "bucket_size", "burst", "period", "time_zone")
+RATE_FIELDS = ("limit", "window", "strategy", "bucket_size", "burst", "period", "time_zone", "unit", "overage_cap")
 # What an operator may change in the admin; the rest (what is protected, who is counted) is the code's.
 OPERATOR_FIELDS = RATE_FIELDS + ("mode", "enabled")
 CODE_FIELDS = ("action", "key", "methods") + OPERATOR_FIELDS
 SETTING_KEYS = {
     "name", "action", "rate", "limit", "window", "key", "strategy", "methods", "mode", "enabled", "burst",
-    "bucket_size", "description", "time_zone",
+    "bucket_size", "description", "time_zone", "unit", "overage_cap",
 }
 NAME_LENGTH = 64
 COMPUTED = "computed"  # in code_values: the code computes the limit per request (a callable rate)
@@ -76,6 +77,8 @@ def code_policy(
     description: str = "",
     create_only: bool = False,
     time_zone: str = "",
+    unit: str = REQUESTS,
+    overage_cap: int | None = None,
 ) -> CodePolicy:
     """A validated declaration, not registered (no database access); ImproperlyConfigured when a value is wrong."""
     quota = parse_quota(rate)  # '10000/month': a calendar quota, counted by the quota strategy unless told
@@ -84,7 +87,8 @@ def code_policy(
         name=name, action=action, limit=limit, window=window, key=key,
         strategy=strategy or (strategies.calendar() if quota else strategies.DEFAULT),
         methods=_methods(methods), mode=mode, enabled=enabled, burst=burst, bucket_size=bucket_size,
-        period=quota[1] if quota else "", time_zone=time_zone,
+        period=quota[1] if quota else "", time_zone=time_zone, unit=unit,
+        overage_cap=overage_cap,
     )
     try:
         row.full_clean(exclude=["source"], validate_unique=False, validate_constraints=False)

@@ -133,7 +133,7 @@ def _merge(row: Policy, declared: dict[str, Any]) -> dict[str, Any]:
     """The row's values after a deploy: the code's, except what the operator changed since the last one."""
     before = row.code_values or {}
     merged = {field: declared[field] for field in CODE_FIELDS}
-    if any(getattr(row, field) != before.get(field) for field in RATE_FIELDS):
+    if any(getattr(row, field) != _coded(before, field) for field in RATE_FIELDS):
         merged.update({field: getattr(row, field) for field in RATE_FIELDS})
     for field in ("mode", "enabled"):
         if getattr(row, field) != before.get(field):
@@ -148,7 +148,14 @@ def changed_fields(row: Policy) -> list[str]:
     """The fields an operator changed away from the code's values (empty for an admin policy)."""
     if row.source != Source.CODE or not row.code_values:
         return []
-    return [field for field in OPERATOR_FIELDS if getattr(row, field) != row.code_values.get(field)]
+    return [field for field in OPERATOR_FIELDS if getattr(row, field) != _coded(row.code_values, field)]
+
+
+def _coded(code_values: dict[str, Any], field: str) -> Any:
+    """What the code declared for `field`: a field added since the row was written (the unit) was its default."""
+    if field in code_values:
+        return code_values[field]
+    return Policy._meta.get_field(field).get_default()
 
 
 def no_longer_in_code(row: Policy, names: set[str] | None = None) -> bool:
@@ -165,7 +172,7 @@ def revert(row: Policy) -> list[str]:
     """Put the code's values back (the row is saved); returns the fields that changed."""
     changed = changed_fields(row)
     for field in changed:
-        setattr(row, field, row.code_values[field])
+        setattr(row, field, _coded(row.code_values, field))
     if changed:
         row.save()
     return changed

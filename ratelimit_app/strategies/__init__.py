@@ -50,6 +50,16 @@ def _refusals(found: Iterable[Strategy]) -> list[str]:
                 f"the strategy {name!r} declares no reference model: set its `reference` to the test that decides "
                 "it against one (tests/<file>.py::<name>)"
             )
+        if not strategy.counts_units and not strategy.unit_refusal:
+            refusals.append(
+                f"the strategy {name!r} counts no metered unit but does not say why: set its `unit_refusal`, "
+                "which the admin, the checks and the import show where a policy of it declares a unit"
+            )
+        if strategy.counts_units and type(strategy).settling is Strategy.settling:
+            refusals.append(
+                f"the strategy {name!r} counts metered units but says not how a settle moves its counter: define "
+                "its `settling` (lua/settle.lua's layouts), or set counts_units = False with its unit_refusal"
+            )
         defined = _lua_functions(strategy)
         missing = [function for function in CONTRACT if function not in defined]
         if missing:
@@ -98,6 +108,11 @@ def help_text() -> str:
 def using(option: str) -> list[str]:
     """The strategies that read a policy field (`bucket_size`, `burst`)."""
     return [name for name, strategy in STRATEGIES.items() if option in strategy.options]
+
+
+def counting_units() -> list[str]:
+    """The strategies whose count may move by any number of units after a request (a metered unit)."""
+    return [name for name, strategy in STRATEGIES.items() if strategy.counts_units]
 
 
 def calendar() -> str:

@@ -26,6 +26,11 @@ class Strategy:
     # the largest cost one request may take (None: any): a strategy writing a member per unit bounds a
     # request's work in Redis, and a larger cost never fits (scripts.py hands the figure to the Lua half)
     most: ClassVar[int | None] = None
+    # its count may move by any number of units after a request (a unit metered after the response:
+    # tokens, content-bytes: it defines `settling`); when not, `unit_refusal` says why, as the form, the
+    # check and the import show it
+    counts_units: ClassVar[bool] = False
+    unit_refusal: ClassVar[str] = "it does not say how a settle moves its counter (its `settling`)"
     # its count starts afresh at each window's edge: the live page says "this window", not "in the last ..."
     whole_windows: ClassVar[bool] = False
     counts_like: ClassVar[tuple[str, ...]] = ()  # libraries whose counting it reproduces, for their compat layers
@@ -60,6 +65,12 @@ class Strategy:
         """The bucket of a policy's totals: the window in at most 60 steps (a window in ms always has
         40 or 50 among its divisors), so a read of the totals stays short."""
         return next(window_ms // count for count in range(TOTALS_BUCKETS, 0, -1) if window_ms % count == 0)
+
+    def settling(self, policy, limit: int, at_ms: int) -> tuple[str, int, int]:
+        """How lua/settle.lua moves a counter of it charged at `at_ms` (Redis's clock) under `limit`, for a
+        request that used more or less than its estimate: (its counter's layout, the window, period or
+        bucket charged, a figure the layout reads). Only a strategy that `counts_units` is asked."""
+        raise NotImplementedError
 
     def live_batch(self, policy, batch: int, field_budget: int) -> int:
         """How many counters one read of the live page takes, at worst within its budget."""

@@ -32,6 +32,11 @@ def _current(policy, now_ms: int) -> tuple[Periods, str]:
     return found
 
 
+def _number(start_ms: int) -> int:
+    """A period's number in its counter, from its start, as lua/calendar_quota.lua's number() (never 0)."""
+    return start_ms // 60000 % (PACK - 1) + 1
+
+
 def periods(policy, now_ms: int) -> Periods:
     """The periods of a calendar quota (a compiled policy) around `now_ms`."""
     return _current(policy, now_ms)[0]
@@ -47,12 +52,17 @@ class Quota(Strategy):
     letter = "q"
     order = 6
     reference = "tests/test_quotas.py::test_the_quota_strategy_decides_as_the_calendar_does"
+    counts_units = True  # tokens, content-bytes: a settle moves its count (settling)
     options = {
         "period": "the calendar period counted: a day, a week (ISO, from Monday) or a month, e.g. month.",
         "time_zone": "where the period's days begin, e.g. Europe/Paris; blank: the site's TIME_ZONE.",
     }
     notes = {"window": "set from the period (its longest length), whatever is entered"}
     asked = True
+
+    def settling(self, policy, limit: int, at_ms: int) -> tuple[str, int, int]:
+        # as lua/calendar_quota.lua's number(): the period's number, from its start (never 0)
+        return "p", _number(self.span(policy, at_ms)[0]), 0
 
     def clean(self, row) -> None:
         if row.period not in PERIODS:
@@ -88,7 +98,7 @@ class Quota(Strategy):
         # a counter of the current period that has counted nothing: one deleted instead would read as lost,
         # and the next request would take the saved usage back (the Lua half numbers a period as here, never 0)
         found = _current(policy, now_ms)[0]
-        return str(found.start // 60000 % (PACK - 1) + 1), found.end
+        return str(_number(found.start)), found.end
 
 
 STRATEGY = Quota()

@@ -16,6 +16,7 @@ class Concurrency(Strategy):
     order = 5
     reference = "tests/test_strategies_property.py::InFlight"
     holds = True
+    unit_refusal = "it counts the requests in progress (places given back when each ends), not what they used"
     most = 10_000  # a member a place: one request's places are written (and given back) in bounded time
     notes = {
         "limit": "requests in progress at once",

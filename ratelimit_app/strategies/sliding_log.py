@@ -13,6 +13,7 @@ class SlidingLog(Strategy):
     order = 3
     reference = "tests/test_strategies_property.py::Model"
     most = 10_000  # a member a unit: one request's units are written in bounded time
+    unit_refusal = "it keeps one entry per unit, which thousands of tokens or bytes a request would grow without bound"
     counts_like = ("drf",)  # DRF's throttles keep the times of the requests in the window
 
     def live_batch(self, policy, batch: int, field_budget: int) -> int:

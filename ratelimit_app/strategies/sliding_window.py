@@ -29,11 +29,15 @@ class SlidingWindow(Strategy):
     letter = "s"
     order = 2
     reference = "tests/test_strategies_property.py::SlidingWindow"
+    counts_units = True  # tokens, content-bytes: a settle moves its count (settling)
     default = True
     options = {"bucket_size": (
         "width of one bucket in seconds; must divide the window, e.g. 10 for a 60 second window. Blank picks "
         "the smallest size giving at most 60 buckets."
     )}
+
+    def settling(self, policy, limit: int, at_ms: int) -> tuple[str, int, int]:
+        return "s", at_ms // policy.bucket_ms, 0  # the bucket the estimate was counted in
 
     def clean(self, row) -> None:
         window, size = row.window, row.bucket_size

@@ -17,6 +17,7 @@ class TokenBucket(Strategy):
     letter = "t"
     order = 4
     reference = "tests/test_token_bucket.py::test_decisions_match_the_reference_model"
+    counts_units = True  # tokens, content-bytes: a settle moves its count (settling)
     options = {"burst": (
         "requests allowed at once, at most the limit; after them, one request every window / limit. E.g. "
         "limit 10, window 60, burst 10 (or blank): burst 10, then 1 request every 6 s; burst 2: 2 at once, "
@@ -43,6 +44,10 @@ class TokenBucket(Strategy):
                     f"per {window * times} s."
                 )
             raise ValidationError({"burst": message})
+
+    def settling(self, policy, limit: int, at_ms: int) -> tuple[str, int, int]:
+        # as lua/token_bucket.lua's sizes(): the interval per unit (us, rounded up) and the capacity
+        return "t", -(-policy.window_ms * 1000 // limit), policy.capacity(limit)
 
     def burst(self, row) -> int | None:
         return row.burst

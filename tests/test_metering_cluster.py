@@ -1,0 +1,52 @@
+"""Metered usage on Redis Cluster: a request's estimates charged in policies whose counters live on
+several nodes are each settled on their own node, exactly; 8 processes of random real costs too."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ratelimit_app import engine
+from ratelimit_app.values import Adjustment
+from tests.helpers import check, in_processes, policy
+from tests.test_cluster import cluster, shared_cluster, who_in_other_shards  # noqa: F401 (fixtures)
+
+STRATEGIES = {
+    "fixed_window": {"window": 31_622_400},
+    "sliding_window": {"window": 3600, "bucket_size": 60},
+    "token_bucket": {"window": 31_622_400, "limit": 1_000_000, "burst": 100_000},
+}
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_a_request_spanning_nodes_is_settled_on_each(cluster, strategy):  # noqa: F811
+    shape = {"limit": 100_000, **STRATEGIES[strategy]}
+    per_ip, per_user = policy(strategy=strategy, unit="tokens", **shape), policy(
+        strategy=strategy, unit="tokens", key="user", **shape)
+    first, second = who_in_other_shards(2)
+    checks = [check(per_ip, first), check(per_user, second)]
+    verdict = engine.decide(checks, cost=10)
+    assert verdict.allowed and len(verdict.metered) == 2
+    engine.release([Adjustment(charged, 1824) for charged in verdict.metered])
+    assert [d.count for d in engine.decide(checks, dry_run=True).decisions] == [1834, 1834]
+
+
+def _settling(checks, start, results, attempts=40):
+    rng = random.Random()
+    start.wait()
+    settled = 0
+    for _ in range(attempts):
+        verdict = engine.decide(checks, cost=10)
+        if verdict.allowed:
+            used = rng.randint(0, 200)
+            engine.release([Adjustment(charged, used - 10) for charged in verdict.metered])
+            settled += used
+    results.put(settled)
+
+
+def test_eight_processes_settle_a_counter_on_a_cluster_to_the_unit(cluster):  # noqa: F811
+    limited = policy(strategy="sliding_window", limit=30_000, window=3600, bucket_size=60, unit="tokens")
+    checks = [check(limited)]
+    settled = sum(in_processes(_settling, (checks,)))
+    assert engine.decide(checks, dry_run=True).decisions[0].count == settled
