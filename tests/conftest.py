@@ -6,6 +6,7 @@ test database (pytest-django names it per worker), its own temporary directories
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import time
@@ -17,7 +18,7 @@ from django_redis import get_redis_connection
 from django_redis.pool import ConnectionFactory
 
 from project.devredis import PrivateRedis, find_server
-from ratelimit_app import testing
+from ratelimit_app import registry, testing
 from ratelimit_app.connection import ClusterConnectionFactory
 
 _private: PrivateRedis | None = None
@@ -53,21 +54,62 @@ def _controller(config: pytest.Config) -> bool:
     return not hasattr(config, "workerinput") and bool(getattr(config.option, "tx", None))
 
 
+# Seconds each test took (setup and teardown included) in a run of the whole suite, for the order in which
+# the workers get them: `pytest -n 3 --store-durations` writes it again. A test not in it counts as quick.
+DURATIONS = Path(__file__).with_name("durations.json")
+QUICK = 0.2
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--store-durations", action="store_true",
+                     help=f"write each test's seconds to {DURATIONS.name}, for the order -n N hands the tests out")
+
+
 @pytest.hookimpl(optionalhook=True)  # -p no:xdist: no such hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """-n N: tests go one by one to whichever worker is free, except that the tests of a module that defines
     a fixture of module or class scope (a built package, a cluster, a migrated site) all go to one worker,
-    so that it is made once; xdist hands out the largest such groups first."""
+    so that it is made once. The longest go first (DURATIONS): the run ends when its last test does, and a
+    long one handed out last would run alone at the end."""
     if config.getoption("dist") != "load":
         return None  # --dist loadfile, loadscope...: as asked
     from xdist.scheduler import LoadScopeScheduling
 
-    class ByTestOrSharedModule(LoadScopeScheduling):
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+
+    class LongestFirst(LoadScopeScheduling):
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
             return module if _shares_fixtures(config.rootpath / module) else nodeid
 
-    return ByTestOrSharedModule(config, log)
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:  # the queue is complete before the first unit is handed out
+                units = sorted(self.workqueue.items(),
+                               key=lambda unit: -sum(seconds.get(test, QUICK) for test in unit[1]))
+                self.workqueue.clear()
+                self.workqueue.update(units)
+                self.ordered = True
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
+
+
+_took: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _took[report.nodeid] = _took.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """--store-durations: the tests that ran replace their seconds (a part of the suite leaves the rest)."""
+    if session.config.getoption("store_durations") and not hasattr(session.config, "workerinput"):
+        seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+        seconds.update((test, round(took, 1)) for test, took in _took.items())
+        long_enough = {test: took for test, took in sorted(seconds.items()) if took >= 2 * QUICK}
+        DURATIONS.write_text(json.dumps(long_enough, indent=0) + "\n")
 
 
 @pytest.hookimpl(trylast=True)
@@ -116,11 +158,14 @@ def away_from_a_minute_boundary():
 @pytest.fixture(autouse=True)
 def empty_redis(redis_client):
     """Every test starts from an empty Redis and a process that remembers nothing of the test before
-    (index, refusals, circuit, logs, clients, code policies written to a rolled-back database)."""
+    (index, refusals, circuit, logs, clients, the policies it declared in code, code policies written to a
+    rolled-back database)."""
     testing.reset()  # waits for a flush of the totals under way: nothing of it lands after the FLUSHDB
     redis_client.flushdb()
     pools_before, clusters_before = set(ConnectionFactory._pools), set(ClusterConnectionFactory._clusters)
+    declared_before = registry.declarations()
     yield
+    registry.restore_declarations(declared_before)  # a compat class or declare_policy() of the test goes with it
     testing.reset()
     # django-redis keeps a pool per LOCATION for the whole process, options and credentials included (and
     # the cluster factory a client): a later test whose server got the same free port would reuse one made

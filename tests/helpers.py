@@ -85,18 +85,6 @@ def server_commands_per_call(redis_client, operation, count: int = 10, stats: di
         return (after - before) / count
 
 
-@contextlib.contextmanager
-def declarations_forgotten(keep: str = "") -> Iterator[None]:
-    """Policies a test declares in code do not outlive it (except those whose origin mentions `keep`)."""
-    from ratelimit_app import registry
-
-    before = registry.declared_names()
-    yield
-    for name in registry.declared_names() - before:
-        if not keep or keep not in registry.declared(name).origin:
-            registry.undeclare(name)
-
-
 def in_processes(target, args: tuple = (), processes: int = 8, timeout: float = 60) -> list:
     """Run `target(*args, start, results)` in forked processes that start together (a barrier); each
     puts one result on `results`. Returns the results, one per process. A child still running when

@@ -86,11 +86,6 @@ def _monthly():
                        time_zone="UTC", limit=1000, window=1, key="header:X-Api-Key")
 
 
-def _month(found: list) -> list:
-    # the test's own quota: a policy an earlier test in this process declared in code may be listed too
-    return [item for item in found if item.policy == "api-month"]
-
-
 def _script_calls(redis_client) -> int:
     stats = redis_client.info("commandstats")
     return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("fcall", "fcall_ro", "evalsha", "eval"))
@@ -102,11 +97,11 @@ def test_usage_of_a_quota_unused_this_period_costs_one_redis_call_and_no_query(s
 
     _monthly()
     caller = _request(HTTP_X_API_KEY=KEY)
-    assert [item.used for item in _month(ratelimit_app.usage(caller))] == [0]  # the first look of the period reads the database
+    assert [item.used for item in ratelimit_app.usage(caller)] == [0]  # the first look of the period reads the database
     own = redis.Redis.from_url(server.url)
     own.config_resetstat()
     with django_assert_num_queries(0), count_round_trips() as trips:
-        looks = [[(item.used, item.remaining) for item in _month(ratelimit_app.usage(caller))] for _ in range(10)]
+        looks = [[(item.used, item.remaining) for item in ratelimit_app.usage(caller)] for _ in range(10)]
     assert looks == [[(0, 1000)]] * 10
     assert (trips[0], _script_calls(own)) == (10, 10)  # were 20 and 20, and 10 queries: the saved usage each time
     assert ratelimit_app.hit(caller, "api:search").decisions[0].count == 1  # looking counted nothing
@@ -122,16 +117,16 @@ def test_usage_shows_what_the_database_saved_each_time_redis_loses_the_period(re
     assert quotas.saver.save() == 1
     quotas.saver.discard()
     redis_client.flushall()  # Redis lost the month: 3 saved
-    assert [item.used for item in _month(ratelimit_app.usage(caller))] == [3]
+    assert [item.used for item in ratelimit_app.usage(caller)] == [3]
     with django_assert_num_queries(0):
-        assert [[item.used for item in _month(ratelimit_app.usage(caller))] for _ in range(5)] == [[3]] * 5
+        assert [[item.used for item in ratelimit_app.usage(caller)] for _ in range(5)] == [[3]] * 5
     counted = [ratelimit_app.hit(_request(HTTP_X_API_KEY=KEY), "api:search").decisions[0].count for _ in range(2)]
     assert counted == [4, 5]  # the month goes on from the 3 saved
     assert quotas.saver.save() == 1
     quotas.saver.discard()
     redis_client.flushall()  # lost again, after more was saved: the newer saved usage shows, nothing older
     assert QuotaUsage.objects.get().used == 5
-    assert [[item.used for item in _month(ratelimit_app.usage(caller))] for _ in range(2)] == [[5]] * 2
+    assert [[item.used for item in ratelimit_app.usage(caller)] for _ in range(2)] == [[5]] * 2
     assert ratelimit_app.hit(_request(HTTP_X_API_KEY=KEY), "api:search").decisions[0].count == 6
 
 

@@ -16,19 +16,12 @@ from ratelimit_app.decorators import ratelimit
 from ratelimit_app.models import Policy
 from ratelimit_app.policies import get_index
 from ratelimit_app.rates import format_rate, parse_rate
-from tests.helpers import count_round_trips, declarations_forgotten
+from tests.helpers import count_round_trips
 
 pytestmark = pytest.mark.django_db
 
 CHANGELIST = "/admin/ratelimit_app/policy/"
 LOGIN_POLICY = "tests-code-urls-login"
-
-
-@pytest.fixture(autouse=True)
-def forget_declarations():
-    """Policies a test declares outside a view do not outlive it (a view's are forgotten by the reset)."""
-    with declarations_forgotten():
-        yield
 
 
 def change_form(policy: Policy, **changes) -> dict:

@@ -12,7 +12,7 @@ from ratelimit_app import engine, registry
 from ratelimit_app.engine import clients
 from ratelimit_app.compat.django_ratelimit import Ratelimited, get_usage, is_ratelimited, ratelimit
 from ratelimit_app.models import Policy
-from tests.helpers import count_round_trips, declarations_forgotten, in_processes
+from tests.helpers import count_round_trips, in_processes
 
 pytestmark = pytest.mark.django_db
 
@@ -22,13 +22,6 @@ rf = RequestFactory()
 def usage(increment=True, ip="203.0.113.7", rate="2/m", **options):
     return get_usage(rf.get("/", REMOTE_ADDR=ip), group="search", key="ip", rate=rate, increment=increment, **options)
 
-
-
-@pytest.fixture(autouse=True)
-def forget_declarations():
-    """The rates a test uses are not synced into later tests' databases."""
-    with declarations_forgotten():
-        yield
 
 def test_each_group_and_rate_shows_in_the_admin_as_a_policy_from_code(admin_client):
     usage()

@@ -14,7 +14,7 @@ from ratelimit_app.compat.drf import AnonRateThrottle, SimpleRateThrottle, UserR
 from ratelimit_app.models import Override, Policy
 from ratelimit_app import engine, registry
 from ratelimit_app.policies import compile_policy
-from tests.helpers import check, count_round_trips, declarations_forgotten, in_processes, make_policy
+from tests.helpers import check, count_round_trips, in_processes, make_policy
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.compat_urls")]
 
@@ -100,13 +100,6 @@ def test_the_live_page_shows_the_throttles_subjects_and_reset_lets_them_in_again
     admin_client.post(live + "reset/", {"subject": subjects[0]["key"]})
     assert client.get("/items/", REMOTE_ADDR="198.51.100.2").status_code == 200
 
-
-
-@pytest.fixture(autouse=True)
-def forget_declarations():
-    """The rates a test uses are not synced into later tests' databases."""
-    with declarations_forgotten():
-        yield
 
 def test_a_throttle_class_with_its_own_rate_shows_in_the_admin_before_any_request():
     class Uploads(UserRateThrottle):

@@ -363,16 +363,14 @@ def test_under_uvicorn_a_client_that_leaves_gives_its_place_back(tmp_path, redis
 
 def test_a_concurrency_policy_declared_beside_a_view(client):
     from ratelimit_app.decorators import ratelimit
-    from tests.helpers import declarations_forgotten
 
-    with declarations_forgotten():
-        view = ratelimit(rate="2/m", key="ip", strategy="concurrency", name="reports-here")(
-            lambda request: StreamingHttpResponse(iter(["ok"])))
-        responses = [view(RequestFactory().get("/", REMOTE_ADDR=IP)) for _ in range(3)]  # bodies not read yet
-        assert [r.status_code for r in responses] == [200, 200, 429]
-        for response in responses:
-            response.close()
-        assert view(RequestFactory().get("/", REMOTE_ADDR=IP)).status_code == 200
+    view = ratelimit(rate="2/m", key="ip", strategy="concurrency", name="reports-here")(
+        lambda request: StreamingHttpResponse(iter(["ok"])))
+    responses = [view(RequestFactory().get("/", REMOTE_ADDR=IP)) for _ in range(3)]  # bodies not read yet
+    assert [r.status_code for r in responses] == [200, 200, 429]
+    for response in responses:
+        response.close()
+    assert view(RequestFactory().get("/", REMOTE_ADDR=IP)).status_code == 200
 
 
 @pytest.mark.urls("project.urls")

@@ -23,7 +23,7 @@ from ratelimit_app import engine, registry
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.deny_cache import deny_cache
 from ratelimit_app.throttling import PolicyThrottle
-from tests.helpers import check, declarations_forgotten, in_processes, make_policy, policy
+from tests.helpers import check, in_processes, make_policy, policy
 
 pytestmark = pytest.mark.django_db
 
@@ -168,7 +168,7 @@ def test_a_bad_cost_from_code_is_refused_at_import():
         ratelimit("search", cost=0)
     with pytest.raises(TypeError, match="whole number"):
         ratelimit("search", cost=2.5)
-    with declarations_forgotten(), pytest.raises(ImproperlyConfigured, match="costs 6 units, more than the policy allows at once"):
+    with pytest.raises(ImproperlyConfigured, match="costs 6 units, more than the policy allows at once"):
         ratelimit(rate="5/m", cost=6)(lambda request: HttpResponse())
 
 

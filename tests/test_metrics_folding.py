@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
 from ratelimit_app import engine, events, metrics
+from tests.cluster import wait_for
 from tests.helpers import check, in_threads, make_policy, policy, repeated_meanwhile
 from tests.servers import ROOT, site_env
 from tests.test_metrics import families, own_outage_log  # noqa: F401  (the fixture)
@@ -212,22 +213,31 @@ def test_a_forked_worker_does_not_count_what_its_parent_had_not_folded_yet(tmp_p
 
 
 @pytest.mark.django_db
-def test_the_records_of_a_thousand_decisions_keep_no_object_of_their_own_for_the_collector():
+def test_the_records_of_a_thousand_decisions_keep_no_object_of_their_own_for_the_collector(monkeypatch):
     """What the request path records until the fold is made of what exists already: a record that kept
     its Verdict alive (three objects a request) fed Python's garbage collector a collection every ~230
     requests, work every worker paid on the request path."""
     import gc
 
+    # The fold timer must not fire while the fold is held below: blocked on it, it would be armed again by
+    # the next record, a thread and its locks each FOLD_SECONDS the loop lasts (seconds on a busy machine),
+    # objects that no record keeps. The one armed from here on waits an hour, and is cancelled at the end.
+    monkeypatch.setattr(metrics, "FOLD_SECONDS", 3600.0)
+    wait_for(lambda: metrics._folder is None, 10, "the fold timer an earlier test armed")
     limited = policy(name="fold-gc", limit=10**6)
     checks = [check(limited)]
     for _ in range(10):
         metrics.record_verdict(engine.decide(checks))
     metrics.fold()
-    with metrics._folding:  # no fold meanwhile: what the records keep stays there
-        gc.collect()
-        before = len(gc.get_objects())
-        for _ in range(1000):
-            metrics.record_verdict(engine.decide(checks))
-        kept = len(gc.get_objects()) - before
+    try:
+        with metrics._folding:  # no fold meanwhile: what the records keep stays there
+            gc.collect()
+            before = len(gc.get_objects())
+            for _ in range(1000):
+                metrics.record_verdict(engine.decide(checks))
+            kept = len(gc.get_objects()) - before
+    finally:
+        metrics._folder.cancel()
+        metrics._folder = None
     metrics.fold()
     assert kept < 100, f"{kept} objects kept by 1,000 records"

@@ -311,18 +311,16 @@ def test_a_bad_plan_row_written_behind_the_admins_back_is_skipped_and_logged(cli
 
 def test_the_compat_decorators_policies_give_a_subject_on_a_plan_the_plans_limit():
     from ratelimit_app.compat.django_ratelimit import get_usage
-    from tests.helpers import declarations_forgotten
 
     def usage(ip=IP):
         request = RequestFactory().get("/", REMOTE_ADDR=ip)
         return get_usage(request, group="search", key="ip", rate="2/m", increment=True)["should_limit"]
 
-    with declarations_forgotten():
-        usage("198.51.100.1")  # writes the code's policy into the admin
-        from ratelimit_app.models import Policy
+    usage("198.51.100.1")  # writes the code's policy into the admin
+    from ratelimit_app.models import Policy
 
-        pro = Plan.objects.create(name="pro")
-        PlanLimit.objects.create(plan=pro, policy=Policy.objects.get(name="rl-search-2-m-ip"), limit=4)
-        PlanAssignment.objects.create(plan=pro, kind="ip", network=IP)
-        assert [usage() for _ in range(5)] == [False] * 4 + [True]
-        assert [usage("198.51.100.1") for _ in range(2)] == [False, True]
+    pro = Plan.objects.create(name="pro")
+    PlanLimit.objects.create(plan=pro, policy=Policy.objects.get(name="rl-search-2-m-ip"), limit=4)
+    PlanAssignment.objects.create(plan=pro, kind="ip", network=IP)
+    assert [usage() for _ in range(5)] == [False] * 4 + [True]
+    assert [usage("198.51.100.1") for _ in range(2)] == [False, True]

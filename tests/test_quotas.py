@@ -22,7 +22,7 @@ from ratelimit_app.models import Policy, QuotaUsage
 from ratelimit_app.periods import periods_at, zone
 from ratelimit_app.rates import parse_quota
 from ratelimit_app.registry import code_policy
-from tests.helpers import check, declarations_forgotten, in_processes, make_policy, policy
+from tests.helpers import check, in_processes, make_policy, policy
 
 ZONES = ["UTC", "Europe/Paris", "America/New_York", "America/Santiago", "Australia/Lord_Howe", "Asia/Kolkata",
          "Pacific/Apia", "America/Havana", "Asia/Tehran"]
@@ -298,13 +298,11 @@ async def test_ausage_is_usage_for_async_views():
 
 @pytest.mark.django_db
 def test_a_declared_monthly_quota_answers_429_with_the_wait_until_the_next_month():
-    with declarations_forgotten():
+    @ratelimit(rate="2/month", key="header:x-api-key", time_zone="UTC")
+    def view(request):
+        return HttpResponse("ok")
 
-        @ratelimit(rate="2/month", key="header:x-api-key", time_zone="UTC")
-        def view(request):
-            return HttpResponse("ok")
-
-        answers = [view(_caller()) for _ in range(3)]
+    answers = [view(_caller()) for _ in range(3)]
     assert [a.status_code for a in answers] == [200, 200, 429]
     now = datetime.now(timezone.utc)
     first_of_next = (now.replace(day=28) + timedelta(days=4)).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
@@ -433,18 +431,16 @@ def test_a_repeat_quota_decision_is_fcall_and_incrby_as_a_fixed_windows(redis_cl
 def test_a_plan_gives_its_customers_their_monthly_quota():
     from ratelimit_app.models import Plan, PlanAssignment, PlanLimit
 
-    with declarations_forgotten():
+    @ratelimit(rate="2/month", key="header:x-api-key", time_zone="UTC", name="api-month")
+    def view(request):
+        return HttpResponse("ok")
 
-        @ratelimit(rate="2/month", key="header:x-api-key", time_zone="UTC", name="api-month")
-        def view(request):
-            return HttpResponse("ok")
-
-        view(_caller("k-free"))  # the declaration is written to the database
-        pro = Plan.objects.create(name="pro")
-        PlanLimit.objects.create(plan=pro, policy=Policy.objects.get(name="api-month"), limit=4)
-        PlanAssignment.objects.create(plan=pro, kind="header", header="X-Api-Key", value="k-pro")
-        free = [view(_caller("k-free")).status_code for _ in range(2)]
-        paid = [view(_caller("k-pro")) for _ in range(5)]
+    view(_caller("k-free"))  # the declaration is written to the database
+    pro = Plan.objects.create(name="pro")
+    PlanLimit.objects.create(plan=pro, policy=Policy.objects.get(name="api-month"), limit=4)
+    PlanAssignment.objects.create(plan=pro, kind="header", header="X-Api-Key", value="k-pro")
+    free = [view(_caller("k-free")).status_code for _ in range(2)]
+    paid = [view(_caller("k-pro")) for _ in range(5)]
     assert free == [200, 429]
     assert [a.status_code for a in paid] == [200, 200, 200, 200, 429]
     assert '"api-month";q=4;' in paid[0].headers["RateLimit-Policy"]

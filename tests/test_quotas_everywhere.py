@@ -17,7 +17,7 @@ import ratelimit_app
 from ratelimit_app import engine, headers, quotas
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.models import Policy
-from tests.helpers import check, count_round_trips, declarations_forgotten, in_processes, make_policy, policy
+from tests.helpers import check, count_round_trips, in_processes, make_policy, policy
 
 pytestmark = pytest.mark.django_db
 KEY = "k-customer"
@@ -44,13 +44,11 @@ def quota(period="day", zone_name="Europe/Paris", **fields):
 
 def test_t_and_retry_after_are_the_wait_until_the_next_midnight_in_the_policys_zone():
     """Kiritimati is 14 hours ahead of UTC: its day ends at 10:00 UTC, which no 86,400 s window does."""
-    with declarations_forgotten():
+    @ratelimit(rate="2/calendar-day", key="header:x-api-key", time_zone="Pacific/Kiritimati", name="api-day")
+    def view(request):
+        return HttpResponse("ok")
 
-        @ratelimit(rate="2/calendar-day", key="header:x-api-key", time_zone="Pacific/Kiritimati", name="api-day")
-        def view(request):
-            return HttpResponse("ok")
-
-        answers = [view(caller()) for _ in range(3)]
+    answers = [view(caller()) for _ in range(3)]
     here = datetime.now(ZoneInfo("Pacific/Kiritimati"))
     midnight = datetime.combine(here.date() + timedelta(days=1), datetime.min.time(), here.tzinfo)
     wait = (midnight - here).total_seconds()

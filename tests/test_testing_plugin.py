@@ -98,6 +98,8 @@ class TestWithTransactionTestCase(TransactionTestCase):
 PYTEST_TESTS = '''
 import pytest
 
+from ratelimit_app import registry
+from ratelimit_app.models import Policy
 from ratelimit_app.testing import assert_charged
 
 
@@ -120,6 +122,18 @@ async def test_async_function(async_client):
 
 def test_the_server_is_named(ratelimit_server):
     assert ratelimit_server.url.startswith("redis://127.0.0.1:")
+
+
+@pytest.mark.django_db
+def test_declares_a_policy_in_code(client):
+    registry.declare_policy("declared-by-a-test", action="tiny:declared", rate="9/m", key="ip", origin="a test")
+    assert client.get("/login/").status_code == 200  # its row is written with the others'
+
+
+@pytest.mark.django_db
+def test_the_next_test_lists_only_the_views_policies(client):
+    assert client.get("/login/").status_code == 200
+    assert sorted(Policy.objects.values_list("name", flat=True)) == ["login", "search"]
 '''
 
 
@@ -152,7 +166,7 @@ if __name__ == "__main__":
     execute_from_command_line(sys.argv)
 '''
 
-ALL = 9  # tests in the two files
+ALL = 11  # tests in the two files
 
 
 def run_pytest(pytester, *args: str):

@@ -9,6 +9,7 @@ from .declarations import CodePolicy, code_policy, fixed_cost_problem, slug_name
 from .known import (
     add_provider,
     code_costs,
+    declarations,
     declarations_of,
     declare_policy,
     declared,
@@ -22,6 +23,7 @@ from .known import (
     note_cost,
     on_change,
     register_policy,
+    restore_declarations,
     undeclare,
     view_path,
 )
@@ -35,6 +37,7 @@ __all__ = [
     "changed_fields",
     "code_costs",
     "code_policy",
+    "declarations",
     "declarations_of",
     "declare_policy",
     "declared",
@@ -50,6 +53,7 @@ __all__ = [
     "note_cost",
     "on_change",
     "register_policy",
+    "restore_declarations",
     "revert",
     "slug_name",
     "sync",

@@ -233,6 +233,25 @@ def forget_declarations() -> None:
     changed(None)
 
 
+def declarations() -> dict[str, CodePolicy]:
+    """What is declared now, for restore_declarations() (tests: before each test)."""
+    with _registry.lock:
+        return dict(_registry.declared)
+
+
+def restore_declarations(kept: dict[str, CodePolicy]) -> None:
+    """Declare exactly `kept` again (tests: after each test). A compat class defined or used by a test, or a
+    declare_policy() it called, would otherwise be written into every later test's database; each
+    declares again when used (a compat door at every request, a view when a URLconf routes to it)."""
+    with _registry.lock:
+        if _registry.declared == kept:
+            return
+        _registry.declared = dict(kept)
+        _registry.written.clear()
+        _registry.pending = True
+    changed(None)
+
+
 def undeclare(name: str) -> None:
     """Forget one declaration (tests: a policy a test declared does not outlive it)."""
     with _registry.lock:

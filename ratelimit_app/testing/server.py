@@ -14,7 +14,7 @@ from redis.retry import Retry
 from django.conf import settings
 from django.core.cache import caches
 
-from .. import engine, runtime
+from .. import engine, registry, runtime
 from ..conf import get_setting
 from ..embedded import TEST_SERVER_VARIABLE, PrivateRedis
 
@@ -47,6 +47,7 @@ class TestRedis:
         self.shared = shared  # other processes count on this server too: each keeps its own key prefix
         self.alias = ""
         self.worker = ""
+        self.declared: dict = {}  # what was declared in code before the test running
 
     @classmethod
     def begin(cls, url: str | None = None, shared: bool = False) -> TestRedis:
@@ -110,6 +111,7 @@ class TestRedis:
     def before_test(self) -> None:
         """A test starts with no counter under the key prefix and a process that remembers nothing."""
         runtime.state.reset()  # first: it waits for counts still being sent, which would land after the deletion
+        self.declared = registry.declarations()  # what the test declares in code goes with it
         # reset_counters() without its notice to other processes, which needs the database (a test may have none)
         client = engine.client()
         names = list(client.scan_iter(match=f"{engine.key_prefix()}:*", count=1000))
@@ -117,6 +119,7 @@ class TestRedis:
             client.delete(*names)
 
     def after_test(self) -> None:
+        registry.restore_declarations(self.declared)
         runtime.state.reset()
 
     def end(self) -> None:
