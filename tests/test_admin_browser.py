@@ -139,10 +139,12 @@ def test_the_live_page_counts_a_metered_policy_in_its_unit_and_shows_debt_withou
 
     open_live_page(browser, live_server, policy)
     header = browser.find_elements(By.CSS_SELECTOR, "#rl-subjects thead th")[1].text
-    assert header.lower() == "tokens"  # the admin's stylesheet sets headers in capitals
-    cells = lambda: [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#rl-subjects tbody tr")[0]  # noqa: E731
-                     .find_elements(By.TAG_NAME, "td")]
-    assert cells()[1:4] == ["7,412", "20,000", "12,588"]
+    assert header.lower() == "tokens"  # the admin's stylesheet sets headers in capitals (drawn by the server)
+    def cells() -> list[str]:
+        rows = browser.find_elements(By.CSS_SELECTOR, "#rl-subjects tbody tr")
+        return [td.text for td in rows[0].find_elements(By.TAG_NAME, "td")] if rows else []
+
+    wait_for(lambda: cells()[1:4] == ["7,412", "20,000", "12,588"])  # the page's script draws the rows
 
     settled(compiled, "ip:198.51.100.1", used=13_088, estimate=100)  # a settle beyond what was left: debt
     wait_for(lambda: cells()[1] == "20,500")
