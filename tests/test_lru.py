@@ -95,6 +95,7 @@ NOT_CACHES = {
     "unreadable_said._at": "log gates: one entry per kind of failure (class of error, signal name)",
     "unwritten_said._at": "log gates: one entry per kind of failure (class of error, signal name)",
     "receiver_failed_said._at": "log gates: one entry per kind of failure (class of error, signal name)",
+    "unsure_said._at": "log gates: one entry per kind of failure (class of error, signal name)",
 }
 CONTAINERS = (dict, set, list, collections.deque, weakref.WeakKeyDictionary, weakref.WeakValueDictionary,
               weakref.WeakSet, threading.local)
