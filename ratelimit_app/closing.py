@@ -23,7 +23,7 @@ import django
 
 from . import engine
 from .boundary import MIDDLEWARE, Door, faults, protected
-from .drivers import Io, Steps
+from .drivers import Io, Steps, steps
 from .subjects import http_request
 from .values import CONTENT_BYTES, Adjustment, Held, Metered
 
@@ -124,11 +124,6 @@ class Closing:
         if batch:
             await engine.arelease(batch)
 
-    def sending(self) -> Steps[None]:
-        """send(), as a step the sync or the async driver runs."""
-        batch = self.take()
-        if batch:
-            yield Io(engine.release, engine.arelease, (batch,))
 
 
 #: the Closing of the request this context serves, made when the request started
@@ -179,6 +174,7 @@ def _closed_with_request(base, closing: Closing) -> None:
 # --- when the answer leaves a door ----------------------------------------------------------------
 
 
+@steps
 def leaving(request, response, closing: Closing) -> Steps:
     """The request's answer leaves a door: what it holds is sent now, before a byte of the answer is; a
     streamed body's when it ends, fails or is closed (and at request_finished, should the response be
@@ -204,7 +200,7 @@ def leaving(request, response, closing: Closing) -> Steps:
             response.add_post_render_callback(closing.rendered)
             return response
         closing.sent = _length(response)
-    yield from closing.sending()
+    yield Io(closing.send, closing.asend)  # send(), by the door's driver
     return response
 
 
@@ -294,12 +290,13 @@ class _NoChunks:
 _NO_CHUNKS = _NoChunks()
 
 
+@steps
 def letting_go(closing: Closing | None, door: Door) -> Steps[None]:
     """The request failed (an exception, or its client left) before its answer left the door: what it
     holds is sent, and a failure to send it never hides the request's own error."""
     try:
         if closing is not None:
-            yield from closing.sending()
+            yield Io(closing.send, closing.asend)  # send(), by the door's driver
     except Exception as error:  # noqa: BLE001 - the boundary (boundary.py)
         faults.record(error, door)
 

@@ -112,7 +112,7 @@ class PolicyThrottle(BaseThrottle):
         last = is_last(self, view)
         # the first door of the request: its route's policies and checks are kept, as the middleware's are
         route = Route(names, False, True, False) if STATE_ATTRIBUTE not in base.__dict__ else None
-        self.state = run(entering(request, names, last=last, cost=view_cost(view), route=route, door=THROTTLE))
+        self.state = entering.sync(request, names, last=last, cost=view_cost(view), route=route, door=THROTTLE)
         if self.state is None:
             return True
         if self.state.closing is not None:
