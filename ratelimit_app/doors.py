@@ -195,15 +195,15 @@ def undecided(request, error: Exception, door: Door) -> RequestState | None:
 
 @steps
 def entering(request, names, *, last: bool, cost: Cost | None = None, door: Door = MIDDLEWARE,
-             routed: bool = False) -> Steps:
+             routed: bool = False, route: Route | None = None) -> Steps:
     """A door's way in: gather the `names` it knows and the code's `cost` (the door nearer the view says
     last); the last door to see the request makes its one call. `routed`: the middleware's, whose
     names come from the route: no state on this app's admin pages or when no policy can apply (then
-    a request costs nothing). Inside the boundary: a failure gives undecided()'s answer."""
+    a request costs nothing); a door that knows its view's `route` (the DRF throttle, first to see the
+    request) has it kept alike. Inside the boundary: a failure gives undecided()'s answer."""
     try:
         if not get_setting("RATELIMIT_ENABLED"):
             return None
-        route = None
         if routed:
             route = _resolve_route(request.path_info, getattr(request, "urlconf", None))  # route_of(), a frame fewer
             if route.exempt:
@@ -217,10 +217,12 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, door: Door
         matched = checks = None
         by_address = False
         if route is not None:
-            key = (request.path_info, request.method, names)
+            # a DRF Request (the throttle's) hands on what it lacks through a raised AttributeError: its HttpRequest
+            base = request.__dict__.get("_request", request)
+            key = (base.path_info, base.method, names)
             # the route's entry read here (most requests): matching() only when it is not kept
             found = _routes.matched.get(key) if index is _routes.index else None
-            matched, by_address = found or _routes.matching(index, key, request)
+            matched, by_address = found or _routes.matching(index, key, base)
             if not matched:
                 return None
         state = state_of(request, names)
@@ -233,7 +235,7 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, door: Door
             if len(state.names) != len(names):  # a door before gathered other names: matched anew
                 matched = None
             elif by_address and not state.decided:
-                remembered = (key, request.META.get("REMOTE_ADDR"))
+                remembered = (key, base.META.get("REMOTE_ADDR"))
                 checks = _routes.checks.get(remembered)
                 if checks is None:
                     checks = _routes.checks.put(remembered, pending_checks(request, state, index, matched))

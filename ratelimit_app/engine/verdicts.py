@@ -73,7 +73,7 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Seq
             start, end = policy.plugin.span(policy, now_ms + max(reset_ms, retry_ms, 1) - 1)
             window = (end - start) // 1000
             if not call.dry_run:
-                hooks.counted(policy, subject.key, subject.display, start, count)
+                hooks.counted(policy, subject.key, subject.display, start, count, limit)
         # positional: this runs for every policy of every request
         decision = Decision(
             policy, subject, allowed, exceeded, count, limit,
