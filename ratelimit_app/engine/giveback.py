@@ -185,8 +185,14 @@ class Owed:
         with self._lock:
             self.places = []
 
+    def _forked(self) -> None:
+        # what the parent owes is the parent's to send (sent by the child too, settled usage counts twice);
+        # its lock may have been held by a thread the child does not have, its timer runs in the parent only
+        self._lock, self._timer, self.places = threading.Lock(), None, []
+
 
 owed = Owed()
+os.register_at_fork(after_in_child=owed._forked)
 
 
 def send(redis_client, held: Sequence[Held], strict: bool = False) -> None:
