@@ -4,9 +4,13 @@ owes settled usage never sends it too (counted twice), nor hangs on a lock its p
 from __future__ import annotations
 
 import pytest
+from django.test import RequestFactory
 
+import ratelimit_app
 from ratelimit_app import closing, engine
 from ratelimit_app.engine import giveback
+from ratelimit_app.models import Policy
+from ratelimit_app.policies import get_index
 from ratelimit_app.values import Adjustment
 from tests.faults.test_connections import TIMEOUTS, circuit, use_server  # noqa: F401 - a fixture
 from tests.faults.test_metering import counted, metered, settled_request
@@ -57,3 +61,58 @@ def test_a_worker_forked_while_a_settle_is_owed_never_sends_its_parents_settle(s
     assert _until(lambda: counted(private.port, compiled) == 250 + 30)
     engine.decide([check(compiled)], dry_run=True)
     assert counted(private.port, compiled) == 250 + 30
+
+
+def _admitted(used: int | None = None, cost: int = 10):
+    """A request to the metered action, started as a handler starts one; its verdict. With `used` it
+    settles that many tokens; its end is the caller's: closing.request_ended()."""
+    request = RequestFactory().get("/", REMOTE_ADDR="203.0.113.7")
+    closing.request_began(environ=request.environ)
+    verdict = ratelimit_app.hit(request, "llm", cost=cost)
+    if used is not None:
+        ratelimit_app.settle(request, tokens=used)
+    return verdict
+
+
+def _flushed() -> None:
+    """What waits on this thread's connection, written and answered."""
+    giveback.carried.send()
+    engine.decide([check(get_index().policies[0])], dry_run=True)
+
+
+def _to_requests(limit: int) -> None:
+    row = Policy.objects.get(name="llm-tokens")
+    row.unit, row.limit = "requests", limit
+    row.full_clean()
+    row.save()
+    get_index()  # reloaded: the next request sees the change
+
+
+@pytest.mark.parametrize("strategy", ["fixed_window", "sliding_window", "token_bucket"])
+def test_a_policy_switched_from_tokens_to_requests_counts_requests_afresh(server, strategy):
+    """900 tokens are no 900 requests: once the operator counts requests (100 an hour), the caller who
+    used 900 tokens has made one request."""
+    metered(strategy=strategy, limit=1000, bucket_size=60 if strategy == "sliding_window" else None)
+    assert _admitted(900).allowed
+    closing.request_ended()
+    _flushed()
+    _to_requests(100)
+    assert _admitted(cost=1).allowed
+    closing.request_ended()
+
+
+def test_a_settle_after_its_policy_counts_requests_moves_no_request_count(server):
+    """A stream admitted on a tokens policy ends once the operator made it a requests policy: its 5,000
+    tokens do not land on the count of requests (which would refuse the caller for the whole window)."""
+    metered(strategy="fixed_window", limit=100_000, bucket_size=None)
+    request = RequestFactory().get("/", REMOTE_ADDR="203.0.113.7")
+    closing.request_began(environ=request.environ)
+    assert ratelimit_app.hit(request, "llm", cost=10).allowed
+    _to_requests(100)
+    ratelimit_app.settle(request, tokens=5000)
+    closing.request_ended()
+    _flushed()
+    verdict = _admitted(cost=1)
+    closing.request_ended()
+    assert verdict.allowed
+    assert verdict.decisions[0].remaining >= 90  # its estimate, 10, counted as requests at most
