@@ -150,8 +150,14 @@ class Owed:
                 self._cause = describe(cause)
             if len(self.places) > self.LIMIT:
                 dropped, self.places = self.places[: -self.LIMIT], self.places[-self.LIMIT:]
-                logger.warning("ratelimit: %d places in flight not given back (their leases run out instead): %s",
-                               len(dropped), self._cause or breaker.cause)
+                places = sum(1 for item in dropped if type(item) is Held)
+                cause = self._cause or breaker.cause
+                if places:
+                    logger.warning("ratelimit: %d places in flight not given back (their leases run out instead): %s",
+                                   places, cause)
+                if places < len(dropped):
+                    logger.warning("ratelimit: %d settled usages not sent (their requests' estimates stand): %s",
+                                   len(dropped) - places, cause)
             if self._timer is None:
                 self._timer = threading.Timer(1.0, self._retry)
                 self._timer.daemon = True

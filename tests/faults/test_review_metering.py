@@ -1,7 +1,10 @@
 """A hostile review of metered usage and the closing step, on real servers: a worker forked while its parent
-owes settled usage never sends it too (counted twice), nor hangs on a lock its parent held."""
+owes settled usage never sends it too (counted twice), nor hangs on a lock its parent held; a unit changed
+starts fresh counters; settled usage dropped while Redis is away is logged as such."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 from django.test import RequestFactory
@@ -116,3 +119,23 @@ def test_a_settle_after_its_policy_counts_requests_moves_no_request_count(server
     closing.request_ended()
     assert verdict.allowed
     assert verdict.decisions[0].remaining >= 90  # its estimate, 10, counted as requests at most
+
+
+def test_settled_usage_dropped_while_redis_is_away_is_logged_as_such(settings, private, circuit, caplog, monkeypatch):  # noqa: F811
+    """Past its bound, what is owed is dropped with a line for the operator: settled usage dropped is said to
+    be settled usage (its requests' estimates stand), not places in flight."""
+    caplog.set_level(logging.WARNING, logger="ratelimit_app")
+    monkeypatch.setattr(giveback.Owed, "LIMIT", 2)
+    use_server(settings, private.url, timeouts=TIMEOUTS)
+    metered()
+    ended = []
+    for used in (100, 200, 300):
+        settled_request(used)
+        ended.append(closing.current.get())
+    giveback.owed.forget()
+    private.stop()
+    for request in ended:
+        request.send()
+    giveback.carried.send()  # as its timer does: Redis is away, they are owed
+    assert "1 settled usages not sent" in caplog.text
+    assert "places in flight" not in caplog.text
