@@ -1,6 +1,7 @@
 """A hostile review of metered usage and the closing step, on real servers: a worker forked while its parent
 owes settled usage never sends it too (counted twice), nor hangs on a lock its parent held; a unit changed
-starts fresh counters; settled usage dropped while Redis is away is logged as such."""
+starts fresh counters; settled usage dropped while Redis is away is logged as such; a child forked during
+a probe of Redis closes its own circuit."""
 
 from __future__ import annotations
 
@@ -139,3 +140,24 @@ def test_settled_usage_dropped_while_redis_is_away_is_logged_as_such(settings, p
     giveback.carried.send()  # as its timer does: Redis is away, they are owed
     assert "1 settled usages not sent" in caplog.text
     assert "places in flight" not in caplog.text
+
+
+def _child_decides(compiled, start, results) -> None:
+    start.wait()
+    results.put(_until(lambda: _answers(compiled), 10))
+
+
+def test_a_worker_forked_while_its_parent_probed_redis_closes_its_own_circuit(settings, private, circuit):  # noqa: F811
+    """A child forked while a thread of its parent probed Redis after an outage (the probe's lock held) would
+    find the probe taken forever: its circuit never closed, every request undecided."""
+    use_server(settings, private.url, timeouts=TIMEOUTS)
+    compiled = metered()
+    engine.decide([check(compiled)], dry_run=True)
+    sleeping = stalled(private.port, 1)
+    try:
+        with pytest.raises(engine.RedisUnavailable):  # the stall opens the circuit
+            engine.decide([check(compiled, "ip:198.51.100.9")])
+    finally:
+        sleeping.join()
+    with engine.breaker._probe:  # as a thread of the parent holds it while its probe waits for Redis
+        assert in_processes(_child_decides, (compiled,), processes=1, timeout=60) == [True]
