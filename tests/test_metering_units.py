@@ -14,15 +14,8 @@ from ratelimit_app.decorators import ratelimit
 from ratelimit_app.loading import compile_policy
 from ratelimit_app.models import Policy
 from ratelimit_app.portable import ImportRefused
-from tests.helpers import declarations_forgotten
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def forget_declarations():
-    with declarations_forgotten():
-        yield
 
 
 def row(**values) -> Policy:
