@@ -8,7 +8,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-from django.test import RequestFactory
+from asgiref.sync import sync_to_async
+from django.test import AsyncClient, Client, RequestFactory
 
 import ratelimit_app
 from ratelimit_app import closing, engine
@@ -161,3 +162,38 @@ def test_a_worker_forked_while_its_parent_probed_redis_closes_its_own_circuit(se
         sleeping.join()
     with engine.breaker._probe:  # as a thread of the parent holds it while its probe waits for Redis
         assert in_processes(_child_decides, (compiled,), processes=1, timeout=60) == [True]
+
+
+@pytest.mark.urls("tests.metering_urls")
+def test_content_bytes_of_an_answer_replaced_by_a_304_are_not_charged(settings, server):
+    """ConditionalGetMiddleware (outside the limiter's) answers a repeat download with a 304 and no body:
+    the bytes the view made but the caller never received are not charged."""
+    settings.MIDDLEWARE = ["django.middleware.http.ConditionalGetMiddleware", *settings.MIDDLEWARE]
+    compiled = metered("download-bytes", action="download", limit=10_000, unit="content-bytes")
+    client = Client()
+    first = client.get("/download/?size=1234", REMOTE_ADDR="203.0.113.7")
+    assert first.status_code == 200
+    again = client.get("/download/?size=1234", REMOTE_ADDR="203.0.113.7", HTTP_IF_NONE_MATCH=first["ETag"])
+    assert again.status_code == 304 and again.content == b""
+    _flushed()
+    assert engine.decide([check(compiled)], dry_run=True).decisions[0].count == 1234
+
+
+@pytest.mark.urls("tests.metering_urls")
+def test_content_bytes_of_a_compressed_answer_are_the_bytes_sent(settings, server):
+    """GZipMiddleware (outside the limiter's) compresses the answer: the caller is charged what was sent."""
+    settings.MIDDLEWARE = ["django.middleware.gzip.GZipMiddleware", *settings.MIDDLEWARE]
+    compiled = metered("download-bytes", action="download", limit=100_000, unit="content-bytes")
+    response = Client().get("/download/?size=5000", REMOTE_ADDR="203.0.113.7", HTTP_ACCEPT_ENCODING="gzip")
+    assert response["Content-Encoding"] == "gzip" and len(response.content) < 100
+    _flushed()
+    assert engine.decide([check(compiled)], dry_run=True).decisions[0].count == len(response.content)
+
+
+@pytest.mark.urls("tests.metering_urls")
+async def test_content_bytes_of_an_answer_served_by_the_asgi_handler(settings, server):
+    compiled = await sync_to_async(metered)("download-bytes", action="download", limit=10_000, unit="content-bytes")
+    response = await AsyncClient().get("/download/?size=1234")  # from 127.0.0.1, the scope's client
+    assert response.status_code == 200
+    await sync_to_async(_flushed)()
+    assert _until(lambda: engine.decide([check(compiled, "ip:127.0.0.1")], dry_run=True).decisions[0].count == 1234)
