@@ -16,9 +16,8 @@ from ratelimit_app import closing, engine
 from ratelimit_app.engine import giveback
 from ratelimit_app.models import Policy
 from ratelimit_app.policies import get_index
-from ratelimit_app.values import Adjustment
 from tests.faults.test_connections import TIMEOUTS, circuit, use_server  # noqa: F401 - a fixture
-from tests.faults.test_metering import counted, metered, settled_request
+from tests.faults.test_metering import counted, metered, settle_owed, settled_request
 from tests.faults.test_review_giveback import _until
 from tests.helpers import check, in_processes, stalled
 
@@ -50,18 +49,9 @@ def test_a_worker_forked_while_a_settle_is_owed_never_sends_its_parents_settle(s
     forked while a thread of the parent held what is owed does not hang at its first settle."""
     use_server(settings, private.url, timeouts=TIMEOUTS)
     compiled = metered()
-    settled_request(250)
-    giveback.owed.forget()
-    sleeping = stalled(private.port, 2)
-    try:
-        with pytest.raises(engine.RedisUnavailable):  # the stall opens the circuit
-            engine.decide([check(compiled, "ip:198.51.100.9")])
-        closing.request_ended()  # its settle is owed
-        assert [type(item) for item in giveback.owed.places] == [Adjustment]
-        with giveback.owed._lock:  # as the parent's owed timer holds it while it takes what is owed
-            assert in_processes(_child_settles, (compiled,), processes=1, timeout=60) == [True]
-    finally:
-        sleeping.join()
+    # the parent's owed timer holds the lock while it takes what is owed
+    with settle_owed(private.port, compiled, 250), giveback.owed._lock:
+        assert in_processes(_child_settles, (compiled,), processes=1, timeout=60) == [True]
     assert _until(lambda: not giveback.owed.places)
     assert _until(lambda: counted(private.port, compiled) == 250 + 30)
     engine.decide([check(compiled)], dry_run=True)
