@@ -1,11 +1,14 @@
 """A hostile review of metered usage and the closing step, on real servers: a worker forked while its parent
 owes settled usage never sends it too (counted twice), nor hangs on a lock its parent held; a unit changed
 starts fresh counters; settled usage dropped while Redis is away is logged as such; a child forked during
-a probe of Redis closes its own circuit."""
+a probe of Redis closes its own circuit; content-bytes counts the bytes sent (gzip, a 304 in the answer's
+place), under gunicorn and uvicorn too."""
 
 from __future__ import annotations
 
 import logging
+import re
+import urllib.request
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -19,7 +22,10 @@ from ratelimit_app.policies import get_index
 from tests.faults.test_connections import TIMEOUTS, circuit, use_server  # noqa: F401 - a fixture
 from tests.faults.test_metering import counted, metered, settle_owed, settled_request
 from tests.faults.test_review_giveback import _until
+from tests import servers
+from tests.faults.test_review_doors import status
 from tests.helpers import check, in_processes, stalled
+from tests.servers import migrated_site
 
 pytestmark = pytest.mark.django_db
 
@@ -187,3 +193,38 @@ async def test_content_bytes_of_an_answer_served_by_the_asgi_handler(settings, s
     assert response.status_code == 200
     await sync_to_async(_flushed)()
     assert _until(lambda: engine.decide([check(compiled, "ip:127.0.0.1")], dry_run=True).decisions[0].count == 1234)
+
+
+BYTES_POLICY = """
+from ratelimit_app.models import Policy
+Policy.objects.create(name="download-bytes", action="download", limit=100000, window=3600, strategy="sliding_window",
+                      bucket_size=60, key="ip", unit="content-bytes")
+"""
+
+
+@pytest.fixture(scope="module")
+def bytes_site(tmp_path_factory):
+    return migrated_site(tmp_path_factory.mktemp("review_metering"), "tests.faults.review_metering_settings",
+                         BYTES_POLICY)
+
+
+def _remaining(headers: dict) -> int:
+    return int(re.search(r'"download-bytes";r=(\d+)', headers["RateLimit"]).group(1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", [{}, {"asgi": True}], ids=["gunicorn", "uvicorn"])
+def test_content_bytes_on_real_servers_are_the_bytes_sent(bytes_site, redis_client, kind):
+    """A download compressed by gzip, then a 304 in its place: the next request's header says only the
+    compressed bytes and the requests' own estimates were counted."""
+    redis_client.flushdb()
+    with servers.serving(bytes_site, "tests.faults.review_metering_settings", **kind) as server:
+        url = server.url + "/download/?size=5000"
+        request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(request, timeout=20) as answer:
+            sent, etag = len(answer.read()), answer.headers["ETag"]
+        assert sent < 1000  # compressed
+        assert status(url, **{"Accept-Encoding": "gzip", "If-None-Match": etag})[0] == 304
+        # settled usage is carried by the worker's next write, or sent within a second by its timer; each
+        # request's header counts its own estimate (1) too
+        assert _until(lambda: _remaining(status(server.url + "/download/?size=0")[1]) == 100_000 - sent - 1)
