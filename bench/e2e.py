@@ -70,14 +70,15 @@ class Load(NamedTuple):
 
 
 class Site:
-    """gunicorn with 2 sync workers (or uvicorn with 2 workers, ASGI) serving bench/site.py on a free loopback port."""
+    """gunicorn with 2 sync workers (or uvicorn with 2 workers, ASGI) serving bench/site.py on a free loopback port,
+    the route at `first` first in its URLconf."""
 
-    def __init__(self, middleware: bool, server: str = "gunicorn") -> None:
+    def __init__(self, middleware: bool, server: str = "gunicorn", first: str = "") -> None:
         from project.devredis import free_port
 
         self.port = free_port()
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings_e2e", "BENCH_MIDDLEWARE": "1" if middleware else "0",
-               "BENCH_SERVER": server}
+               "BENCH_SERVER": server, "BENCH_FIRST": first}
         command = {
             "gunicorn": ["gunicorn", "-w", "2", "-b", f"127.0.0.1:{self.port}", "--log-level", "warning", "project.wsgi"],
             "uvicorn": ["bench.asgi_server", str(self.port)],  # uvicorn --workers 2, with TCP_NODELAY (see there)
@@ -212,6 +213,12 @@ def generator(results: Results):
 # --- the run -----------------------------------------------------------------------------------
 
 
+def _site_key(configuration: Configuration, quick: bool) -> tuple[str, bool, str]:
+    """The site that serves a row: its own, its route first in the URLconf, so that resolving costs every row
+    the same; a quick run (a smoke test, its figures no comparison) shares one per server and middleware."""
+    return configuration.server, configuration.middleware, "" if quick else configuration.path
+
+
 def end_to_end(results: Results) -> None:
     from bench.site import urlpatterns
 
@@ -223,18 +230,20 @@ def end_to_end(results: Results) -> None:
     for action, strategy in POLICIES:
         policy(strategy, action=action, save=True)
     load = generator(results)
-    sites = {(c.server, c.middleware): None for c in configurations}
-    sites = {(server_name, middleware): Site(middleware, server_name) for server_name, middleware in sites}
+    sites: dict[tuple[str, bool, str], Site] = {}
     # requests, seconds, failed, commands, script usec, other usec, worker CPU s, Redis CPU s
     totals = {c.name: [0, 0.0, 0, 0, 0, 0, 0.0, 0.0] for c in configurations}
     rounds: dict[str, list[float]] = {c.name: [] for c in configurations}  # requests/s of each round
     seconds = int(results.e2e_seconds)
     redis_client = server()
     try:
-        for site in sites.values():
-            site.wait(("/async" if site.server == "uvicorn" else "") + ("/p0/" if site.middleware else "/plain/"))
+        for configuration in configurations:  # one at a time: a dozen starting at once outlast the wait on 2 cores
+            key = _site_key(configuration, results.quick)
+            if key not in sites:
+                sites[key] = Site(configuration.middleware, configuration.server, key[2])
+                sites[key].wait(configuration.path)
         for configuration in configurations:  # both workers of each site import and load everything
-            site = sites[configuration.server, configuration.middleware]
+            site = sites[_site_key(configuration, results.quick)]
             if results.quick:
                 urllib.request.urlopen(site.url(configuration.path), timeout=5).read()
             else:
@@ -242,7 +251,7 @@ def end_to_end(results: Results) -> None:
         for number in range(max(results.e2e_rounds, results.e2e_floor_rounds)):
             chosen = [c for c in configurations if number < results.e2e_rounds or c.name in COMPARED]
             for configuration in chosen if number % 2 == 0 else reversed(chosen):
-                site = sites[configuration.server, configuration.middleware]
+                site = sites[_site_key(configuration, results.quick)]
                 before = _work(site, redis_client)
                 done = load(site, configuration.path, seconds)
                 spent = [None if b is None else a - b for a, b in zip(_work(site, redis_client), before)]

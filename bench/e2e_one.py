@@ -68,20 +68,22 @@ class Tree:
                     "DATABASE_URL": f"sqlite:///{work / (name + '.sqlite3')}",
                     "DJANGO_SETTINGS_MODULE": "bench.settings_e2e", "BENCH_SERVER": "gunicorn"}
         subprocess.run([self.python, "-c", SETUP], cwd=self.root, env=self.env, check=True)
-        self.sites = {}
-        for middleware in (False, True):
+        self.sites = {}  # a site per row, its route first in the URLconf (bench/site.py's BENCH_FIRST)
+        for label, middleware, path in ROWS:
             port = free_port()
             extra = os.environ.get("E2E_GUNICORN_ARGS", "").split()
             process = subprocess.Popen(
                 [self.python, "-m", "gunicorn", "-w", "2", "-b", f"127.0.0.1:{port}", "--log-level", "warning", *extra,
-                 "project.wsgi"], cwd=self.root, env={**self.env, "BENCH_MIDDLEWARE": "1" if middleware else "0"})
-            self.sites[middleware] = (port, process)
+                 "project.wsgi"], cwd=self.root,
+                env={**self.env, "BENCH_MIDDLEWARE": "1" if middleware else "0", "BENCH_FIRST": path})
+            self.sites[label] = (port, process)
 
     def wait(self) -> None:
-        for middleware, (port, process) in self.sites.items():
+        for label, _middleware, path in ROWS:
+            port = self.sites[label][0]
             for _ in range(300):
                 try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/plain/", timeout=2).read()
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2).read()
                     break
                 except OSError:
                     time.sleep(0.2)
@@ -108,14 +110,14 @@ def main() -> None:
     try:
         for tree in trees:
             tree.wait()
-            for _label, middleware, path in ROWS:  # warm both workers
-                wrk(f"http://127.0.0.1:{tree.sites[middleware][0]}{path}", 1)
+            for label, _middleware, path in ROWS:  # warm both workers
+                wrk(f"http://127.0.0.1:{tree.sites[label][0]}{path}", 1)
         for number in range(options.rounds):
             order = trees if number % 2 == 0 else list(reversed(trees))
             rates = {}
             for tree in order:
-                for label, middleware, path in ROWS if number % 2 == 0 else reversed(ROWS):
-                    port, process = tree.sites[middleware]
+                for label, _middleware, path in ROWS if number % 2 == 0 else reversed(ROWS):
+                    port, process = tree.sites[label]
                     cpu, commands = processes_cpu(process.pid), tree.client.info("stats")["total_commands_processed"]
                     load = wrk(f"http://127.0.0.1:{port}{path}", options.seconds)
                     total = totals[tree.name, label]

@@ -1,4 +1,4 @@
-"""python -m bench.request_instructions [--rows NAME,...]: the instructions the worker process runs per
+"""python -m bench.request_instructions [--rows N,...] [--only ROUTE,...] [--counts A,B]: the instructions the worker process runs per
 request (valgrind's callgrind), through Django's handler, by configuration: counts a busy machine does
 not change, so that a change of a few thousand instructions shows.
 
@@ -153,8 +153,9 @@ def worker(route: str, path: str, server: str) -> None:
     from ratelimit_app import conf, metrics, policies
 
     # the policies' recheck and reload are due by the clock, which runs 50x slower under callgrind: a count per
-    # request would then depend on the machine's speed (at a real server's rate, they weigh nothing)
-    settings.RATELIMIT_POLICY_RECHECK_SECONDS = settings.RATELIMIT_POLICY_RELOAD_SECONDS = 10**6
+    # request would then depend on the machine's speed (at a real server's rate, they weigh nothing). The
+    # longest the settings take: a longer one is refused for the default (1 s and 30 s)
+    settings.RATELIMIT_POLICY_RECHECK_SECONDS = settings.RATELIMIT_POLICY_RELOAD_SECONDS = 86400
     conf.forget_settings()
     policies.forget_settings()
     from ratelimit_app.engine.tally import tally
@@ -174,6 +175,12 @@ def worker(route: str, path: str, server: str) -> None:
     hold_timers()
     requests(50)  # warm: connections, scripts loaded, caches filled
     flush()
+    # the database connection the policies were loaded on (CONN_MAX_AGE keeps it): Django checks a kept one
+    # at every request's start and end, and closes it once it is older than that by the clock, in the middle
+    # of a run under callgrind; rows whose path never opens one would carry that difference
+    from django.db import connections
+
+    connections.close_all()
     print("ready", flush=True)
     for line in sys.stdin:
         word, _, count = line.strip().partition(" ")
@@ -276,6 +283,7 @@ def _available(row: Configuration) -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", help="comma-separated row numbers (1-based) to measure; default: all")
+    parser.add_argument("--only", help="comma-separated routes (p1, decorated...: the second column of ROWS) to measure")
     parser.add_argument("--counts", default=",".join(map(str, COUNTS)), help="the two request counts (default: %(default)s)")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     options = parser.parse_args()
@@ -297,6 +305,12 @@ def main() -> None:
         policy(strategy, action=action, save=True)
     counts = tuple(int(n) for n in options.counts.split(","))
     chosen = ROWS if not options.rows else [ROWS[int(n) - 1] for n in options.rows.split(",")]
+    if options.only:
+        routes = options.only.split(",")
+        unknown = set(routes) - {row.route for row in ROWS}
+        if unknown:
+            parser.error(f"--only: no row has the route {', '.join(sorted(unknown))}")
+        chosen = [row for row in chosen if row.route in routes]
     print(f"Instructions per request in the worker process (callgrind; N={counts[0]} and N={counts[-1]}): {COMMAND}")
     print(f"| {'configuration':45} | {'instr/request':>13} | {'over':>9} | {'flush+fold':>10} | "
           f"{'each N':>19} | {'redis cmds':>10} |")
@@ -307,7 +321,7 @@ def main() -> None:
         if why:
             print(f"| {row.name:45} | {'n/a':>13} | {'':>9} | {'':>10} | {why} |", flush=True)
             continue
-        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings_e2e", "BENCH_FIRST": row.route,
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings_e2e", "BENCH_FIRST": row.route, "PYTHONHASHSEED": "0",
                "BENCH_MIDDLEWARE": "1" if row.middleware else "0",
                "BENCH_SERVER": "uvicorn" if row.server == "asgi" else "gunicorn"}
         got = measured[row.name] = measure(row, env, counts)

@@ -3,7 +3,8 @@
 django-ratelimit's and django-smart-ratelimit's decorators, and as a DRF view with no throttle, with
 DRF's UserRateThrottle and with our PolicyThrottle; under ASGI, the same as an async view: plain,
 doing one PING through redis.asyncio, and behind django-smart-ratelimit's aratelimit. BENCH_FIRST names
-a route put first in the URLconf (bench/request_instructions.py: every compared route resolves alike)."""
+a route (its URL name or path) put first in the URLconf: each row of the end-to-end run and of
+bench/request_instructions.py is served so, and every compared route resolves alike."""
 
 from __future__ import annotations
 
@@ -142,5 +143,5 @@ else:
     urlpatterns.append(path("limits/", limits_hit, name="limits"))
 
 if os.environ.get("BENCH_FIRST"):
-    first = [pattern for pattern in urlpatterns if pattern.name == os.environ["BENCH_FIRST"]]
+    first = [pattern for pattern in urlpatterns if os.environ["BENCH_FIRST"] in (pattern.name, f"/{pattern.pattern}")]
     urlpatterns = first + [pattern for pattern in urlpatterns if pattern not in first]

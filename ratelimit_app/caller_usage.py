@@ -12,8 +12,9 @@ from .conf import get_setting
 from .drivers import Steps, arun, run
 from .limiter import loading
 from .plans import limit_in_effect
+from .rates import human_usage
 from .subjects import identifies_the_caller, subject_for
-from .values import Check, Decision, Unavailable
+from .values import REQUESTS, Check, Decision, Unavailable
 
 
 class Usage(NamedTuple):
@@ -27,10 +28,16 @@ class Usage(NamedTuple):
     period: str  # 'day', 'week' or 'month' for a calendar quota, '' for a window of seconds
     window: int  # seconds of the window, or of the current period
     plan: str | None  # the plan that set the limit, None (JSON null) when none did, as the live page's JSON
+    unit: str = REQUESTS  # what `used`, `limit`, `remaining` and `overage` count: requests, tokens, content-bytes
+    overage: int = 0  # used beyond the limit (a request settled more than its estimate): for billing
 
     def as_dict(self) -> dict:
         """For a JSON answer (resets_at as ISO 8601)."""
         return {**self._asdict(), "resets_at": self.resets_at.isoformat()}
+
+    def __str__(self) -> str:
+        """'7,412,009 / 10,000,000 tokens this month', '41 / 100 requests per 1 min'."""
+        return human_usage(self.used, self.limit, self.unit, self.window, self.period)
 
 
 def _checks(request, index: policies.PolicyIndex) -> list[Check]:
@@ -58,6 +65,7 @@ def _usage(checks: Sequence[Check], decisions: Sequence[Decision]) -> list[Usage
             check.policy.name, decision.count, decision.limit, decision.remaining,
             _resets_at(check, decision, now),
             check.policy.period, decision.window or check.policy.window, check.plan or None,
+            check.policy.unit, max(decision.count - decision.limit, 0),
         )
         for check, decision in zip(checks, decisions)
     ]

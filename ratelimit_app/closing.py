@@ -26,7 +26,7 @@ import django
 
 from . import engine
 from .boundary import MIDDLEWARE, Door, faults, protected
-from .drivers import Io, Steps
+from .drivers import Io, Steps, steps
 from .subjects import http_request
 from .values import CONTENT_BYTES, Adjustment, Held, Metered
 
@@ -121,17 +121,16 @@ class Closing:
         if batch:
             await engine.arelease(batch)
 
-    def sending(self) -> Steps[None]:
-        """send(), as a step the sync or the async driver runs."""
-        batch = self.take()
-        if batch:
-            yield Io(engine.release, engine.arelease, (batch,))
-
-    def sending_places(self) -> Steps[None]:
+    def send_places(self) -> None:
         """The places held, sent now; the metered policies are settled as the request ends."""
         batch, self.batch = self.batch, []
         if batch:
-            yield Io(engine.release, engine.arelease, (batch,))
+            engine.release(batch)
+
+    async def asend_places(self) -> None:
+        batch, self.batch = self.batch, []
+        if batch:
+            await engine.arelease(batch)
 
 
 #: the Closing of the request this context serves, made when the request started
@@ -182,6 +181,7 @@ def _closed_with_request(base, closing: Closing) -> None:
 # --- when the answer leaves a door ----------------------------------------------------------------
 
 
+@steps
 def leaving(request, response, closing: Closing) -> Steps:
     """The request's answer leaves a door: what it holds is sent now, before a byte of the answer is; a
     streamed body's when it ends, fails or is closed (and at request_finished, should the response be
@@ -203,11 +203,11 @@ def leaving(request, response, closing: Closing) -> Steps:
     elif closing.counts_bytes():
         # its bytes are counted once the server has sent it: an outer middleware may yet compress it,
         # render it (DRF, a template) or answer a 304 in its place, which sends none of them
-        yield from closing.sending_places()
+        yield Io(closing.send_places, closing.asend_places)
         closing.sent = 0
         _counted_when_closed(response, closing)
         return response
-    yield from closing.sending()
+    yield Io(closing.send, closing.asend)  # send(), by the door's driver
     return response
 
 
@@ -310,12 +310,13 @@ class _NoChunks:
 _NO_CHUNKS = _NoChunks()
 
 
+@steps
 def letting_go(closing: Closing | None, door: Door) -> Steps[None]:
     """The request failed (an exception, or its client left) before its answer left the door: what it
     holds is sent, and a failure to send it never hides the request's own error."""
     try:
         if closing is not None:
-            yield from closing.sending()
+            yield Io(closing.send, closing.asend)  # send(), by the door's driver
     except Exception as error:  # noqa: BLE001 - the boundary (boundary.py)
         faults.record(error, door)
 

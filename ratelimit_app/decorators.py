@@ -19,8 +19,8 @@ from django.utils.decorators import method_decorator
 
 from . import registry
 from .boundary import DECORATOR
-from .doors import around_view, entering, has_decorator_inside, has_throttle_inside, passed_drf_throttles
-from .drivers import Io, arun, run
+from .doors import around_view, has_decorator_inside, has_throttle_inside, passed_drf_throttles
+from .drivers import Io, arun
 from .limiter import Cost, valid_cost
 from .rates import format_rate
 from .registry import CodePolicy
@@ -122,18 +122,21 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, cost: Cost | No
     decorator_inside = has_decorator_inside(view)
     throttle_inside = not decorator_inside and has_throttle_inside(view)
 
-    def steps(request, args, kwargs):
+    names = (action,)
+
+    def last(request) -> bool:
         _declared_again(declared)
-        last = not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
-        turn = entering(request, [action], last=last, cost=cost, door=DECORATOR)
-        return around_view(request, Io(view, view, (request, *args), kwargs), turn, DECORATOR)
+        return not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
 
     if iscoroutinefunction(view) if is_async is None else is_async:
         async def limited(request, *args, **kwargs):  # a coroutine function to inspect too, as the view was
-            return await arun(steps(request, args, kwargs))
+            steps = around_view(request, Io(view, view, (request, *args), kwargs), DECORATOR, names,
+                                last=last(request), cost=cost)
+            return await arun(steps)
     else:
         def limited(request, *args, **kwargs):
-            return run(steps(request, args, kwargs))
+            return around_view.sync(request, Io(view, view, (request, *args), kwargs), DECORATOR, names,
+                                    last=last(request), cost=cost)
     limited = wraps(view)(limited)
     limited.ratelimit_actions = (*getattr(view, "ratelimit_actions", ()), action)
     if cost is not None:

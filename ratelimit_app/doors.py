@@ -1,5 +1,6 @@
 """The door sequence, written once: enter -> decide -> view -> leave (docs/explanation/decision.md).
-Plain code that yields its I/O: each door runs it with the sync or the async driver (drivers.py)."""
+Plain code that yields its I/O: a sync door calls its @steps twin (`around_view.sync`), an async one
+runs it with the async driver (drivers.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from django.urls import Resolver404, resolve
 from . import closing, policies
 from .boundary import MIDDLEWARE, Door, fail_open, faults, guarded, protected
 from .conf import get_setting
-from .drivers import Io, Steps, run
+from .drivers import Io, Steps, run, steps
 from .limiter import Cost, RequestState, deciding, pending_checks
 from .lru import BoundedCache, byte_bounded_cache
 from .responses import answer, bare_refusal, refusal
@@ -142,28 +143,15 @@ def forget_checks() -> None:
 # --- the sequence ----------------------------------------------------------------------------------
 
 
-def through_middleware(request, get_response) -> Steps:
-    """The middleware: first in (it decides, unless a door inside will), last out."""
+@steps
+def around_view(request, view: Io, door: Door, names: Iterable[str | None] = (), *, last: bool = True,
+                cost: Cost | None = None, routed: bool = False) -> Steps:
+    """enter -> decide -> view -> leave, for a door around a view: returns the response. The door's
+    entering() (`names`, `last`, `cost`; `routed`: the middleware's, the route tells them). A request
+    that raises (or is cancelled: its client left) gives its places back at once. Every step but the
+    view's runs inside the boundary (entering() guards itself)."""
     try:
-        route = route_of(request)
-    except Exception as error:  # noqa: BLE001 - resolving is the limiter's step too (boundary.py)
-        turn = _given(undecided(request, error, MIDDLEWARE))
-    else:  # entering() is the turn itself: a generator less to make and resume on every request
-        turn = entering(request, route.names, last=not route.door_inside, route=route)
-    return around_view(request, Io(get_response, get_response, (request,)), turn, MIDDLEWARE)
-
-
-def _given(state: RequestState | None) -> Steps[RequestState | None]:
-    return state
-    yield  # steps with no I/O
-
-
-def around_view(request, view: Io, turn: Steps[RequestState | None], door: Door) -> Steps:
-    """enter -> decide -> view -> leave, for a door around a view: returns the response. A request that
-    raises (or is cancelled: its client left) gives its places back at once. Every step but the view's
-    runs inside the boundary (`turn` is guarded by entering())."""
-    try:
-        state = yield from turn
+        state = yield from entering(request, names, last=last, cost=cost, door=door, routed=routed)
         if state is not None and state.refused:
             try:
                 if state.closing is None:  # most refusals hold no place: no steps to give one back
@@ -205,15 +193,22 @@ def undecided(request, error: Exception, door: Door) -> RequestState | None:
     return state
 
 
-def entering(request, names, *, last: bool, cost: Cost | None = None, route: Route | None = None,
-             door: Door = MIDDLEWARE) -> Steps:
+@steps
+def entering(request, names, *, last: bool, cost: Cost | None = None, door: Door = MIDDLEWARE,
+             routed: bool = False, route: Route | None = None) -> Steps:
     """A door's way in: gather the `names` it knows and the code's `cost` (the door nearer the view says
-    last); the last door to see the request makes its one call. The middleware's `route`: no state on
-    this app's admin pages or when no policy can apply (then a request costs nothing). Inside the
-    boundary: a failure gives undecided()'s answer."""
-    try:  # one generator, not two: every request of the middleware runs it
-        if not get_setting("RATELIMIT_ENABLED") or route is not None and route.exempt:
+    last); the last door to see the request makes its one call. `routed`: the middleware's, whose
+    names come from the route: no state on this app's admin pages or when no policy can apply (then
+    a request costs nothing); a door that knows its view's `route` (the DRF throttle, first to see the
+    request) has it kept alike. Inside the boundary: a failure gives undecided()'s answer."""
+    try:
+        if not get_setting("RATELIMIT_ENABLED"):
             return None
+        if routed:
+            route = route_of(request)
+            if route.exempt:
+                return None
+            names, last = route.names, not route.door_inside
         index = policies.fresh_index()
         if index is None:
             index = yield Io(policies.get_index, policies.aget_index)
@@ -222,8 +217,10 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, route: Rou
         matched = checks = None
         by_address = False
         if route is not None:
-            key = (request.path_info, request.method, names)
-            matched, by_address = _routes.matching(index, key, request)
+            # a DRF Request (the throttle's) hands on what it lacks through a raised AttributeError: its HttpRequest
+            base = request.__dict__.get("_request", request)
+            key = (base.path_info, base.method, names)
+            matched, by_address = _routes.matching(index, key, base)
             if not matched:
                 return None
         state = state_of(request, names)
@@ -236,7 +233,7 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, route: Rou
             if len(state.names) != len(names):  # a door before gathered other names: matched anew
                 matched = None
             elif by_address and not state.decided:
-                remembered = (key, request.META.get("REMOTE_ADDR"))
+                remembered = (key, base.META.get("REMOTE_ADDR"))
                 checks = _routes.checks.get(remembered)
                 if checks is None:
                     checks = _routes.checks.put(remembered, pending_checks(request, state, index, matched))
@@ -269,6 +266,7 @@ def state_now(request) -> RequestState | None:
 # --- what the request holds: sent by its closing step (closing.py) ---------------------------------
 
 
+@steps
 def leaving(request, response, state: RequestState | None = None) -> Steps:
     """The request's answer leaves a door: its closing step runs now, or as its streamed body ends."""
     if state is None:
@@ -278,10 +276,11 @@ def leaving(request, response, state: RequestState | None = None) -> Steps:
     return (yield from closing.leaving(request, response, state.closing))
 
 
+@steps
 def letting_go(request, door: Door) -> Steps[None]:
     """The request failed (an exception, or its client left) before its answer left the door."""
     state = state_now(request)
-    return closing.letting_go(None if state is None else state.closing, door)
+    yield from closing.letting_go(None if state is None else state.closing, door)
 
 
 def finish(request, response, door: Door):

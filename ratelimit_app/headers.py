@@ -6,8 +6,10 @@
 One item per applicable enforced policy (shadow policies are not shown), keyed by the policy name as a
 Structured Field string. Quota units are the draft's default, "requests" (a request of cost N counts N
 of them), except for a policy of requests in flight: "concurrent-requests", with no `w` (its window is
-a lease, not a period the quota is counted over). No `pk`: a partition key would tell every client how
-the server tells subjects apart (an address, a user id) for no decision the client could make with it.
+a lease, not a period the quota is counted over), and a policy counting response bytes: "content-bytes".
+A unit the view settles (tokens) has no `qu`: the draft's registry names only its own units, so `q` and
+`r` count it unsaid. No `pk`: a partition key would tell every client how the server tells subjects
+apart (an address, a user id) for no decision the client could make with it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from math import ceil
 from typing import Sequence
 
 from .lru import byte_bounded_cache
-from .values import Decision
+from .values import CONTENT_BYTES, Decision
 
 
 @byte_bounded_cache()  # policy names: a few, on every response
@@ -50,14 +52,18 @@ def _quota(q: int, window: int, limit: int) -> str:
 
 
 @byte_bounded_cache()  # a few policies and limits, on every response
-def _policy_item(name: str, q: int, window: int, limit: int, in_flight: bool) -> str:
+def _policy_item(name: str, q: int, window: int, limit: int, in_flight: bool, unit: str) -> str:
     if in_flight:
         return f'{_quoted(name)};q={q};qu="concurrent-requests"'
+    if unit == CONTENT_BYTES:  # the one metered unit the draft registers
+        return f'{_quoted(name)};{_quota(q, window, limit)};qu="content-bytes"'
     return f"{_quoted(name)};{_quota(q, window, limit)}"
 
 
 def _policy_item_of(d: Decision) -> str:
-    return _policy_item(d.policy.name, d.policy.capacity(d.limit), d.window or d.policy.window, d.limit, d.policy.holds)
+    policy = d.policy
+    return _policy_item(policy.name, policy.capacity(d.limit), d.window or policy.window, d.limit, policy.holds,
+                        policy.unit)
 
 
 def _item_of(d: Decision) -> str:

@@ -13,7 +13,7 @@ from .conf import get_setting
 from .events import outage
 from .deny_cache import deny_cache
 from .deny_cache import enabled as deny_cache_enabled
-from .drivers import Io, Steps, nothing
+from .drivers import Io, Steps, nothing, steps
 from .plans import limit_in_effect
 from .subjects import subject_for
 from .values import Check, CompiledPolicy, Decision, Held, Verdict
@@ -220,6 +220,7 @@ def conclude(request, state: RequestState, call: Call, outcome: Verdict | engine
         state.closing.forget([place for place in call.holding if (place.policy.id, place.subject) not in taken])
 
 
+@steps
 def loading(request, index: policies.PolicyIndex | None = None) -> Steps[policies.PolicyIndex]:
     """The policy index (no I/O while it is fresh), and the user when a policy reads it: async code loads
     it ahead, so that computing subjects never queries from the event loop."""
@@ -232,6 +233,7 @@ def loading(request, index: policies.PolicyIndex | None = None) -> Steps[policie
     return index
 
 
+@steps
 def deciding(request, state: RequestState, index: policies.PolicyIndex | None = None, *, extra: Sequence[Check] = (),
              pending: bool = True, now: float | None = None, cost: Cost | None = None,
              matched: Sequence[CompiledPolicy] | None = None) -> Steps[RequestState]:

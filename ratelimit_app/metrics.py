@@ -1,7 +1,7 @@
 """Prometheus metrics of rate limiting, and a view that exposes them (prometheus_client is optional:
 without it, or with RATELIMIT_METRICS = False, every hook returns at its first line).
 
-The request path only appends its records to deques (prometheus_client's inc and observe cost ~9k
+The request path only appends its records to lists (prometheus_client's inc and observe cost ~9k
 instructions each, 5% of a request); fold() adds them to the metrics before any collection of the
 registry, after each flush of the engine's tally, within FOLD_SECONDS otherwise, and at exit.
 """
@@ -11,10 +11,9 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-from bisect import bisect_left
-from collections import Counter, deque
-from functools import partial, reduce
-from itertools import repeat, starmap
+from bisect import bisect_right
+from collections import Counter
+from functools import reduce
 from math import inf
 from operator import add
 from typing import TYPE_CHECKING, Any
@@ -115,7 +114,7 @@ def _child(key: tuple) -> Any:  # key: (metric, *labels), labels a policy's name
 
 
 # --- the request path's records, folded into the metrics --------------------------------------
-# Each hook appends to a deque (one C call, atomic under the GIL: a lock's acquire and release cost
+# Each hook appends to a list (one C call, atomic under the GIL: a lock's acquire and release cost
 # four times as much); fold() pops what was there and adds it up. Histograms have no public batched
 # observe: fold adds each bucket's count and the sum to the histogram's values (`_buckets[i].inc(n)`,
 # `_sum.inc(s)`, as observe() does in prometheus_client 0.26; a collector of our own would not reach
@@ -131,7 +130,7 @@ def _batchable(histogram: Any) -> bool:
 
 def _records() -> None:
     global _keys, _seconds, _key, _call
-    _keys, _seconds = deque(), deque()  # (metric, *labels), call durations
+    _keys, _seconds = [], []  # (metric, *labels), call durations
     _key, _call = _keys.append, _seconds.append
 
 
@@ -169,13 +168,20 @@ def _fold_when_due() -> None:
 def fold() -> None:
     """Add what the request path recorded to the prometheus_client metrics (and under gunicorn's
     multiprocess mode to this worker's files): everything recorded before the call."""
-    with _folding:  # each loop pops what its deque held (appended meanwhile: the next fold's)
-        # popped and counted in C: a loop of Python per record cost every request a few thousand instructions
-        counts = Counter(starmap(_keys.popleft, repeat((), len(_keys))))
+    with _folding:  # each list's head is taken (appended meanwhile: the next fold's)
+        # taken and counted in C: a loop of Python per record cost every request a few thousand instructions
+        counts = Counter(_taken(_keys))
         for key, amount in counts.items():
             _child(key).inc(amount)
         if _seconds:
-            fold_calls(REDIS_CALL, list(starmap(_seconds.popleft, repeat((), len(_seconds)))))
+            fold_calls(REDIS_CALL, _taken(_seconds))
+
+
+def _taken(records: list) -> list:
+    """The records in `records` now, taken out: a request's append (a step in C) goes after them, not lost."""
+    head = records[:len(records)]
+    del records[:len(head)]
+    return head
 
 
 def fold_calls(histogram: Any, seconds: list[float]) -> None:
@@ -184,12 +190,16 @@ def fold_calls(histogram: Any, seconds: list[float]) -> None:
         for each in seconds:
             histogram.observe(each)
         return
-    # the first bound >= each: prometheus' `le`; the sum added in order, as observe adds (sum() of Python 3.12
-    # rounds otherwise): reduce's additions are those of a loop, run in C
+    # each in the first bucket whose bound is >= it: prometheus' `le`; the sum added in order, as observe adds
+    # (sum() of Python 3.12 rounds otherwise): reduce's additions are those of a loop, run in C
     total = reduce(add, seconds, 0.0)
     histogram._sum.inc(total)
-    for bucket, amount in Counter(map(partial(bisect_left, UPPER_BOUNDS), seconds)).items():
-        histogram._buckets[bucket].inc(amount)
+    ordered, below = sorted(seconds), 0  # sorted in C: each bucket's count is where its bound falls
+    for bucket, bound in enumerate(UPPER_BOUNDS):
+        upto = bisect_right(ordered, bound, below)  # the calls of at most `bound` seconds
+        if upto > below:
+            histogram._buckets[bucket].inc(upto - below)
+            below = upto
 
 
 def _forked() -> None:

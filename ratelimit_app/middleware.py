@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
-from .doors import through_middleware
-from .drivers import arun, run
+from .boundary import MIDDLEWARE
+from .doors import around_view
+from .drivers import Io, arun
 from .responses import service_unavailable
 from .values import Unavailable
 
@@ -37,9 +38,10 @@ class RateLimitMiddleware:
             markcoroutinefunction(self)
 
     def __call__(self, request):
+        view = Io(self.get_response, self.get_response, (request,))
         if self.is_async:
-            return arun(through_middleware(request, self.get_response))
-        return run(through_middleware(request, self.get_response))
+            return arun(around_view(request, view, MIDDLEWARE, routed=True))
+        return around_view.sync(request, view, MIDDLEWARE, routed=True)
 
     def process_exception(self, request, exception):
         # a view that asked Redis itself (usage() for a dashboard) and let the outage through: the app's 503

@@ -44,6 +44,7 @@ def live_snapshot(policy: Policy, rows: int = LIVE_ROWS) -> tuple[dict, int]:
         "policy": {
             "id": policy.pk, "name": policy.name, "action": policy.action, "limit": policy.limit,
             "window": policy.window, "strategy": policy.strategy, "key": policy.key, "mode": policy.mode,
+            "unit": policy.unit,
         },
         "subjects": [],
         "totals": {"allowed": 0, "denied": 0},
@@ -62,6 +63,8 @@ def live_snapshot(policy: Policy, rows: int = LIVE_ROWS) -> tuple[dict, int]:
             "subject": s.display, "key": s.key, "count": s.count, "limit": s.limit,
             "remaining": max(s.limit - s.count, 0), "reset_in": round(s.reset_in, 1),
             "blocked": s.count >= s.limit, "overridden": s.overridden, "plan": s.plan or None,
+            # beyond the limit once a request settled more than its estimate: refused until back under it
+            "overage": max(s.count - s.limit, 0),
         }
         for s in usage.subjects
     ]

@@ -88,6 +88,7 @@ class Usage(NamedTuple):
     display: str
     used: int
     generation: int  # the policy's when counted: a reset of every subject makes earlier counts stale
+    limit: int | None = None  # the subject's limit when counted (a plan's, an override's): billing reads it
 
 
 KEPT_WHILE_REFUSED = 100_000  # subjects' usage a worker keeps unsaved while the database refuses it (~40 MB)
@@ -104,14 +105,16 @@ class Saver:
         self._timer: threading.Timer | None = None
         self._refused = False  # the last save failed: what waits is bounded until one succeeds
 
-    def record(self, policy: CompiledPolicy, subject_key: str, display: str, start_ms: int, used: int) -> None:
+    def record(
+        self, policy: CompiledPolicy, subject_key: str, display: str, start_ms: int, used: int, limit: int | None = None
+    ) -> None:
         key = (policy.id, subject_key, start_ms)
         with self._lock:
             known = self._pending.get(key)
             if known is None and self._refused and len(self._pending) >= KEPT_WHILE_REFUSED:
                 pass  # the database is away: Redis still holds the count, the backup of it is bounded
             elif known is None or (known.generation, known.used) < (policy.generation, used):
-                self._pending[key] = Usage(display, used, policy.generation)
+                self._pending[key] = Usage(display, used, policy.generation, limit)
             self._schedule()
 
     def _schedule(self) -> None:
@@ -198,26 +201,29 @@ def _upsert(pending: dict[tuple[int, str, int], Usage]) -> None:
         Policy.objects.using(alias).filter(pk__in={key[0] for key in pending}).values_list("pk", "generation")
     )
     rows = [
-        (policy_id, subject, usage.display[:100], as_stored(start), usage.used, now)
+        (policy_id, subject, usage.display[:100], as_stored(start), usage.used, usage.limit, now)
         for (policy_id, subject, start), usage in pending.items()
         if usage.generation >= generations.get(policy_id, usage.generation + 1)
     ]
-    columns = "policy_id, subject, display, period_start, used, updated"
+    limit = connection.ops.quote_name("limit")  # a reserved word in SQL
+    columns = f"policy_id, subject, display, period_start, used, {limit}, updated"
+    # the limit of the latest save: a plan changed within the period bills by the one in force at its end
     if connection.vendor == "mysql":
         conflict = (
             "ON DUPLICATE KEY UPDATE used = GREATEST(used, VALUES(used)), display = VALUES(display), "
-            "updated = VALUES(updated)"
+            f"{limit} = COALESCE(VALUES({limit}), {limit}), updated = VALUES(updated)"
         )
     else:
         conflict = (
             "ON CONFLICT (policy_id, subject, period_start) DO UPDATE SET "
-            f"used = {larger}({table}.used, excluded.used), display = excluded.display, updated = excluded.updated"
+            f"used = {larger}({table}.used, excluded.used), display = excluded.display, "
+            f"{limit} = COALESCE(excluded.{limit}, {table}.{limit}), updated = excluded.updated"
         )
     # one transaction: a batch the database refuses half-way is kept whole and saved again, none of it twice
     with transaction.atomic(using=alias), connection.cursor() as cursor:
         for first in range(0, len(rows), BATCH):
             batch = rows[first : first + BATCH]
-            values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(batch))
+            values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(batch))
             params = [
                 connection.ops.adapt_datetimefield_value(value) if isinstance(value, datetime) else value
                 for row in batch for value in row

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from .values import REQUESTS
+
 UNITS = {
     "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
     "m": 60, "min": 60, "mins": 60, "minute": 60, "minutes": 60,
@@ -125,3 +127,34 @@ def human_window(seconds: int) -> str:
         if seconds % size == 0:
             return f"{seconds // size} {unit}"
     return f"{seconds} s"
+
+
+
+def figure(number: int, unit: str = REQUESTS) -> str:
+    """A number of a policy's units as the operator's pages show it: requests as they are written ('1000'),
+    a metered unit's larger figures grouped ('7,412,009')."""
+    return str(number) if unit == REQUESTS else f"{number:,}"
+
+
+def quantity(number: int, unit: str = REQUESTS) -> str:
+    """7412009 tokens -> '7,412,009 tokens', 1 token -> '1 token', 5 requests -> '5 requests'."""
+    named = unit[:-1] if number == 1 and unit.endswith("s") else unit
+    return f"{number:,} {named}"
+
+
+def amount(number: int, unit: str = REQUESTS) -> str:
+    """A number of a policy's units where requests, the default unit, go unsaid: '5', '9,000 tokens'."""
+    return str(number) if unit == REQUESTS else quantity(number, unit)
+
+
+def human_limit(limit: int, unit: str, per: str) -> str:
+    """A limit as the admin's list, the tester and the CLI show it: '100 / 1 min',
+    '10,000,000 tokens / calendar month (UTC)'."""
+    return f"{amount(limit, unit)} / {per}"
+
+
+def human_usage(used: int, limit: int, unit: str, window: int, period: str = "") -> str:
+    """What a subject used of a limit, as a customer reads it: '7,412,009 / 10,000,000 tokens this month',
+    '41 / 100 requests per 1 min'."""
+    span = "today" if period == "day" else f"this {period}" if period else f"per {human_window(window)}"
+    return f"{used:,} / {quantity(limit, unit)} {span}"

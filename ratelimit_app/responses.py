@@ -8,8 +8,9 @@ from django.utils.module_loading import import_string
 from . import headers
 from .conf import get_setting
 from .limiter import RequestState
+from .rates import amount, quantity
 from .subjects import http_request
-from .values import Decision
+from .values import REQUESTS, Decision
 
 UNAVAILABLE_RETRY_AFTER = 1
 UNAVAILABLE_MESSAGE = "Rate limiting is unavailable. Retry shortly."  # true under fail open too (a view let it through)
@@ -110,12 +111,18 @@ def too_many_requests(request, state: RequestState) -> HttpResponse:
 
 
 def refusal_message(denied: Decision, wait: int | None) -> str:
-    policy = denied.policy
+    policy, unit = denied.policy, denied.policy.unit
+    most = policy.largest_cost(denied.limit)
+    if unit == REQUESTS:
+        costs, most_said = f"costs {denied.cost} units", str(most)
+        units = "" if denied.cost == 1 else f" This request costs {denied.cost} units."
+    else:  # a metered unit: the cost is the estimate the request would be admitted on
+        costs, most_said = f"is estimated at {quantity(denied.cost, unit)}", quantity(most, unit)
+        units = f" This request is estimated at {quantity(denied.cost, unit)}."
     if wait is None:  # no wait admits it: say so rather than name a time
-        return f"Too many requests: this request costs {denied.cost} units, more than policy '{policy.name}' " \
-            f"allows at once ({policy.largest_cost(denied.limit)}); it can never be admitted."
-    units = "" if denied.cost == 1 else f" This request costs {denied.cost} units."
-    return f"Too many requests: the limit of {denied.limit} per {policy.window} s of policy " \
+        return f"Too many requests: this request {costs}, more than policy '{policy.name}' " \
+            f"allows at once ({most_said}); it can never be admitted."
+    return f"Too many requests: the limit of {amount(denied.limit, unit)} per {policy.window} s of policy " \
         f"'{policy.name}' is reached.{units} Retry in {wait} s."
 
 

@@ -4,6 +4,7 @@ decide now, counting nothing."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from django import forms
@@ -17,8 +18,9 @@ from .doors import route_of
 from .actions import Planned, checks_for, plan
 from .plans import CompiledAssignment, assignment_of
 from .policies import PolicyIndex, get_index
+from .rates import amount, figure, human_limit, human_per
 from .subjects import meta_key
-from .values import CompiledPolicy, Decision
+from .values import REQUESTS, CompiledPolicy, Decision
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 PER_REQUEST = "per request"  # the view's code computes its cost from each request
@@ -102,6 +104,38 @@ class Explanation(NamedTuple):
             return "override"
         return f"plan {self.planned.plan.name}" if self.planned.by_plan else "policy"
 
+    @property
+    def limit_text(self) -> str:
+        """The limit in effect in the policy's unit, '20,000 tokens / 1 min'; 'exempt'; '-' when it does not apply."""
+        if self.planned is None:
+            return "-"
+        if self.planned.limit is None:
+            return "exempt"
+        policy = self.policy
+        return human_limit(self.planned.limit, policy.unit, human_per(policy.window, policy.period, policy.time_zone))
+
+    @property
+    def count_text(self) -> str:
+        return "-" if self.decision is None else figure(self.decision.count, self.policy.unit)
+
+    @property
+    def would(self) -> str:
+        """What the policy would do with the request: 'allow, 9,000 tokens left', 'deny, retry in 41 s'."""
+        if self.planned is None:
+            return f"does not apply: no subject ({self.policy.key} cannot be computed)"
+        if self.planned.limit is None:
+            return "allow (exempt)"
+        decision = self.decision
+        if decision is None:
+            return "unknown (Redis unreachable)"
+        if not decision.exceeded:
+            return f"allow, {amount(decision.remaining, self.policy.unit)} left"
+        if decision.allowed:
+            return "allow, but over the limit (shadow)"
+        if decision.retry_after is None:
+            return "deny: the cost is more than it ever allows at once"
+        return f"deny, retry in {math.ceil(decision.retry_after)} s"
+
 
 class Results(NamedTuple):
     names: tuple[str | None, ...]
@@ -109,6 +143,16 @@ class Results(NamedTuple):
     error: str | None
     cost: Cost
     assignment: CompiledAssignment | None = None  # what puts the request on a plan (None: on none)
+
+    @property
+    def metered(self) -> str:
+        """What the matching policies in a metered unit do with the cost ('' when none is metered)."""
+        units = sorted({e.policy.unit for e in self.explanations if e.policy.unit != REQUESTS})
+        if not units:
+            return ""
+        named = " and ".join(units)
+        return (f"The cost is the estimate the policies in {named} admit the request on; they are then charged "
+                "what it used (the view's ratelimit_app.settle(), or the bytes the response sent).")
 
 
 class TesterForm(forms.Form):

@@ -11,7 +11,7 @@ from rest_framework.throttling import BaseThrottle
 
 from . import headers
 from .boundary import THROTTLE
-from .doors import entering, finish, letting_go
+from .doors import STATE_ATTRIBUTE, Route, entering, finish, letting_go
 from .drivers import run
 from .lru import byte_bounded_cache
 from .registry import fixed_cost_problem
@@ -80,6 +80,13 @@ def _refuse_cost(view_class: type, cost: str, problem: str) -> None:
     )
 
 
+def _names(scope: str | None, view_name: str | None) -> tuple[str, ...]:
+    """The names a view's policies may match, each once (as a request's state gathers them)."""
+    if not scope or scope == view_name:
+        return (view_name,) if view_name else ()
+    return (scope, view_name) if view_name else (scope,)
+
+
 class PolicyThrottle(BaseThrottle):
     """A DRF throttle that enforces the policies written in the admin (or in code) on DRF views.
 
@@ -99,10 +106,13 @@ class PolicyThrottle(BaseThrottle):
     ratelimit_door = True  # tells the middleware that this throttle will see the request
 
     def allow_request(self, request, view) -> bool:
-        match = getattr(request, "resolver_match", None)
-        names = (getattr(view, "throttle_scope", None), match.view_name if match else None)
+        base = request.__dict__.get("_request", request)  # DRF's Request hands on the rest through an AttributeError
+        match = getattr(base, "resolver_match", None)
+        names = _names(getattr(view, "throttle_scope", None), match.view_name if match else None)
         last = is_last(self, view)
-        self.state = run(entering(request, names, last=last, cost=view_cost(view), door=THROTTLE))
+        # the first door of the request: its route's policies and checks are kept, as the middleware's are
+        route = Route(names, False, True, False) if STATE_ATTRIBUTE not in base.__dict__ else None
+        self.state = entering.sync(request, names, last=last, cost=view_cost(view), route=route, door=THROTTLE)
         if self.state is None:
             return True
         if self.state.closing is not None:

@@ -192,3 +192,16 @@ def move_worker_clock(monkeypatch, seconds: float) -> None:
         if getattr(module, "__name__", "").startswith("ratelimit_app") and getattr(module, "time", None) is real:
             monkeypatch.setattr(module, "time", skewed)
     monkeypatch.setattr(time, "time", skewed)
+
+
+def settled(compiled: CompiledPolicy, who: str, used: int, estimate: int = 1, limit: int | None = None) -> None:
+    """A request of `who` admitted on `estimate` units of a metered policy, then settled at `used` (which may
+    take the subject beyond its limit: debt), as its closing step would send it."""
+    from ratelimit_app import engine
+    from ratelimit_app.engine.settling import settle_commands
+    from ratelimit_app.values import Adjustment
+
+    verdict = engine.decide([check(compiled, who, limit)], cost=estimate)
+    assert verdict.allowed, verdict
+    for _key, command, _group in settle_commands([Adjustment(verdict.metered[0], used - estimate)], None):
+        engine.client().execute_command(*command)

@@ -85,6 +85,45 @@ def test_bucket_size_that_does_not_divide_the_window_is_refused_on_its_field(adm
     assert "must divide the window" in " ".join(response.context["adminform"].form.errors["bucket_size"])
 
 
+def test_the_unit_field_offers_the_usual_units_and_is_requests_when_left_blank(admin_client):
+    page = admin_client.get(CHANGELIST + "add/").content.decode()
+    assert 'list="rl-units"' in page and 'value="requests"' in page  # a new policy counts requests unless told
+    for unit in ("requests", "content-bytes", "tokens", "credits"):
+        assert f'<option value="{unit}">' in page
+    assert admin_client.post(CHANGELIST + "add/", {**FORM, "unit": ""}).status_code == 302
+    assert Policy.objects.get(name="search-per-ip").unit == "requests"
+
+
+def test_a_named_unit_is_saved_and_the_list_shows_limits_in_it(admin_client):
+    response = admin_client.post(CHANGELIST + "add/", {**FORM, "limit": "20000", "unit": "tokens"})
+    assert response.status_code == 302 and Policy.objects.get(name="search-per-ip").unit == "tokens"
+    make(name="month", limit=10_000_000, strategy="calendar_quota", period="month", unit="tokens")
+    make(name="bytes", limit=5_000_000, window=3600, strategy="token_bucket", burst=1_000_000, unit="content-bytes")
+    page = admin_client.get(CHANGELIST).content.decode()
+    assert "20,000 tokens / 1 min" in page
+    assert "10,000,000 tokens / calendar month (UTC)" in page
+    assert "5,000,000 content-bytes / 1 h, burst 1,000,000" in page
+    assert admin_client.get(CHANGELIST + "?unit__exact=tokens").context["cl"].result_count == 2
+
+
+def test_a_policy_declared_in_code_in_tokens_says_so_where_it_shows_the_codes_values(admin_client):
+    values = {"action": "chat", "limit": 20000, "window": 60, "strategy": "fixed_window", "key": "ip",
+              "methods": "", "mode": "enforce", "unit": "tokens"}
+    policy = Policy.objects.create(name="chat-tokens", source="code", code_values=values, **values)
+    page = admin_client.get(f"{CHANGELIST}{policy.pk}/change/").content.decode()
+    assert "The code declares 20000/m tokens, fixed_window, per ip, enforce" in page
+
+
+def test_a_unit_the_strategy_cannot_count_is_refused_on_the_unit_field_with_the_reason(admin_client):
+    response = admin_client.post(CHANGELIST + "add/", {**FORM, "strategy": "sliding_log", "unit": "tokens"})
+    assert response.status_code == 200
+    said = " ".join(response.context["adminform"].form.errors["unit"])
+    assert "sliding_log cannot count tokens: it keeps one entry per unit" in said
+    response = admin_client.post(CHANGELIST + "add/", {**FORM, "unit": "Tokens!"})
+    assert "A unit is 'requests', 'content-bytes'" in " ".join(response.context["adminform"].form.errors["unit"])
+    assert not Policy.objects.exists()
+
+
 def test_bulk_actions_change_policies_through_save(admin_client):
     policy = make()
     admin_client.post(CHANGELIST, {"action": "disable", "_selected_action": [policy.pk]})
@@ -171,9 +210,21 @@ def test_tester_shows_matches_subjects_and_overrides_without_counting(admin_clie
     for _ in range(3):
         page = admin_client.post(reverse("admin:ratelimit_app_policy_tester"), data).content.decode()
     assert "ip:203.0.113.7" in page
-    assert "ip 203.0.113.0/24" in page and "50 / 60 s" in page
+    assert "ip 203.0.113.0/24" in page and "50 / 1 min" in page  # the window as the list and the CLI say it
     assert "allow, 50 left" in page  # three tests counted nothing
     assert "does not apply" in page  # the per-user policy on an anonymous request
+
+
+def test_tester_speaks_in_each_policys_unit_and_says_the_cost_is_an_estimate_for_metered_ones(admin_client):
+    tokens = make(name="chat-tokens", action="/demo/", limit=20_000, unit="tokens")
+    engine.decide([check(compile_policy(tokens))], cost=1834)
+    make(name="per-ip", action="*", limit=100)
+    data = {"method": "GET", "path": "/demo/search/", "username": "", "ip": "203.0.113.7", "headers": ""}
+    page = admin_client.post(reverse("admin:ratelimit_app_policy_tester"), data).content.decode()
+    assert "<td>20,000 tokens / 1 min</td>" in page and "<td>1,834</td>" in page
+    assert "allow, 18,166 tokens left" in page
+    assert "<td>100 / 1 min</td>" in page and "allow, 100 left" in page  # requests stay as they were written
+    assert "The cost is the estimate the policies in tokens admit the request on" in page
 
 
 def test_tester_refuses_bad_input_with_messages(admin_client):

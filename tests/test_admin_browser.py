@@ -100,3 +100,53 @@ def test_live_page_updates_counts_without_reloading(browser, live_server, admin_
     assert browser.execute_script("return window.notReloaded") is True
     if os.environ.get("SAVE_SCREENSHOT"):  # refresh docs/live.png: SAVE_SCREENSHOT=1 make test
         browser.save_screenshot(str(SCREENSHOT))
+
+
+def log_in(browser, live_server, next_path: str) -> None:
+    browser.get(f"{live_server.url}/admin/login/?next={next_path}")
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys("password")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+
+
+def test_the_policy_form_offers_the_usual_units_and_saves_one_typed_in(browser, live_server, admin_user):
+    log_in(browser, live_server, "/admin/ratelimit_app/policy/add/")
+    unit = wait_for(lambda: browser.find_element(By.ID, "id_unit"))
+    assert unit.get_attribute("value") == "requests"  # what a policy counts unless told
+    offered = browser.execute_script("return [...arguments[0].list.options].map(o => o.value)", unit)
+    assert offered == ["requests", "content-bytes", "tokens", "credits"]
+    for field, value in (("id_name", "chat-tokens"), ("id_action", "chat"), ("id_rate", "20000/m")):
+        browser.find_element(By.ID, field).send_keys(value)
+    unit.clear()
+    unit.send_keys("tokens")
+    browser.find_element(By.NAME, "_save").click()
+    wait_for(lambda: "was added successfully" in browser.page_source)
+    assert Policy.objects.get(name="chat-tokens").unit == "tokens"
+    assert "20,000 tokens / 1 min" in browser.find_element(By.ID, "result_list").text
+
+
+def test_the_live_page_counts_a_metered_policy_in_its_unit_and_shows_debt_without_reloading(
+    browser, live_server, admin_user
+):
+    from tests.helpers import settled
+
+    policy = Policy(name="chat-tokens", action="chat", limit=20_000, window=60, strategy="fixed_window", key="ip",
+                    unit="tokens")
+    policy.full_clean()
+    policy.save()
+    compiled = compile_policy(policy)
+    engine.decide([check(compiled, "ip:198.51.100.1")], cost=7_412)
+
+    open_live_page(browser, live_server, policy)
+    header = browser.find_elements(By.CSS_SELECTOR, "#rl-subjects thead th")[1].text
+    assert header.lower() == "tokens"  # the admin's stylesheet sets headers in capitals (drawn by the server)
+    def cells() -> list[str]:
+        rows = browser.find_elements(By.CSS_SELECTOR, "#rl-subjects tbody tr")
+        return [td.text for td in rows[0].find_elements(By.TAG_NAME, "td")] if rows else []
+
+    wait_for(lambda: cells()[1:4] == ["7,412", "20,000", "12,588"])  # the page's script draws the rows
+
+    settled(compiled, "ip:198.51.100.1", used=13_088, estimate=100)  # a settle beyond what was left: debt
+    wait_for(lambda: cells()[1] == "20,500")
+    assert cells()[3] == "0" and cells()[5] == "blocked, 500 tokens over"
+    assert browser.execute_script("return window.notReloaded") is True

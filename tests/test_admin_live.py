@@ -46,14 +46,43 @@ def test_json_has_the_documented_shape_after_real_requests(admin_client, client,
     data = admin_client.get(live_url(policy) + "?format=json").json()
     assert data["policy"] == {
         "id": policy.pk, "name": "search-per-ip", "action": "demo:search", "limit": 3, "window": 60,
-        "strategy": "sliding_window", "key": "ip", "mode": "enforce",
+        "strategy": "sliding_window", "key": "ip", "mode": "enforce", "unit": "requests",
     }
     [subject] = data["subjects"]
-    assert {k: subject[k] for k in ("subject", "count", "limit", "remaining", "blocked")} == {
-        "subject": f"ip:{IP}", "count": 3, "limit": 3, "remaining": 0, "blocked": True,
+    assert {k: subject[k] for k in ("subject", "count", "limit", "remaining", "blocked", "overage")} == {
+        "subject": f"ip:{IP}", "count": 3, "limit": 3, "remaining": 0, "blocked": True, "overage": 0,
     }
     assert 0 < subject["reset_in"] <= 60
     assert data["totals"] == {"allowed": 3, "denied": 1}
+
+
+def test_a_policy_in_tokens_shows_its_limit_its_plans_and_its_column_in_tokens(admin_client):
+    from ratelimit_app.models import Plan, PlanLimit
+
+    tokens = make_policy(name="chat-month", action="chat", limit=10_000_000, strategy="calendar_quota",
+                         period="month", key="ip", unit="tokens")
+    PlanLimit.objects.create(plan=Plan.objects.create(name="pro"), policy=tokens, limit=50_000_000)
+    assert engine.decide([check(compile_policy(tokens), f"ip:{IP}")], cost=7_412_009).allowed
+    page = admin_client.get(live_url(tokens)).content.decode()
+    assert "10,000,000 tokens / calendar month (UTC)" in page  # the summary line
+    assert ">pro</a>: 50,000,000 tokens / calendar month (UTC)</li>" in page
+    assert '<th class="num">tokens</th>' in page
+    data = admin_client.get(live_url(tokens) + "?format=json").json()
+    assert data["policy"]["unit"] == "tokens"
+    assert {k: data["subjects"][0][k] for k in ("count", "limit", "remaining", "overage")} == {
+        "count": 7_412_009, "limit": 10_000_000, "remaining": 2_587_991, "overage": 0,
+    }
+
+
+def test_a_subject_in_debt_after_a_settle_is_blocked_with_its_overage(admin_client):
+    from tests.helpers import settled
+
+    tokens = make_policy(name="chat-minute", action="chat", limit=1000, window=60, key="ip", unit="tokens")
+    settled(compile_policy(tokens), f"ip:{IP}", used=1500, estimate=100)
+    [subject] = admin_client.get(live_url(tokens) + "?format=json").json()["subjects"]
+    assert {k: subject[k] for k in ("count", "limit", "remaining", "blocked", "overage")} == {
+        "count": 1500, "limit": 1000, "remaining": 0, "blocked": True, "overage": 500,
+    }
 
 
 def test_subjects_are_listed_busiest_first(admin_client, client, policy):

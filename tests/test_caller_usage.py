@@ -145,3 +145,37 @@ def test_usage_and_the_live_pages_json_say_no_plan_alike_with_null(admin_client)
     by_usage = {f"ip:{ip}": ratelimit_app.usage(_request(ip=ip))[0].as_dict()["plan"]
                 for ip in ("203.0.113.9", "198.51.100.4")}
     assert by_usage == on_the_live_page == {"ip:203.0.113.9": None, "ip:198.51.100.4": "pro"}
+
+
+# --- metered units ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_usage_in_tokens_reads_as_a_customer_would_and_carries_the_unit():
+    from ratelimit_app import engine
+    from ratelimit_app.policies import compile_policy
+    from tests.helpers import check
+
+    month = make_policy(name="chat-month", action="/api/", strategy="calendar_quota", period="month",
+                        time_zone="UTC", limit=10_000_000, key="ip", unit="tokens")
+    make_policy(name="api-per-ip", action="/api/", limit=60, window=60, key="ip")
+    assert engine.decide([check(compile_policy(month), "ip:203.0.113.9")], cost=7_412_009).allowed
+    items = {item.policy: item for item in ratelimit_app.usage(_request())}
+    tokens, requests = items["chat-month"], items["api-per-ip"]
+    assert str(tokens) == "7,412,009 / 10,000,000 tokens this month"
+    assert (tokens.unit, tokens.remaining, tokens.overage) == ("tokens", 2_587_991, 0)
+    assert tokens.as_dict()["unit"] == "tokens" and tokens.as_dict()["overage"] == 0
+    assert str(requests) == "0 / 60 requests per 1 min" and requests.unit == "requests"
+
+
+@pytest.mark.django_db
+def test_usage_beyond_the_limit_after_a_settle_is_reported_as_overage():
+    from ratelimit_app.policies import compile_policy
+    from tests.helpers import settled
+
+    day = make_policy(name="chat-day", action="/api/", strategy="calendar_quota", period="day", time_zone="UTC",
+                      limit=1000, key="ip", unit="tokens")
+    settled(compile_policy(day), "ip:203.0.113.9", used=1500, estimate=100)
+    [item] = ratelimit_app.usage(_request())
+    assert (item.used, item.limit, item.remaining, item.overage) == (1500, 1000, 0, 500)
+    assert str(item) == "1,500 / 1,000 tokens today"

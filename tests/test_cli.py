@@ -57,6 +57,43 @@ def test_status_as_json(client, policy):
     }
 
 
+def tokens_used(policy: Policy, used: int, who: str = f"ip:{IP}") -> None:
+    """`used` tokens counted for `who`, as a request admitted on that much would take them."""
+    from ratelimit_app import engine
+    from ratelimit_app.policies import compile_policy
+    from tests.helpers import check
+
+    assert engine.decide([check(compile_policy(policy), who)], cost=used).allowed
+
+
+def test_status_top_and_test_speak_in_the_policys_unit(client):
+    tokens = make_policy(name="chat-tokens", action="demo:search", limit=20_000, window=60, unit="tokens")
+    tokens_used(tokens, 1834)
+    rows = lines_of(ratelimit("status"))
+    assert rows["chat-tokens"][1:7] == ["demo:search", "20,000", "tokens", "/", "1", "min"]
+    assert json.loads(ratelimit("status", "--json"))[0]["unit"] == "tokens"
+
+    top = ratelimit("top", "chat-tokens")
+    assert top.startswith("chat-tokens: 20,000 tokens / 1 min, fixed_window per ip, enforce.")
+    header, row = top.splitlines()[1:3]
+    assert header.split()[:5] == ["subject", "tokens", "limit", "remaining", "reset"]
+    assert row.split()[:4] == [f"ip:{IP}", "1,834", "20,000", "18,166"]
+
+    said = ratelimit("test", "GET", "/demo/search/", "--ip", IP)
+    assert "The cost is the estimate the policies in tokens admit the request on" in said
+    assert " ".join(lines_of(said)["chat-tokens"][-10:]) == "20,000 tokens / 1 min 1,834 allow, 18,166 tokens left"
+
+
+def test_top_says_how_far_over_its_limit_a_subject_in_debt_is():
+    from ratelimit_app.policies import compile_policy
+    from tests.helpers import settled
+
+    tokens = make_policy(name="chat-tokens", action="demo:search", limit=20_000, window=60, unit="tokens")
+    settled(compile_policy(tokens), f"ip:{IP}", used=21_500, estimate=1000)
+    row = ratelimit("top", "chat-tokens").splitlines()[2]
+    assert row.split()[:4] == [f"ip:{IP}", "21,500", "20,000", "0"] and row.endswith("blocked, 1,500 over")
+
+
 def test_status_says_when_redis_is_unreachable_and_still_lists_policies(policy, settings):
     settings.CACHES = {**settings.CACHES, "dead": {**settings.CACHES["default"], "LOCATION": "redis://127.0.0.1:1/0"}}
     settings.RATELIMIT_CACHE = "dead"
@@ -209,3 +246,16 @@ def test_test_of_a_request_no_policy_matches(policy):
 def test_test_refuses_bad_input_with_a_clear_error(policy, args, message):
     with pytest.raises(CommandError, match=message):
         ratelimit("test", *args)
+
+
+def test_test_says_a_cost_above_what_a_plan_ever_allows_is_refused_for_good(policy):
+    """A plan's limit below the action's cost: no wait admits the request, and no retry time is given."""
+    from ratelimit_app.models import ActionCost, Plan, PlanAssignment, PlanLimit
+
+    ActionCost.objects.create(action="demo:search", cost=2)
+    small = Plan.objects.create(name="small")
+    PlanLimit.objects.create(plan=small, policy=policy, limit=1)
+    PlanAssignment.objects.create(plan=small, kind="ip", network=f"{IP}/32")
+    said = ratelimit("test", "GET", "/demo/search/", "--ip", IP)
+    assert " ".join(lines_of(said)["search-per-ip"][-11:]) == "deny: the cost is more than it ever allows at once"
+    assert "The request would be denied (429)." in said

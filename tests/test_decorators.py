@@ -85,3 +85,42 @@ def test_the_decorator_is_exported_by_the_package_too():
     assert exported is decorator
     with pytest.raises(AttributeError):
         ratelimit_app.no_such_name  # noqa: B018
+
+
+def test_a_drf_view_declares_its_policy_in_tokens_with_the_decorator_on_its_class():
+    """DRF views need no attribute of their own for a unit: the unit is the policy's, and @ratelimit on the
+    APIView class declares one; the view settles with DRF's request."""
+    from rest_framework.response import Response
+    from rest_framework.views import APIView
+
+    from ratelimit_app.models import Policy
+
+    @ratelimit(rate="1000/m", key="ip", unit="tokens", cost=300, name="drf-chat-tokens")
+    class Chat(APIView):
+        def post(self, request):
+            ratelimit_app.settle(request, tokens=int(request.data["used"]))
+            return Response({"ok": True})
+
+    view = Chat.as_view()
+    answers = [view(RequestFactory().post("/chat/", {"used": 50}, REMOTE_ADDR="203.0.113.7")) for _ in range(4)]
+    assert [answer.status_code for answer in answers] == [200, 200, 200, 200]  # 50 a chat: four fit, not three
+    assert answers[0]["RateLimit-Policy"] == '"drf-chat-tokens";q=1000;w=60'
+    assert answers[3]["RateLimit"].startswith('"drf-chat-tokens";r=550;')  # 3 x 50 settled, 300 estimated
+    assert Policy.objects.get(name="drf-chat-tokens").unit == "tokens"
+
+
+def test_a_response_rendered_after_the_door_is_counted_in_bytes_once_rendered(caplog):
+    from django.template import engines
+    from django.template.response import TemplateResponse
+
+    make_policy(name="page-bytes", action="pages", limit=10_000, window=60, unit="content-bytes")
+
+    @ratelimit("pages", cost=100)
+    def page(request):  # rendered by Django's handler after the decorator has returned
+        return TemplateResponse(request, engines["django"].from_string("x" * 10), {})
+
+    answers = [page(request("get")) for _ in range(2)]
+    assert answers[1]["RateLimit"].startswith('"page-bytes";r=9800;')  # two estimates of 100 taken
+    assert [answer.render().content for answer in answers] == [b"x" * 10] * 2  # each settles at 10 bytes
+    assert page(request("get"))["RateLimit"].startswith('"page-bytes";r=9880;')
+    assert "the limiter failed" not in caplog.text

@@ -72,3 +72,16 @@ def test_one_policys_headers_read_as_djangos_header_setter_writes_them():
     assert [key for key, _ in response.items() if key.lower().startswith("ratelimit")] == ["RateLimit-Policy",
                                                                                            "RateLimit"]
     assert response.headers["RateLimit"].startswith(expected.headers["RateLimit-Policy"].split(";")[0] + ";r=99;t=")
+
+
+def test_a_policy_of_response_bytes_says_content_bytes_and_a_named_unit_goes_unsaid():
+    make_policy(name="download-bytes", action="download", limit=50_000_000, window=3600, unit="content-bytes")
+    make_policy(name="chat-tokens", action="download", limit=20_000, window=60, unit="tokens")
+    view = ratelimit("download", cost=1000)(lambda request: HttpResponse("x"))
+    response = view(RequestFactory().get("/download/", REMOTE_ADDR=IP))
+    policy = members(response["RateLimit-Policy"])
+    assert policy["download-bytes"] == {"q": "50000000", "w": "3600", "qu": '"content-bytes"'}
+    # the draft's registry has no tokens: `q` and `r` count them without a qu a client could not read
+    assert policy["chat-tokens"] == {"q": "20000", "w": "60"}
+    state = members(response["RateLimit"])
+    assert state["download-bytes"]["r"] == "49999000" and state["chat-tokens"]["r"] == "19000"  # the estimate taken

@@ -80,6 +80,7 @@ NOT_CACHES = {
     "scripts._sources": "one Lua source per entry point",
     "scripts._entries": "one per entry point and client class",
     "owed.places": "in-flight places owed back to Redis, given back once it answers",
+    "carried._waiting": "the kept connections (one a thread) whose settled usage waits for their next write; a timer empties it within a second",
     "tally._noted": "decisions waiting for the next flush: MOST_NOTED at most",
     "saver._pending": "quota usage waiting for the next save: KEPT_WHILE_REFUSED at most while it fails",
     "_registry.declared": "what the code declares: as many as the code has",
@@ -94,6 +95,7 @@ NOT_CACHES = {
     "unreadable_said._at": "log gates: one entry per kind of failure (class of error, signal name)",
     "unwritten_said._at": "log gates: one entry per kind of failure (class of error, signal name)",
     "receiver_failed_said._at": "log gates: one entry per kind of failure (class of error, signal name)",
+    "unsure_said._at": "log gates: one entry per kind of failure (class of error, signal name)",
 }
 CONTAINERS = (dict, set, list, collections.deque, weakref.WeakKeyDictionary, weakref.WeakValueDictionary,
               weakref.WeakSet, threading.local)

@@ -200,7 +200,7 @@ def test_the_tester_names_the_plan_and_where_each_limit_comes_from(admin_client,
     shown = page[page.index('id="rl-plan"') :]
     assert ">pro</a> (assigned to header X-Api-Key=" in shown
     assert KEY not in shown  # the key is shown masked
-    assert "<td>plan pro</td>" in page and "<td>10 / 60 s</td>" in page
+    assert "<td>plan pro</td>" in page and "<td>10 / 1 min</td>" in page
 
 
 def test_the_cli_tester_names_the_plan(capsys, search, pro):

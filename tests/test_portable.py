@@ -10,6 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from ratelimit_app.models import Override, Policy
+from ratelimit_app.portable import import_data
 
 pytestmark = pytest.mark.django_db
 
@@ -127,3 +128,20 @@ def test_the_import_says_how_many_policies_and_overrides_in_good_english(tmp_pat
     assert "Imported 1 policy, 1 override and 0 action costs." in capsys.readouterr().out
     run_import(tmp_path, json.dumps(policy_file(GOOD, {**GOOD, "name": "other"}, costs=[{"action": "/api/", "cost": 2}])))
     assert "Imported 2 policies, 0 overrides and 1 action cost." in capsys.readouterr().out
+
+
+def test_a_file_that_gives_a_limit_without_a_unit_counts_requests_as_files_before_units_did():
+    import_data({"format": "ratelimit_app/1", "policies": [
+        {"name": "llm", "action": "/llm/", "rate": "20000/m", "strategy": "fixed_window", "unit": "tokens",
+         "overage_cap": 500},
+        {"name": "new", "action": "/new/", "limit": 5, "window": 60},
+    ]})
+    assert Policy.objects.get(name="new").unit == "requests"
+    # an export of before units: its limit of 100 is 100 requests, not 100 tokens
+    import_data({"format": "ratelimit_app/1", "policies": [{"name": "llm", "action": "/llm/", "limit": 100}]})
+    llm = Policy.objects.get(name="llm")
+    assert (llm.limit, llm.unit, llm.overage_cap) == (100, "requests", None)
+    # an entry that changes no limit leaves the unit as it is
+    Policy.objects.filter(name="llm").update(unit="tokens")
+    import_data({"format": "ratelimit_app/1", "policies": [{"name": "llm", "mode": "shadow"}]})
+    assert Policy.objects.get(name="llm").unit == "tokens"

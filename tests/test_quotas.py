@@ -338,8 +338,32 @@ def test_the_admin_lists_usage_of_the_current_and_previous_periods_and_exports_t
     answer = admin_client.get(f"/admin/ratelimit_app/quotausage/export.csv?period=previous&policy__id__exact={row.pk}")
     assert answer.streaming and answer["Content-Type"].startswith("text/csv")
     lines = b"".join(answer.streaming_content).decode().splitlines()
-    assert lines[0] == "policy,subject,subject_key,period_start,used,saved"
+    assert lines[0] == "policy,subject,subject_key,period_start,used,saved,unit,limit,overage"
     assert [line.split(",")[1] for line in lines[1:]] == ["header:x-api-key:k-10", "header:x-api-key:k-11"]
+
+
+@pytest.mark.django_db
+def test_saved_usage_keeps_the_subjects_limit_and_the_export_bills_what_went_beyond_it(admin_client):
+    from ratelimit_app import engine, quotas
+    from ratelimit_app.policies import compile_policy
+    from ratelimit_app.values import Check
+    from tests.helpers import subject
+
+    row = make_policy(name="chat-month", strategy="calendar_quota", period="month", time_zone="UTC", limit=1000,
+                      window=1, key="ip", unit="tokens")
+    pro, free = subject("ip:198.51.100.1"), subject("ip:198.51.100.2")
+    assert engine.decide([Check(compile_policy(row), pro, 5000, "pro")], cost=3000).allowed  # on a plan of 5,000
+    assert engine.decide([Check(compile_policy(row), free, 1000)], cost=800).allowed
+    quotas.saver.save()
+    saved = {usage.display: usage for usage in QuotaUsage.objects.all()}
+    assert (saved[pro.display].used, saved[pro.display].limit) == (3000, 5000)
+    QuotaUsage.objects.filter(subject=pro.key).update(used=6200)  # settles took the customer beyond the plan
+    QuotaUsage.objects.filter(subject=free.key).update(limit=None)  # saved before limits were kept
+    lines = b"".join(admin_client.get("/admin/ratelimit_app/quotausage/export.csv").streaming_content).decode()
+    rows = {line.split(",")[1]: line.split(",")[6:] for line in lines.splitlines()[1:]}
+    assert rows == {pro.display: ["tokens", "5000", "1200"], free.display: ["tokens", "1000", "0"]}
+    listed = admin_client.get("/admin/ratelimit_app/quotausage/").content.decode()
+    assert '<td class="field-overage">1200</td>' in listed and '<td class="field-unit">tokens</td>' in listed
 
 
 @pytest.mark.django_db

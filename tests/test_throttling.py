@@ -99,3 +99,13 @@ def test_the_drf_guides_refusal_is_the_body_a_refused_request_gets_with_the_midd
         return re.sub(r"Retry in \d+ s|\"retry_after\": \d+", lambda m: re.sub(r"\d+", "N", m.group()), text)
 
     assert waits_as_n(refused.content.decode()) == waits_as_n(shown)
+
+
+def test_a_drf_views_response_bytes_are_counted_once_drf_has_rendered_it(api):
+    """DRF hands the throttle's door its Response before rendering it: a content-bytes policy is settled with
+    the bytes Django's handler then sends."""
+    make(name="items-bytes", limit=100_000, window=60, strategy="fixed_window", unit="content-bytes")
+    first = api.get("/api/items/")
+    assert first.status_code == 200 and first["RateLimit"].startswith('"items-bytes";r=99999;')  # the estimate, 1
+    second = api.get("/api/items/")
+    assert second["RateLimit"].startswith(f'"items-bytes";r={100_000 - len(first.content) - 1};')

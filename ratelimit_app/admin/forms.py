@@ -3,11 +3,33 @@
 from __future__ import annotations
 
 from django import forms
+from django.utils.html import format_html, format_html_join
 
 from .. import strategies
 from ..models import Mode
 from ..periods import PERIODS
 from ..rates import EXAMPLES, not_a_period, parse_quota, parse_rate
+from ..values import CONTENT_BYTES, REQUESTS
+
+# offered by the unit field's list; any other short name is a unit the view settles
+UNITS = (
+    (REQUESTS, "each request's cost, known before the view (the default)"),
+    (CONTENT_BYTES, "the bytes of each response, counted by the app"),
+    ("tokens", "what the view settles: ratelimit_app.settle(request, tokens=...)"),
+    ("credits", "what the view settles: ratelimit_app.settle(request, credits=...)"),
+)
+
+
+class UnitInput(forms.TextInput):
+    """A text input offering the usual units (a datalist): the browser suggests them, any other name is typed."""
+
+    def __init__(self, attrs=None) -> None:
+        super().__init__({"list": "rl-units", "autocomplete": "off", **(attrs or {})})
+
+    def render(self, name, value, attrs=None, renderer=None) -> str:
+        options = format_html_join("", '<option value="{}">{}</option>', UNITS)
+        field = super().render(name, value, attrs, renderer)
+        return format_html('{}<datalist id="rl-units">{}</datalist>', field, options)
 
 
 class PolicyListForm(forms.ModelForm):
@@ -21,6 +43,9 @@ class PolicyListForm(forms.ModelForm):
 
 class PolicyForm(forms.ModelForm):
     """The change form, with a `rate` field: '100/m' fills the limit and the window in one go."""
+
+    class Meta:
+        widgets = {"unit": UnitInput()}
 
     rate = forms.CharField(
         label="rate",
@@ -36,6 +61,11 @@ class PolicyForm(forms.ModelForm):
         for field in ("limit", "window"):  # the rate may stand in for them
             if field in self.fields and "rate" in self.fields:
                 self.fields[field].required = False
+        if "unit" in self.fields:  # left blank: requests, what every policy counted before units
+            self.fields["unit"].required = False
+
+    def clean_unit(self) -> str:
+        return self.cleaned_data["unit"].strip() or REQUESTS
 
     def clean(self) -> dict:
         data = super().clean()

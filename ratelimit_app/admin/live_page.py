@@ -12,7 +12,8 @@ from django.urls import reverse
 from .. import operations, policies, strategies
 from ..boundary import LIVE, protected
 from ..engine import RedisUnavailable
-from ..rates import human_per, human_window
+from ..rates import human_limit, human_per, human_window
+from ..values import REQUESTS
 from .pages import PolicyPage
 
 
@@ -35,6 +36,8 @@ class LivePage(PolicyPage):
         data["policies"] = policies_in_force()
         if request.GET.get("format") == "json":
             return JsonResponse(data, status=status)
+        per = human_per(policy.window, policy.period, policy.time_zone or settings.TIME_ZONE)
+        plan_limits = policy.plan_limits.select_related("plan").order_by("plan__name")
         return self.render(
             "live.html",
             status,
@@ -43,10 +46,10 @@ class LivePage(PolicyPage):
             data=data,
             rate=self.model_admin.rate(policy),
             window=human_window(policy.window),
-            per=human_per(policy.window, policy.period, policy.time_zone or settings.TIME_ZONE),
+            metered=policy.unit != REQUESTS,  # the table counts its unit, grouped like the rest of the page
             can_reset=self.model_admin.has_change_permission(request, policy),
             exempt=list(policy.overrides.filter(exempt=True).select_related("user", "group")),
-            plans=list(policy.plan_limits.select_related("plan").order_by("plan__name")),
+            plans=[(row, "exempt" if row.exempt else human_limit(row.limit, policy.unit, per)) for row in plan_limits],
             # an in-flight policy counts requests in progress, until their leases end
             in_flight=policy.strategy in strategies.STRATEGIES and strategies.get(policy.strategy).holds,
         )

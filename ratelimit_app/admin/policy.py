@@ -17,7 +17,8 @@ from .. import operations, registry, strategies
 from ..checks.routes import unrouted
 from ..engine import RedisUnavailable
 from ..models import Mode, Policy, QuotaUsage
-from ..rates import format_rate, human_window
+from ..rates import figure, format_rate, human_limit, human_window
+from ..values import REQUESTS
 from .forms import PolicyForm, PolicyListForm
 from .live_page import LivePage, ResetPage
 from .overrides import OverrideInline
@@ -35,7 +36,7 @@ class PolicyAdmin(admin.ModelAdmin):
         "active_now", "denied_now", "denials_trend", "live_link",
     )
     list_editable = ("mode", "enabled")
-    list_filter = ("strategy", "mode", "enabled")
+    list_filter = ("strategy", "unit", "mode", "enabled")
     search_fields = ("name", "action", "key", "description")
     actions = ("enable", "disable", "make_shadow", "make_enforce", "reset_counts", "revert_to_code")
     inlines = (OverrideInline,)
@@ -44,7 +45,8 @@ class PolicyAdmin(admin.ModelAdmin):
         (None, {"fields": ("name", "description", "enabled", "mode")}),
         ("What it protects", {"fields": ("action", "methods")}),
         ("How much", {"fields": (
-            "rate", "limit", "window", "strategy", "bucket_size", "burst", "period", "time_zone", "key",
+            "rate", "limit", "window", "unit", "overage_cap", "strategy", "bucket_size", "burst", "period", "time_zone",
+            "key",
         )}),
         ("Bookkeeping", {"classes": ("collapse",), "fields": ("generation", "created", "updated")}),
     )
@@ -56,9 +58,9 @@ class PolicyAdmin(admin.ModelAdmin):
         kind = strategies.STRATEGIES.get(policy.strategy)
         over = kind.counts_over(policy) if kind is not None else None
         if over:  # a calendar quota's period, not its window
-            return f"{policy.limit} / {over}"
-        burst = f", burst {policy.burst}" if policy.burst else ""
-        return f"{policy.limit} / {human_window(policy.window)}{burst}"
+            return human_limit(policy.limit, policy.unit, over)
+        burst = f", burst {figure(policy.burst, policy.unit)}" if policy.burst else ""
+        return human_limit(policy.limit, policy.unit, human_window(policy.window)) + burst
 
     @admin.display(description="active now")
     def active_now(self, policy: Policy):
@@ -176,6 +178,8 @@ class PolicyAdmin(admin.ModelAdmin):
     def code_status(self, policy: Policy) -> str:
         values = policy.code_values or {}
         rate = format_rate(values.get("limit", 0), values.get("window", 1))
+        unit = values.get("unit", REQUESTS)
+        rate += "" if unit == REQUESTS else f" {unit}"  # '20000/m tokens'
         said = f"The code declares {rate}, {values.get('strategy')}, per {values.get('key')}, {values.get('mode')}" + (
             "" if values.get("enabled", True) else ", disabled"
         )

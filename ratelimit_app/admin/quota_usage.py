@@ -59,16 +59,23 @@ class _Echo:
         return value
 
 
+COLUMNS = ["policy", "subject", "subject_key", "period_start", "used", "saved", "unit", "limit", "overage"]
+
+
 def csv_rows(queryset: QuerySet) -> Iterator[str]:
+    """The header, then a line per row; the columns added since the first ones go last, so that a reader of
+    the first six finds them where they were."""
     writer = csv.writer(_Echo())
-    yield writer.writerow(["policy", "subject", "subject_key", "period_start", "used", "saved"])
+    yield writer.writerow(COLUMNS)
     rows = queryset.order_by("policy_id", "period_start", "pk").values_list(
-        "policy__name", "display", "subject", "period_start", "used", "updated"
+        "policy__name", "display", "subject", "period_start", "used", "updated", "policy__unit", "limit",
+        "policy__limit",
     )
-    for name, display, subject, start, used, saved in rows.iterator(chunk_size=CHUNK):
+    for name, display, subject, start, used, saved, unit, limit, policy_limit in rows.iterator(chunk_size=CHUNK):
         # instants in UTC whichever way the database holds them (naive in TIME_ZONE with USE_TZ False)
         start, saved = as_instant(start).isoformat(), as_instant(saved).isoformat()
-        yield writer.writerow([name, display, subject, start, used, saved])
+        limit = policy_limit if limit is None else limit  # usage saved before its limit was: the policy's
+        yield writer.writerow([name, display, subject, start, used, saved, unit, limit, max(used - limit, 0)])
 
 
 async def _chunked(rows: Iterator[str]) -> AsyncIterator[str]:
@@ -99,7 +106,7 @@ EXPORT = "ratelimit_app_quotausage_export"
 class QuotaUsageAdmin(admin.ModelAdmin):
     """Read only: the workers write usage; operators look at it and export it."""
 
-    list_display = ("display", "policy", "period_start", "used", "updated")
+    list_display = ("display", "policy", "period_start", "used", "limit_in_effect", "overage", "unit", "updated")
     list_filter = (PeriodFilter, "policy")
     search_fields = ("display", "subject")
     list_select_related = ("policy",)
@@ -108,6 +115,11 @@ class QuotaUsageAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+    @admin.display(description="unit", ordering="policy__unit")
+    def unit(self, usage: QuotaUsage) -> str:
+        """What `used`, `limit` and `overage` count: the policy's unit."""
+        return usage.policy.unit
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False

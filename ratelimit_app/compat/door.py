@@ -9,7 +9,6 @@ from .. import policies
 from ..boundary import THROTTLE, Door, faults
 from ..actions import look
 from ..doors import entering, state_of
-from ..drivers import run
 from ..limiter import deciding
 from ..plans import limit_in_effect
 from ..registry import CodePolicy
@@ -69,7 +68,7 @@ def _counted(request, index: policies.PolicyIndex, checks: list[Check], now: flo
     # the middleware left this request's one call to this door: its policies join the call
     pending, state.awaiting = state.awaiting, False
     decided, denied, state.outage = len(state.decisions), len(state.denied), None
-    run(deciding(request, state, index, extra=checks, pending=pending, now=now))
+    deciding.sync(request, state, index, extra=checks, pending=pending, now=now)
     if state.outage is not None:
         raise state.outage
     ours = {(check.policy.id, check.subject) for check in checks}
@@ -85,7 +84,7 @@ def refused_by_other_policies(request) -> bool:
         return False
     state = state_of(request)
     if state.awaiting:
-        run(entering(request, (), last=True, door=THROTTLE))
+        entering.sync(request, (), last=True, door=THROTTLE)
     return state.refused
 
 

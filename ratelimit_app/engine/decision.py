@@ -9,7 +9,7 @@ from typing import Sequence
 import redis
 from asgiref.sync import sync_to_async
 
-from ..drivers import Io, Steps, arun, run
+from ..drivers import Io, Steps, arun, steps
 from ..values import NO_POLICIES, Check, Verdict
 from . import keys
 from .arguments import Ask, entry, script_call
@@ -28,7 +28,7 @@ def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool =
     """Decide every check in one Redis round trip (one per shard on a cluster); nothing counts if an enforcing
     policy denies. `lease` names a request's in-flight places, `now` replaces Redis' clock (tests), `dry_run`
     counts nothing, `version` brings the policy version back too. Raises RedisUnavailable."""
-    return run(deciding(checks, now=now, dry_run=dry_run, version=version, cost=cost, lease=lease))
+    return deciding.sync(checks, now=now, dry_run=dry_run, version=version, cost=cost, lease=lease)
 
 
 async def adecide(
@@ -40,6 +40,7 @@ async def adecide(
     return await arun(deciding(checks, now=now, dry_run=dry_run, version=version, cost=cost, lease=lease))
 
 
+@steps
 def deciding(checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False, version: bool = False,
              cost: int = 1, lease: str = "") -> Steps[Verdict]:
     """decide() as plain steps, for a door's steps to `yield from`: the request's one driver runs them (a

@@ -15,7 +15,7 @@ from redis.exceptions import MaxConnectionsError
 
 from ..lru import BoundedCache
 from .circuit import PoolFull, ReplyLost, breaker, describe
-from .clients import DEFAULT_POOL_WAIT, WRITE_ATTEMPTS, client, is_cluster, packed_size, socket_of
+from .clients import DEFAULT_POOL_WAIT, WRITE_ATTEMPTS, client, is_cluster, packed_size, read_reply, socket_of
 
 
 class _Pinned(threading.local):
@@ -129,7 +129,7 @@ def _once(
             read_unread(connection, wait=True)
         if parse:
             return redis_client.parse_response(connection, command[0], **options)
-        return connection.read_response()
+        return read_reply(connection)
     except redis.ConnectionError as error:  # not a timeout (Redis not answering in time is an outage)
         connection.disconnect()
         # Redis (or a proxy) closed the connection with the command in it: it may have run

@@ -26,8 +26,8 @@ class Hooks:
         self.decided: Callable[[float], None] = _ignore  # seconds a decision's Redis call took, round trip included
         self.flushed: Callable[[], None] = _ignore  # the tally's flush ended (on its thread, or a reader's, or at exit)
         # a count of a strategy that keeps its usage beyond Redis (an `asked` one): (policy, subject key,
-        # subject display, its span's start ms, count), after every decision that counted
-        self.counted: Callable[[CompiledPolicy, str, str, int, int], None] = _ignore
+        # subject display, its span's start ms, count, the subject's limit), after every decision that counted
+        self.counted: Callable[[CompiledPolicy, str, str, int, int, int], None] = _ignore
         # checks whose counter the Lua half found absent, at `now_ms` -> (policy id, subject key) -> (span
         # start ms, usage saved) for each: the call is made again with it (a database query, once a span)
         self.saved_usage: Callable[[Iterable[Check], int], dict[tuple[int, str], tuple[int, int]]] = _nothing_saved

@@ -18,8 +18,9 @@ import os
 import socket
 import threading
 import time
-from collections import Counter, deque
-from itertools import repeat, starmap
+from collections import Counter
+from itertools import compress, count as indices, repeat
+from operator import add, attrgetter, eq, floordiv, gt, ne, neg, sub, xor
 from typing import TYPE_CHECKING, Iterable
 
 import redis
@@ -82,8 +83,9 @@ class Tally:
     def __init__(self) -> None:
         self._pending = _Pending()
         # what decisions noted since the last flush (verdicts.py), in order, NOTED fields a policy: flat,
-        # so that what waits for the flush is no object of its own for the garbage collector
-        self._noted: deque = deque()
+        # so that what waits for the flush is no object of its own for the garbage collector. Requests extend
+        # it and a folder (under the lock) takes its head, each a step in C that no other thread interrupts
+        self._noted: list = []
         self._lock = threading.Lock()
         self._flushing = threading.Lock()  # a reader's flush waits for the one under way, then sees its counts
         self._flusher: threading.Timer | None = None
@@ -229,7 +231,7 @@ class Tally:
         # a forked child has no flusher thread and must not add its parent's counts a second time
         self._pending, self._lock, self._flushing, self._flusher = _Pending(), threading.Lock(), threading.Lock(), None
         self._retry_in, self._exiting = FLUSH_SECONDS, False
-        self._noted = deque()
+        self._noted = []
         self._heartbeat_due = 0.0
 
     def _multiprocessing_child(self) -> None:
@@ -243,45 +245,61 @@ NOTED = 10  # fields a decision notes for each of its policies (Tally.note)
 MOST_NOTED = 4096
 
 
-def _fold_noted(pending: _Pending, noted: deque, records: int) -> None:
+def _fold_noted(pending: _Pending, noted: list, records: int) -> None:
     """Fold the oldest `records` of `noted` into `pending` (under the tally's lock: one folder at a time).
-    _fold's work, written inline for the common record (a subject counted again in its window, nothing
-    else to write): a call per record was most of a flush's cost, paid for every request."""
-    # popped in C (a Python loop of pops was a tenth of a request's flush): a record noted meanwhile stays
-    fields = iter(list(starmap(noted.popleft, repeat((), records * NOTED))))
-    entries = pending.entries
+
+    Most records only count a request: a subject counted again in its window, nothing else to write.
+    Their fields are read by column and counted in C (a loop of Python per record was most of a
+    request's flush); a record that may write more (a refusal, a counter that starts or moves to
+    another totals bucket, a count reaching a power of 2) is folded alone, in order, by _fold."""
+    if not records:
+        return
+    fields = noted[:records * NOTED]  # a record noted meanwhile stays, after these
+    del noted[:records * NOTED]
+    policies, shards, counts, nows = fields[0::NOTED], fields[2::NOTED], fields[5::NOTED], fields[8::NOTED]
+    befores = fields[7::NOTED]
+    rest = list(map(sub, counts, fields[9::NOTED]))  # the count before this request's cost
+    low = min(rest)
+    if low < 0:
+        alone: Iterable[int] = range(records)
+    else:  # a superset of the records that write more than a count; _fold tells exactly
+        alone = set()
+        for flags in (fields[4::NOTED], fields[3::NOTED]):  # exceeded, refused before
+            if True in flags:
+                alone.update(compress(indices(), flags))
+        if -1 in befores:  # a counter that starts
+            alone.update(compress(indices(), map(eq, befores, repeat(-1))))
+        if low.bit_length() < max(counts).bit_length():  # a power of 2 in (rest, count] for some record:
+            alone.update(compress(indices(), map(gt, map(xor, counts, rest), rest)))  # count's top bit is not rest's
+        if max(befores) >= 0:  # a counter may have moved to another totals bucket (their ceilings compared)
+            buckets = list(map(_TOTALS_BUCKET, policies))
+            alone.update(compress(indices(), map(ne, map(floordiv, map(neg, map(add, nows, fields[6::NOTED])), buckets),
+                                               map(floordiv, map(neg, map(add, nows, befores)), buckets))))
+        alone = sorted(alone)  # in order: the live index keeps a subject's latest entry
+    tallied = pending.counts
+    for at in alone:
+        _fold(pending, *fields[at * NOTED:(at + 1) * NOTED])
+    if len(alone) == records:
+        return
+    first, bucket = policies[0], policies[0].totals_bucket_ms
+    if (policies.count(first) == records and shards.count(shards[0]) == records
+            and min(nows) // bucket == max(nows) // bucket):  # one policy, shard and totals bucket: one sum
+        key = (first, shards[0], "a", nows[0] // bucket)
+        tallied[key] = tallied.get(key, 0) + records - len(alone)
+        return
     # requests counted by (policy's id, shard, totals bucket): a policy (a tuple of its every field) hashed
     # and compared in a key was most of a record's cost; the policies' own keys are made once per key below
-    counted: dict[tuple[int, int, int], int] = {}
-    policies: dict[int, CompiledPolicy] = {}
-    for record in zip(*(fields,) * NOTED):  # the records, NOTED fields each, grouped in C
-        policy, member, shard, refused_before, exceeded, count, reset_ms, before_ms, now_ms, cost = record
-        if exceeded or refused_before or before_ms == -1:  # a refusal, or a counter that starts: as _fold does
-            _fold(pending, *record)
-            continue
-        bucket = policy.totals_bucket_ms
-        key = (id(policy), shard, now_ms // bucket)
-        if key in counted:
-            counted[key] += 1
-        else:
-            counted[key] = 1
-            policies[key[0]] = policy
-        after = -(-(now_ms + reset_ms) // bucket)  # the totals bucket in which the counter empties
-        before = -(-(now_ms + before_ms) // bucket) if before_ms >= 0 else after  # -2: where it was
-        if before != after:
-            moves = pending.moves
-            moves[(policy, shard, after)] += 1
-            moves[(policy, shard, before)] -= 1
-        elif not 2 <= 1 << max(count.bit_length() - 1, 0) > count - cost:
-            continue  # the live index entry stands: the count reached no new power of 2
-        group = entries.get((policy, shard))
-        if group is None:
-            group = entries[(policy, shard)] = {}
-        group[member] = after * bucket + min(63, count.bit_length() - 1) / 64
-    counts = pending.counts
+    ids = list(map(id, policies))
+    counted = Counter(zip(ids, shards, map(floordiv, nows, map(_TOTALS_BUCKET, policies))))
+    for at in alone:  # _fold counted them
+        counted[(ids[at], shards[at], nows[at] // policies[at].totals_bucket_ms)] -= 1
     for (number, shard, bucket), amount in counted.items():
-        key = (policies[number], shard, "a", bucket)
-        counts[key] = counts.get(key, 0) + amount
+        if amount:
+            key = (policies[ids.index(number)], shard, "a", bucket)
+            tallied[key] = tallied.get(key, 0) + amount
+
+
+_TOTALS_BUCKET = attrgetter("totals_bucket_ms")
 
 
 def _fold(pending: _Pending, policy: CompiledPolicy, member: str, shard: int, refused_before: bool, exceeded: bool,

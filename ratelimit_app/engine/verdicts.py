@@ -30,6 +30,9 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Seq
     `asked` (monotonic seconds; None: not known)."""
     cost = call.cost
     if type(reply) is int:  # one policy's count, the rest told by the worker's clock (decide.lua)
+        policy = checks[0].policy
+        if not (policy.plugin or policy.meters):  # a plug-in's span, a metered estimate: the loop below
+            return _counted(checks[0], reply, call, parts[0])
         reply = (-1, reply, -1, -1 if reply < 0 or reply == cost else -2)
     now_ms = reply[0]
     if now_ms < 0:  # the call read no clock (a fixed window's repeat): its window ends by Redis's, as told here
@@ -70,7 +73,7 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Seq
             start, end = policy.plugin.span(policy, now_ms + max(reset_ms, retry_ms, 1) - 1)
             window = (end - start) // 1000
             if not call.dry_run:
-                hooks.counted(policy, subject.key, subject.display, start, count)
+                hooks.counted(policy, subject.key, subject.display, start, count, limit)
         # positional: this runs for every policy of every request
         decision = Decision(
             policy, subject, allowed, exceeded, count, limit,
@@ -78,10 +81,7 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Seq
         )
         decisions.append(decision)
         if not call.dry_run:
-            seen.append((policy, sent[2], sent[3], sent[4] == SEEN_REFUSED, exceeded, count, reset_ms, before_ms,
-                         now_ms, cost))
-            # what this subject's next call here sends (its terms' last figure): a hint, exact either way
-            sent[4] = SEEN_REFUSED if exceeded else SEEN_COUNTED if count > cost else SEEN_NOTHING
+            seen.append(_seen(policy, sent, exceeded, count, reset_ms, before_ms, now_ms, cost))
     if seen:
         # a policy over its limit refuses (a shadow one: would have) even when another denied first;
         # every policy below its limit counted the request unless one denied it
@@ -100,4 +100,37 @@ def metered(decisions: Sequence[Decision], at_ms: int) -> tuple[Metered, ...]:
         Metered(d.policy, d.subject, d.cost, *STRATEGIES[d.policy.strategy].settling(d.policy, d.limit, at_ms))
         for d in decisions if d.policy.meters and not d.exceeded
     )
+
+
+def _seen(policy, sent: list, exceeded: bool, count: int, reset_ms: int, before_ms: int, now_ms: int,
+          cost: int) -> tuple:
+    """What the tally is handed of one decision; `sent` (the check's script part) keeps what this subject's
+    next call here sends (its terms' last figure): a hint, exact either way."""
+    seen = (policy, sent[2], sent[3], sent[4] == SEEN_REFUSED, exceeded, count, reset_ms, before_ms, now_ms, cost)
+    sent[4] = SEEN_REFUSED if exceeded else SEEN_COUNTED if count > cost else SEEN_NOTHING
+    return seen
+
+
+def _counted(check: Check, count: int, call: Ask, sent: list) -> Verdict:
+    """verdict_of() for one policy (neither a plug-in's nor metered) answered with its count alone: its
+    window ends by the worker's clock, the retry with it when refused (the loop above, in fewer steps)."""
+    policy, subject, limit, _plan = check
+    cost = call.cost
+    now_ms = server_clock.now_ms()
+    ends_in = policy.window_ms - now_ms % policy.window_ms
+    exceeded = count < 0
+    if exceeded:
+        count = -1 - count
+        before_ms = -2
+        retry_after = ends_in / 1000 if cost <= policy.largest_cost(limit) else None
+    else:
+        before_ms = -1 if count == cost else -2
+        retry_after = None
+    allowed = not (exceeded and policy.enforce)
+    capacity = policy.capacity(limit)
+    decision = Decision(policy, subject, allowed, exceeded, count, limit, capacity - count if count < capacity else 0,
+                        ends_in / 1000, retry_after, cost, 0)
+    if not call.dry_run:
+        tally.note([_seen(policy, sent, exceeded, count, ends_in, before_ms, now_ms, cost)])
+    return Verdict(allowed, (decision,), None)
 

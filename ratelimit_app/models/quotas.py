@@ -15,7 +15,14 @@ class QuotaUsage(models.Model):
     subject = models.CharField("subject key", max_length=64, help_text="The subject's hash, as Redis keys carry it.")
     display = models.CharField("subject", max_length=100, help_text="The subject as a person reads it, secrets masked.")
     period_start = models.DateTimeField("period start", help_text="When the calendar period began (UTC).")
-    used = models.PositiveBigIntegerField("used", help_text="Units counted in the period.")
+    used = models.PositiveBigIntegerField("used", help_text="Units counted in the period, in the policy's unit.")
+    limit = models.PositiveBigIntegerField(
+        "limit",
+        null=True,
+        blank=True,
+        help_text="The subject's limit when its usage was last saved (its plan's or an override's, else the "
+        "policy's): what the overage is measured against. Blank for usage saved before it was kept.",
+    )
     updated = models.DateTimeField("saved", auto_now=True)
 
     class Meta:
@@ -29,3 +36,13 @@ class QuotaUsage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.policy}: {self.display} used {self.used} from {self.period_start:%Y-%m-%d}"
+
+    @property
+    def limit_in_effect(self) -> int:
+        """The limit saved with the usage, or the policy's for usage saved before limits were."""
+        return self.policy.limit if self.limit is None else self.limit
+
+    @property
+    def overage(self) -> int:
+        """Units used beyond the limit (a request settled more than its estimate): billed apart."""
+        return max(self.used - self.limit_in_effect, 0)

@@ -17,6 +17,7 @@ from .. import strategies
 from ..models import ActionCost, Override, Plan, PlanAssignment, PlanLimit, Policy, SubjectMatch
 from ..periods import PERIODS
 from ..rates import not_a_period, parse_quota, parse_rate
+from ..values import REQUESTS
 from .shape import (
     COST_FIELDS,
     MATCH_FIELDS,
@@ -73,6 +74,9 @@ def _import_policies(entries: list[dict[str, Any]], written: list, problems: lis
         for field in POLICY_FIELDS:
             if field in entry:
                 setattr(policy, field, entry[field])
+        if "unit" not in entry and ("limit" in entry or "rate" in entry):
+            # its limit is in requests, as every file written before units existed says them
+            policy.unit, policy.overage_cap = REQUESTS, entry.get("overage_cap")
         quota = parse_quota(entry.get("rate"))
         if quota:  # '10000/month': a calendar quota
             policy.limit, policy.period = quota

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 
 import redis
@@ -18,7 +17,8 @@ from ratelimit_app import engine, operations
 from ratelimit_app.checks.server import eviction_warning, evictions
 from ratelimit_app.engine import RedisUnavailable
 from ratelimit_app.models import Mode, Policy
-from ratelimit_app.rates import human_per
+from ratelimit_app.rates import figure, human_limit, human_per
+from ratelimit_app.values import REQUESTS
 from ratelimit_app.tester import TesterForm
 
 logger = logging.getLogger("ratelimit_app")
@@ -77,7 +77,7 @@ class Command(BaseCommand):
                 now = activity.get(row.pk)
                 would = " (would)" if now is not None and row.mode == Mode.SHADOW and now.denied else ""
                 table.append((
-                    row.name, row.action, f"{row.limit} / {_per(row)}", row.strategy, row.key, row.mode,
+                    row.name, row.action, _limit(row), row.strategy, row.key, row.mode,
                     "yes" if row.enabled else "no",
                     "?" if now is None else str(now.active),
                     "?" if now is None else f"{now.denied}{would}",
@@ -124,19 +124,25 @@ class Command(BaseCommand):
         verb = "would have denied" if row.mode == Mode.SHADOW else "denied"
         totals = data["totals"]
         self.stdout.write(
-            f"{row.name}: {row.limit} / {_per(row)}, {row.strategy} per {row.key}, {row.mode}. "
+            f"{row.name}: {_limit(row)}, {row.strategy} per {row.key}, {row.mode}. "
             f"{data['active']} active, {data['blocked']} at the limit; this window {totals['allowed']} allowed, "
             f"{totals['denied']} {verb}."
         )
         if not data["subjects"]:
             self.stdout.write("No subject has used this policy in the current window.")
             return
-        table = [("subject", "count", "limit", "remaining", "reset in", "")]
+        unit = row.unit
+        table = [("subject", "count" if unit == REQUESTS else unit, "limit", "remaining", "reset in", "")]
         for s in data["subjects"]:
             blocked = ("would be denied" if row.mode == Mode.SHADOW else "blocked") if s["blocked"] else ""
-            limit_shown = str(s["limit"]) + (f" (plan {s['plan']})" if s["plan"] else "*" if s["overridden"] else "")
+            if s["overage"]:  # a settle took it past its limit: refused until it is back under
+                blocked += f", {figure(s['overage'], unit)} over"
+            limit_shown = figure(s["limit"], unit) + (
+                f" (plan {s['plan']})" if s["plan"] else "*" if s["overridden"] else ""
+            )
             reset_in = f"{s['reset_in']:.1f} s"
-            table.append((s["subject"], str(s["count"]), limit_shown, str(s["remaining"]), reset_in, blocked))
+            table.append((s["subject"], figure(s["count"], unit), limit_shown, figure(s["remaining"], unit), reset_in,
+                          blocked))
         self._print_table(table, numeric=(1, 2, 3, 4))
         if data["active"] > len(data["subjects"]):
             shown = f"top {len(data['subjects'])} of {data['active']}"
@@ -193,6 +199,8 @@ class Command(BaseCommand):
         names = ", ".join(name for name in results.names if name) or "none (only '*' and path prefixes match)"
         self.stdout.write(f"{method.upper()} {path} is known by the names: {names}")
         self.stdout.write(results.cost.text)
+        if results.metered:
+            self.stdout.write(results.metered)
         assignment = results.assignment
         if assignment is not None:
             until = f", until {assignment.expires_at.isoformat()}" if assignment.expires_at else ""
@@ -243,11 +251,16 @@ def _policy(name: str) -> Policy:
 def _status_entry(row: Policy, activity: operations.PolicyActivity | None) -> dict:
     entry = {
         "name": row.name, "action": row.action, "limit": row.limit, "window": row.window, "strategy": row.strategy,
-        "key": row.key, "mode": row.mode, "enabled": row.enabled,
+        "key": row.key, "mode": row.mode, "enabled": row.enabled, "unit": row.unit,
     }
     if activity is not None:
         entry.update(active=activity.active, allowed=activity.allowed, denied=activity.denied)
     return entry
+
+
+def _limit(row: Policy) -> str:
+    """'100 / 1 min', '10,000,000 tokens / calendar month (UTC)'."""
+    return human_limit(row.limit, row.unit, _per(row))
 
 
 def _per(row: Policy) -> str:
@@ -257,21 +270,9 @@ def _per(row: Policy) -> str:
 
 def _explanation_row(item) -> tuple[str, ...]:
     """One line of the tester's answer, worded as the admin's tester page words it."""
-    policy, planned, decision = item.policy, item.planned, item.decision
+    policy, planned = item.policy, item.planned
     named = (policy.name, policy.mode, policy.action)
     if planned is None:
-        return (*named, "-", "-", "-", "-", "-", f"does not apply: no subject ({policy.key} cannot be computed)")
+        return (*named, "-", "-", "-", "-", "-", item.would)
     override = planned.override.description if planned.override else "none"
-    if planned.limit is None:
-        return (*named, planned.subject.display, override, item.limit_from, "exempt", "-", "allow (exempt)")
-    limit = f"{planned.limit} / {human_per(policy.window, policy.period, policy.time_zone)}"
-    if decision is None:
-        would = "unknown (Redis unreachable)"
-    elif not decision.exceeded:
-        would = f"allow, {decision.remaining} left"
-    elif decision.allowed:
-        would = "allow, but over the limit (shadow)"
-    else:
-        would = f"deny, retry in {math.ceil(decision.retry_after)} s"
-    count = "-" if decision is None else str(decision.count)
-    return (*named, planned.subject.display, override, item.limit_from, limit, count, would)
+    return (*named, planned.subject.display, override, item.limit_from, item.limit_text, item.count_text, item.would)
