@@ -181,7 +181,7 @@ def test_content_bytes_of_a_compressed_answer_are_the_bytes_sent(settings, serve
     settings.MIDDLEWARE = ["django.middleware.gzip.GZipMiddleware", *settings.MIDDLEWARE]
     compiled = metered("download-bytes", action="download", limit=100_000, unit="content-bytes")
     response = Client().get("/download/?size=5000", REMOTE_ADDR="203.0.113.7", HTTP_ACCEPT_ENCODING="gzip")
-    assert response["Content-Encoding"] == "gzip" and len(response.content) < 100
+    assert response["Content-Encoding"] == "gzip" and len(response.content) < 1000
     _flushed()
     assert engine.decide([check(compiled)], dry_run=True).decisions[0].count == len(response.content)
 
