@@ -221,9 +221,13 @@ def _counted_when_closed(response, closing: Closing) -> None:
         try:
             close()
         finally:
-            closing.send()
+            _send_at_close(closing)
 
     response.close = counted
+
+
+#: a failure to send never reaches the server's close of the answer (the boundary: boundary.py)
+_send_at_close = protected(Closing.send, MIDDLEWARE, lambda _error: None)
 
 
 def _length(response) -> int | None:
