@@ -4,6 +4,7 @@ totals, the live index and the active subjects is what folding each record alone
 from __future__ import annotations
 
 import random
+import sys
 
 import pytest
 
@@ -53,3 +54,20 @@ def test_a_flush_adds_what_folding_each_record_alone_adds(mixed):
         assert {k: v for k, v in folded.moves.items() if v} == {k: v for k, v in alone.moves.items() if v}
         assert folded.entries == alone.entries
         assert len(records[0]) == NOTED
+
+
+def test_counts_of_policies_that_tell_where_a_counter_emptied_and_of_those_that_do_not_are_summed(monkeypatch):
+    # a sliding window's record tells where its counter emptied before (ms), a sliding log's does not (-2):
+    # counted together, neither is a counter moving to another totals bucket, each folded alone
+    folded_alone = []
+    monkeypatch.setattr(sys.modules[_fold.__module__], "_fold", lambda pending, *record: folded_alone.append(record))
+    told, untold = policy(limit=10**9, window=3600, strategy="sliding_window"), policy(limit=10**9, window=3600)
+    now, records = 1_700_000_000_000, []
+    for at in range(100):
+        reset = 3_600_000 - (now + at) % 3_600_000
+        records += [(told, "ip:192.0.2.1", 0, False, False, 901 + at, reset, reset, now + at, 1),
+                    (untold, "ip:192.0.2.1", 0, False, False, 901 + at, 3_600_000, -2, now + at, 1)]
+    noted, pending = [field for record in records for field in record], _Pending()
+    _fold_noted(pending, noted, len(records))
+    assert folded_alone == []
+    assert sum(pending.counts.values()) == 200
