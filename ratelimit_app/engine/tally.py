@@ -20,7 +20,7 @@ import threading
 import time
 from collections import Counter
 from itertools import compress, count as indices, repeat
-from operator import add, and_, attrgetter, eq, floordiv, ge, gt, ne, neg, sub, xor
+from operator import and_, attrgetter, eq, floordiv, ge, gt, ne, sub, xor
 from typing import TYPE_CHECKING, Iterable
 
 import redis
@@ -271,12 +271,13 @@ def _fold_noted(pending: _Pending, noted: list, records: int) -> None:
             alone.update(compress(indices(), map(eq, befores, repeat(-1))))
         if low.bit_length() < max(counts).bit_length():  # a power of 2 in (rest, count] for some record:
             alone.update(compress(indices(), map(gt, map(xor, counts, rest), rest)))  # count's top bit is not rest's
-        if max(befores) >= 0:  # a counter may have moved to another totals bucket (their ceilings compared),
-            # only one that tells where it emptied before (a negative before_ms tells nothing: -2)
-            buckets = list(map(_TOTALS_BUCKET, policies))
-            alone.update(compress(indices(), map(and_, map(ge, befores, repeat(0)), map(
-                ne, map(floordiv, map(neg, map(add, nows, fields[6::NOTED])), buckets),
-                map(floordiv, map(neg, map(add, nows, befores)), buckets)))))
+        if max(befores) >= 0:  # a counter may have moved to another totals bucket: only one that tells where
+            # it emptied before (a negative before_ms tells nothing) and now empties at another time
+            resets = fields[6::NOTED]
+            for at in compress(indices(), map(and_, map(ge, befores, repeat(0)), map(ne, befores, resets))):
+                bucket = policies[at].totals_bucket_ms
+                if -(-(nows[at] + resets[at]) // bucket) != -(-(nows[at] + befores[at]) // bucket):
+                    alone.add(at)
         alone = sorted(alone)  # in order: the live index keeps a subject's latest entry
     tallied = pending.counts
     for at in alone:
