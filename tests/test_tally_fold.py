@@ -70,4 +70,5 @@ def test_counts_of_policies_that_tell_where_a_counter_emptied_and_of_those_that_
     noted, pending = [field for record in records for field in record], _Pending()
     _fold_noted(pending, noted, len(records))
     assert folded_alone == []
-    assert sum(pending.counts.values()) == 200
+    assert dict(pending.counts) == {(told, 0, "a", now // told.totals_bucket_ms): 100,
+                                    (untold, 0, "a", now // untold.totals_bucket_ms): 100}

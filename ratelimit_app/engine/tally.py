@@ -284,21 +284,29 @@ def _fold_noted(pending: _Pending, noted: list, records: int) -> None:
         _fold(pending, *fields[at * NOTED:(at + 1) * NOTED])
     if len(alone) == records:
         return
-    first, bucket = policies[0], policies[0].totals_bucket_ms
-    if (policies.count(first) == records and shards.count(shards[0]) == records
-            and min(nows) // bucket == max(nows) // bucket):  # one policy, shard and totals bucket: one sum
-        key = (first, shards[0], "a", nows[0] // bucket)
-        tallied[key] = tallied.get(key, 0) + records - len(alone)
-        return
     # requests counted by (policy's id, shard, totals bucket): a policy (a tuple of its every field) hashed
     # and compared in a key was most of a record's cost; the policies' own keys are made once per key below
     ids = list(map(id, policies))
+    by_id = dict(zip(ids, policies))
+    earliest, latest = min(nows), max(nows)
+    if shards.count(shards[0]) == records and all(
+            earliest // policy.totals_bucket_ms == latest // policy.totals_bucket_ms for policy in by_id.values()):
+        # one shard, and each policy's records in one totals bucket: a sum by policy
+        counted_by_id = Counter(ids)
+        for at in alone:  # _fold counted them
+            counted_by_id[ids[at]] -= 1
+        for number, amount in counted_by_id.items():
+            if amount:
+                policy = by_id[number]
+                key = (policy, shards[0], "a", earliest // policy.totals_bucket_ms)
+                tallied[key] = tallied.get(key, 0) + amount
+        return
     counted = Counter(zip(ids, shards, map(floordiv, nows, map(_TOTALS_BUCKET, policies))))
     for at in alone:  # _fold counted them
         counted[(ids[at], shards[at], nows[at] // policies[at].totals_bucket_ms)] -= 1
     for (number, shard, bucket), amount in counted.items():
         if amount:
-            key = (policies[ids.index(number)], shard, "a", bucket)
+            key = (by_id[number], shard, "a", bucket)
             tallied[key] = tallied.get(key, 0) + amount
 
 
