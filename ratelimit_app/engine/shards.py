@@ -9,7 +9,7 @@ from typing import Sequence
 import redis
 from redis.exceptions import RedisClusterException
 
-from ..values import Check, Held, Verdict
+from ..values import Check, Held, Verdict, charge
 from . import giveback, keys
 from .arguments import Ask, entry, script_call
 from .batches import run_each
@@ -93,9 +93,10 @@ def _give_back(redis_client, verdicts: dict[int, Verdict | Exception], call: Ask
         if isinstance(verdict, CounterAbsent):
             continue
         if isinstance(verdict, Exception):
-            held += [Held(c.policy, c.subject, call.lease, call.cost) for c in groups[shard] if c.policy.holds]
+            held += [Held(c.policy, c.subject, call.lease, charge(c.policy, call.cost, call.split))
+                     for c in groups[shard] if c.policy.holds]
         elif verdict.allowed:
-            held += [Held(d.policy, d.subject, call.lease, call.cost) for d in verdict.decisions
+            held += [Held(d.policy, d.subject, call.lease, d.cost) for d in verdict.decisions
                      if d.policy.holds and not d.exceeded]
     if held:
         try:
