@@ -218,8 +218,8 @@ class Grind:
     def _control(self, *options: str) -> None:
         subprocess.run(["callgrind_control", *options, str(self.process.pid)], check=True, capture_output=True)
 
-    def ask(self, command: str) -> int:
-        """The instructions the worker runs doing `command`."""
+    def ask(self, command: str, keep: str | None = None) -> int:
+        """The instructions the worker runs doing `command`; its callgrind dump copied to `keep` if given."""
         self._control("-z")
         self.process.stdin.write(command + "\n")
         self.process.stdin.flush()
@@ -228,6 +228,8 @@ class Grind:
             os.unlink(dump)
         self._control("-d")
         for dump in glob.glob(f"{self.dir}/cg.out.*"):
+            if keep:
+                shutil.copyfile(dump, keep)
             with open(dump, encoding="utf-8", errors="replace") as text:
                 for line in text:
                     if line.startswith(("summary:", "totals:")):
@@ -251,7 +253,9 @@ class Measured(NamedTuple):
     commands: float  # Redis commands per request (server side, the flush's included)
 
 
-def measure(row: Configuration, env: dict, counts: tuple[int, ...] = COUNTS) -> Measured:
+def measure(row: Configuration, env: dict, counts: tuple[int, ...] = COUNTS, keep: str | None = None) -> Measured:
+    """`keep`: a directory where the callgrind dump of each count's run is kept (<route>.<N>.out), for
+    callgrind_annotate --inclusive=yes."""
     from bench.common import server
     from bench.measure import server_commands
 
@@ -260,7 +264,7 @@ def measure(row: Configuration, env: dict, counts: tuple[int, ...] = COUNTS) -> 
         totals, flushes = [], []
         before = server_commands(server())
         for count in counts:
-            totals.append(grind.ask(f"run {count}"))
+            totals.append(grind.ask(f"run {count}", keep and os.path.join(keep, f"{row.route}.{count}.out")))
             flushes.append(grind.ask("flush"))
         commands = (server_commands(server()) - before) / sum(counts)  # (server_commands leaves out its INFO)
     finally:
@@ -285,6 +289,7 @@ def main() -> None:
     parser.add_argument("--rows", help="comma-separated row numbers (1-based) to measure; default: all")
     parser.add_argument("--only", help="comma-separated routes (p1, decorated...: the second column of ROWS) to measure")
     parser.add_argument("--counts", default=",".join(map(str, COUNTS)), help="the two request counts (default: %(default)s)")
+    parser.add_argument("--keep", metavar="DIR", help="keep each row's callgrind dumps in DIR (<route>.<N>.out)")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.worker:
@@ -324,7 +329,9 @@ def main() -> None:
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings_e2e", "BENCH_FIRST": row.route, "PYTHONHASHSEED": "0",
                "BENCH_MIDDLEWARE": "1" if row.middleware else "0",
                "BENCH_SERVER": "uvicorn" if row.server == "asgi" else "gunicorn"}
-        got = measured[row.name] = measure(row, env, counts)
+        if options.keep:
+            os.makedirs(options.keep, exist_ok=True)
+        got = measured[row.name] = measure(row, env, counts, options.keep)
         base = measured.get(OVER.get(row.name, ""))
         # what the row costs over its comparison, its flush included (the comparisons flush nothing)
         over = f"{got.per_request + got.flush - base.per_request - base.flush:9,.0f}" if base else ""

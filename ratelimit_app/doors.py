@@ -205,7 +205,7 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, door: Door
         if not get_setting("RATELIMIT_ENABLED"):
             return None
         if routed:
-            route = route_of(request)
+            route = _resolve_route(request.path_info, getattr(request, "urlconf", None))  # route_of(), a frame fewer
             if route.exempt:
                 return None
             names, last = route.names, not route.door_inside
@@ -220,7 +220,9 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, door: Door
             # a DRF Request (the throttle's) hands on what it lacks through a raised AttributeError: its HttpRequest
             base = request.__dict__.get("_request", request)
             key = (base.path_info, base.method, names)
-            matched, by_address = _routes.matching(index, key, base)
+            # the route's entry read here (most requests): matching() only when it is not kept
+            found = _routes.matched.get(key) if index is _routes.index else None
+            matched, by_address = found or _routes.matching(index, key, base)
             if not matched:
                 return None
         state = state_of(request, names)

@@ -11,6 +11,10 @@ from .drivers import Io, arun
 from .responses import service_unavailable
 from .values import Unavailable
 
+# Io(...) runs the named tuple's Python __new__ (its defaults) on every request; the tuple made directly does not
+_made = tuple.__new__
+_NO_KWARGS: dict = {}
+
 
 class RateLimitMiddleware:
     """Enforces the policies that match every request: by URL name, path prefix, `*` and method.
@@ -38,7 +42,7 @@ class RateLimitMiddleware:
             markcoroutinefunction(self)
 
     def __call__(self, request):
-        view = Io(self.get_response, self.get_response, (request,))
+        view = _made(Io, (self.get_response, self.get_response, (request,), _NO_KWARGS))
         if self.is_async:
             return arun(around_view(request, view, MIDDLEWARE, routed=True))
         return around_view.sync(request, view, MIDDLEWARE, routed=True)
