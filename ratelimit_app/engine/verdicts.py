@@ -46,11 +46,12 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Seq
     decisions = []
     seen = []  # the script leaves the totals and the live index to the worker (tally.py)
     denied = metering = False
+    split = call.split  # each policy charged in its own unit (values.splits)
     at = 1
     for (policy, subject, limit, plan), sent in zip(checks, parts):
         count, reset_ms, third = reply[at], reply[at + 1], reply[at + 2]
         at += 3
-        if call.split:
+        if split:
             cost = charge(policy, base, True)
         exceeded = count < 0  # then -1 - count, and the third figure is the retry time, else the reset before
         if exceeded:
