@@ -142,7 +142,7 @@ class Saver:
         for adjustment in adjustments:
             charged = adjustment.charged
             policy = charged.policy
-            if policy.plugin is None or not policy.id:
+            if policy.plugin is None:
                 continue
             start = policy.plugin.span(policy, server_clock.now_ms())[0]
             if policy.plugin.settling(policy, 0, start)[1] == charged.anchor:  # else settle.lua leaves it alone
@@ -183,7 +183,7 @@ class Saver:
 
     def pending_used(self, policy_id: int, subject_key: str, start_ms: int, generation: int) -> int:
         known = self._pending.get((policy_id, subject_key, start_ms))
-        return known.used or 0 if known and known.generation >= generation else 0
+        return (known.used or 0) if known and known.generation >= generation else 0
 
     def _timed(self) -> None:
         try:

@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='quotausage',
             name='kept',
-            field=models.PositiveBigIntegerField(default=0, help_text='What the subject had used of the period when an operator reset it: its usage stays at least this (billing keeps it) while the counter starts afresh.', verbose_name='kept'),
+            field=models.PositiveBigIntegerField(db_default=0, help_text='What the subject had used of the period when an operator reset it: its usage stays at least this (billing keeps it) while the counter starts afresh.', verbose_name='kept'),
         ),
     ]

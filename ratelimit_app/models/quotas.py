@@ -24,7 +24,7 @@ class QuotaUsage(models.Model):
         "policy's): what the overage is measured against. Blank for usage saved before it was kept.",
     )
     kept = models.PositiveBigIntegerField(
-        "kept", default=0, help_text="What the subject had used of the period when an operator reset it: its usage "
+        "kept", db_default=0, help_text="What the subject had used of the period when an operator reset it: its usage "
         "stays at least this (billing keeps it) while the counter starts afresh.",
     )
     updated = models.DateTimeField("saved", auto_now=True)
