@@ -9,6 +9,9 @@ step sends everything held in one batch, once, at the first of:
 - request_finished in the request's context (the server closed whatever answer it sent: a 304 in place of
   a streamed body, or any answer of a view that called hit() without a door).
 
+A whole answer whose bytes a policy counts (content-bytes) gives its places back as it leaves the door, and
+settles as the server closes it, once any outer middleware compressed, rendered or replaced it.
+
 A batch is a list of items for engine.release(): the places held, and what the request's metered
 policies move by (what it settled less its estimate: values.Adjustment), worked out as it is taken.
 Only Django's public hooks are used, but for one case: _closed_with_request().
@@ -88,12 +91,6 @@ class Closing:
         """Whether a policy that admitted the request counts the bytes of its answer (content-bytes)."""
         return any(charged.policy.unit == CONTENT_BYTES for charged in self.metered)
 
-    def rendered(self, response) -> None:
-        """A post-render callback: the answer's bytes are known now; the batch goes (returns None: the
-        response stays as it is)."""
-        self.sent = len(response.content)
-        self.send()
-
     def hold(self, items: Sequence[Held]) -> None:
         """Items the closing step sends: recorded before the call that takes them is sent, so that a call
         left unanswered (timed out, cancelled) is given back too."""
@@ -124,6 +121,16 @@ class Closing:
         if batch:
             await engine.arelease(batch)
 
+    def send_places(self) -> None:
+        """The places held, sent now; the metered policies are settled as the request ends."""
+        batch, self.batch = self.batch, []
+        if batch:
+            engine.release(batch)
+
+    async def asend_places(self) -> None:
+        batch, self.batch = self.batch, []
+        if batch:
+            await engine.arelease(batch)
 
 
 #: the Closing of the request this context serves, made when the request started
@@ -194,20 +201,37 @@ def leaving(request, response, closing: Closing) -> Steps:
         _unsent(response)
         closing.sent = 0
     elif closing.counts_bytes():
-        if getattr(response, "is_rendered", True) is False:
-            # a template's or DRF's answer is rendered after the doors, before a byte of it is sent: its
-            # bytes are known, and the batch sent, then (or at request_finished should it never be)
-            response.add_post_render_callback(closing.rendered)
-            return response
-        closing.sent = _length(response)
+        # its bytes are counted once the server has sent it: an outer middleware may yet compress it,
+        # render it (DRF, a template) or answer a 304 in its place, which sends none of them
+        yield Io(closing.send_places, closing.asend_places)
+        closing.sent = 0
+        _counted_when_closed(response, closing)
+        return response
     yield Io(closing.send, closing.asend)  # send(), by the door's driver
     return response
 
 
+def _counted_when_closed(response, closing: Closing) -> None:
+    """The server closes the answer it sent (a WSGI iterable's close(), the ASGI handler's): its bytes are
+    settled then. An answer replaced is never closed: the request's end settles it with none sent."""
+    close = response.close
+
+    def counted() -> None:
+        closing.sent = len(response.content) if getattr(response, "is_rendered", True) else 0
+        try:
+            close()
+        finally:
+            _send_at_close(closing)
+
+    response.close = counted
+
+
+#: a failure to send never reaches the server's close of the answer (the boundary: boundary.py)
+_send_at_close = protected(Closing.send, MIDDLEWARE, lambda _error: None)
+
+
 def _length(response) -> int | None:
-    """The bytes of a whole response's body; a file the server sends itself by its Content-Length (None: unknown)."""
-    if not getattr(response, "streaming", False):
-        return len(response.content)
+    """The bytes of a file the server sends itself, by its Content-Length (None: unknown)."""
     length = response.get("Content-Length")
     return int(length) if length and length.isdigit() else None
 

@@ -4,6 +4,7 @@ compiled, and every row the policy index holds read at once."""
 from __future__ import annotations
 
 import logging
+import zlib
 from collections import defaultdict
 from typing import NamedTuple
 
@@ -48,7 +49,7 @@ def compile_policy(row: Policy) -> CompiledPolicy:
         burst=strategy.burst(row),
         window_ms=row.window * 1000,
         bucket_ms=bucket_ms,
-        shape=strategy.shape(row, bucket_ms),
+        shape=strategy.shape(row, bucket_ms) + unit_part(row.unit),
         enforce=row.mode == Mode.ENFORCE,
         totals_bucket_ms=strategy.totals_bucket_ms(row.window * 1000, bucket_ms),
         counts_users=any(part.reads_user for part in key_spec),
@@ -61,6 +62,12 @@ def compile_policy(row: Policy) -> CompiledPolicy:
         meters=row.unit != REQUESTS,
         overage_cap=row.overage_cap,
     )
+
+
+def unit_part(unit: str) -> str:
+    """What a counter key adds for a metered unit: counters of another unit are not read as its own (900
+    tokens are no 900 requests), and a settle sent after the change moves a counter no longer read."""
+    return "" if unit == REQUESTS else f"~{zlib.crc32(unit.encode()) % 1679616:x}"
 
 
 class Rows(NamedTuple):

@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import re
+import resource
 import time
 from pathlib import Path
 
@@ -63,6 +64,9 @@ QUICK = 0.2
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--store-durations", action="store_true",
                      help=f"write each test's seconds to {DURATIONS.name}, for the order -n N hands the tests out")
+    parser.addoption("--cpu-durations", type=int, metavar="N", default=None,
+                     help="print the N tests and modules that took the most CPU seconds (the test's process "
+                          "and the subprocesses it waited for): wall clock says little on a busy machine")
 
 
 @pytest.hookimpl(optionalhook=True)  # -p no:xdist: no such hook
@@ -97,10 +101,40 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 _took: dict[str, float] = {}
+_cpu: dict[str, float] = {}
+
+
+def _cpu_seconds() -> float:
+    return sum(usage.ru_utime + usage.ru_stime
+               for usage in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    """--cpu-durations: each phase's report carries its CPU seconds (to xdist's controller too)."""
+    outcome = yield
+    if item.config.getoption("cpu_durations") is not None:
+        now = _cpu_seconds()
+        start = item.stash.get(_CPU_START, None)
+        if start is not None:
+            outcome.get_result().user_properties.append(("cpu_seconds", now - start))
+        item.stash[_CPU_START] = now
+
+
+_CPU_START = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.config.getoption("cpu_durations") is not None:
+        item.stash[_CPU_START] = _cpu_seconds()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _took[report.nodeid] = _took.get(report.nodeid, 0.0) + report.duration
+    for name, seconds in report.user_properties:
+        if name == "cpu_seconds":
+            _cpu[report.nodeid] = _cpu.get(report.nodeid, 0.0) + seconds
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -130,7 +164,18 @@ SHARED_FIXTURE = re.compile(r"""@pytest\.fixture\([^)]*scope=["'](class|module|p
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
-    """The order the tests ran in, printed last (even with -q): a failure that depends on it replays."""
+    """--cpu-durations; then the order the tests ran in, printed last (even with -q): a failure that depends
+    on it replays."""
+    count = config.getoption("cpu_durations")
+    if count is not None and _cpu:
+        modules: dict[str, float] = {}
+        for test, seconds in _cpu.items():
+            modules[test.split("::", 1)[0]] = modules.get(test.split("::", 1)[0], 0.0) + seconds
+        terminalreporter.write_sep("=", f"CPU seconds: {sum(_cpu.values()):.1f} in all")
+        for title, found in (("tests", _cpu), ("modules", modules)):
+            for name, seconds in sorted(found.items(), key=lambda pair: -pair[1])[:count or None]:
+                terminalreporter.write_line(f"{seconds:8.1f}s cpu  {name}")
+            terminalreporter.write_line(f"({title})")
     if config.pluginmanager.hasplugin("randomly"):
         seed = config.getoption("randomly_seed")
         terminalreporter.write_line(f"Tests ran in random order: --randomly-seed={seed} replays it (-p no:randomly: file order).")

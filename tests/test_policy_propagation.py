@@ -3,11 +3,14 @@ version in Redis (the periodic reload is out of the way)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.servers import Server, fetch, manage, site_env
+from tests.servers import ROOT, Server, fetch, manage, site_env
 
 pytestmark = pytest.mark.slow
 
@@ -35,30 +38,62 @@ def until_obeyed(condition, servers, deadline=60.0) -> None:
         time.sleep(0.02)
 
 
-def shell(env, code: str) -> None:
-    manage(env, "shell", "-c", "from ratelimit_app.models import Policy\n" + code)
+# one `manage.py shell` for every change: each piece of code on a line of its stdin, "done" once it ran
+# (a process per change started Django six times for a few statements)
+LOOP = """
+import json, sys
+from ratelimit_app.models import Policy
+for line in sys.stdin:
+    exec(json.loads(line))
+    print("done", flush=True)
+"""
 
 
-def test_changes_reach_every_worker_through_the_policy_version(workers):
-    env, servers = workers
+class Shell:
+    """A `manage.py shell` of the site's, elsewhere than its workers, that runs the code it is given."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.process = subprocess.Popen([sys.executable, "manage.py", "shell", "-c", LOOP], cwd=ROOT, env=env,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def __call__(self, code: str) -> None:
+        self.process.stdin.write(json.dumps(code) + "\n")
+        self.process.stdin.flush()
+        said = iter(self.process.stdout.readline, "")  # to its end of file, should it die
+        assert "done\n" in said, f"the shell failed on {code!r} (its error is above)"
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        assert self.process.wait(timeout=60) == 0
+
+
+@pytest.fixture
+def shell(workers):
+    elsewhere = Shell(workers[0])
+    yield elsewhere
+    elsewhere.close()
+
+
+def test_changes_reach_every_worker_through_the_policy_version(workers, shell):
+    servers = workers[1]
     for server in servers:  # both workers have loaded their (empty) index
         assert "RateLimit" not in fetch(server.url + "/demo/search/")[1]
 
-    shell(env, "Policy.objects.create(name='search', action='demo:search', limit=1000, window=60, strategy='fixed_window', key='global')")
+    shell("Policy.objects.create(name='search', action='demo:search', limit=1000, window=60, strategy='fixed_window', key='global')")
     until_obeyed(lambda status, headers: "RateLimit" in headers, servers)
 
-    shell(env, "p = Policy.objects.get(name='search'); p.limit = 1; p.save()")
+    shell("p = Policy.objects.get(name='search'); p.limit = 1; p.save()")
     until_obeyed(lambda status, headers: status == 429, servers)
 
-    shell(env, "p = Policy.objects.get(name='search'); p.enabled = False; p.save()")
+    shell("p = Policy.objects.get(name='search'); p.enabled = False; p.save()")
     until_obeyed(lambda status, headers: status == 200 and "RateLimit" not in headers, servers)
 
-    shell(env, "p = Policy.objects.get(name='search'); p.enabled = True; p.save()")
+    shell("p = Policy.objects.get(name='search'); p.enabled = True; p.save()")
     until_obeyed(lambda status, headers: status == 429, servers)
 
-    shell(env, "from ratelimit_app.models import Override\n"
-               "Override.objects.create(policy=Policy.objects.get(name='search'), kind='ip', network='127.0.0.1', limit=100000)")
+    shell("from ratelimit_app.models import Override\n"
+          "Override.objects.create(policy=Policy.objects.get(name='search'), kind='ip', network='127.0.0.1', limit=100000)")
     until_obeyed(lambda status, headers: status == 200 and '"search";q=100000' in headers.get("RateLimit-Policy", ""), servers)
-    shell(env, "Policy.objects.get(name='search').delete()")
+    shell("Policy.objects.get(name='search').delete()")
     until_obeyed(lambda status, headers: status == 200 and "RateLimit" not in headers, servers)
 

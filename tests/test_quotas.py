@@ -22,7 +22,7 @@ from ratelimit_app.models import Policy, QuotaUsage
 from ratelimit_app.periods import periods_at, zone
 from ratelimit_app.rates import parse_quota
 from ratelimit_app.registry import code_policy
-from tests.helpers import check, in_processes, make_policy, policy
+from tests.helpers import check, in_processes, insert_usage, make_policy, policy
 
 ZONES = ["UTC", "Europe/Paris", "America/New_York", "America/Santiago", "Australia/Lord_Howe", "Asia/Kolkata",
          "Pacific/Apia", "America/Havana", "Asia/Tehran"]
@@ -318,11 +318,7 @@ def test_a_declared_monthly_quota_answers_429_with_the_wait_until_the_next_month
 def _saved_usage(row, start_ms: int, count: int, first: int = 0) -> None:
     from ratelimit_app.quotas import as_datetime
 
-    QuotaUsage.objects.bulk_create(
-        [QuotaUsage(policy=row, subject=f"{n:016x}", display=f"header:x-api-key:k-{n}", period_start=as_datetime(start_ms), used=n % 997)
-         for n in range(first, first + count)],
-        batch_size=5000,
-    )
+    insert_usage(row.pk, as_datetime(start_ms), count, first)
 
 
 @pytest.mark.django_db

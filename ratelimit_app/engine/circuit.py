@@ -4,6 +4,7 @@ can fail. A small state machine (closed, open, half-open) that knows nothing of 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from types import TracebackType
@@ -136,6 +137,10 @@ class CircuitBreaker:
         if isinstance(error, redis.ReadOnlyError):
             self.reconnect(error)  # a replica after a failover: a new connection may reach the new primary
 
+    def _forked(self) -> None:
+        # a probe or a count under way in a thread of the parent: the child has no such thread to release them
+        self._probe, self._count = threading.Lock(), threading.Lock()
+
     def reset(self) -> None:
         """Close the circuit, and log the next error at once (tests start from here)."""
         self.open_until = 0.0
@@ -168,3 +173,4 @@ class Attempt:
 
 
 breaker = CircuitBreaker(hooks)
+os.register_at_fork(after_in_child=breaker._forked)

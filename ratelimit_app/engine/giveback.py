@@ -150,8 +150,14 @@ class Owed:
                 self._cause = describe(cause)
             if len(self.places) > self.LIMIT:
                 dropped, self.places = self.places[: -self.LIMIT], self.places[-self.LIMIT:]
-                logger.warning("ratelimit: %d places in flight not given back (their leases run out instead): %s",
-                               len(dropped), self._cause or breaker.cause)
+                places = sum(1 for item in dropped if type(item) is Held)
+                cause = self._cause or breaker.cause
+                if places:
+                    logger.warning("ratelimit: %d places in flight not given back (their leases run out instead): %s",
+                                   places, cause)
+                if places < len(dropped):
+                    logger.warning("ratelimit: %d settled usages not sent (their requests' estimates stand): %s",
+                                   len(dropped) - places, cause)
             if self._timer is None:
                 self._timer = threading.Timer(1.0, self._retry)
                 self._timer.daemon = True
@@ -185,8 +191,14 @@ class Owed:
         with self._lock:
             self.places = []
 
+    def _forked(self) -> None:
+        # what the parent owes is the parent's to send (sent by the child too, settled usage counts twice);
+        # its lock may have been held by a thread the child does not have, its timer runs in the parent only
+        self._lock, self._timer, self.places = threading.Lock(), None, []
+
 
 owed = Owed()
+os.register_at_fork(after_in_child=owed._forked)
 
 
 def send(redis_client, held: Sequence[Held], strict: bool = False) -> None:

@@ -4,8 +4,10 @@ it answered is never sent twice; on a cluster each settle reaches its counter's 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -50,21 +52,30 @@ def settled_request(used: int) -> None:
     ratelimit_app.settle(request, tokens=used)
 
 
-def test_a_settle_while_the_circuit_is_open_is_owed_and_sent_once_when_redis_answers(
-    settings, private, circuit,  # noqa: F811
-):
-    use_server(settings, private.url, timeouts=TIMEOUTS)
-    compiled = metered()
-    settled_request(250)
+@contextlib.contextmanager
+def settle_owed(port: int, compiled, used: int) -> Iterator[None]:
+    """A request that settles `used` ends while the server on `port` stalls (2 s) and the circuit is open:
+    its settle is owed while the block runs."""
+    settled_request(used)
     giveback.owed.forget()
-    sleeping = stalled(private.port, 2)
+    sleeping = stalled(port, 2)
     try:
         with pytest.raises(engine.RedisUnavailable):  # the stall opens the circuit
             engine.decide([check(compiled, "ip:198.51.100.9")])
         closing.request_ended()  # the request ends: its settle cannot be sent now
         assert [type(item) for item in giveback.owed.places] == [Adjustment]
+        yield
     finally:
         sleeping.join()
+
+
+def test_a_settle_while_the_circuit_is_open_is_owed_and_sent_once_when_redis_answers(
+    settings, private, circuit,  # noqa: F811
+):
+    use_server(settings, private.url, timeouts=TIMEOUTS)
+    compiled = metered()
+    with settle_owed(private.port, compiled, 250):
+        pass
     assert _until(lambda: counted(private.port, compiled) == 250)  # sent by the owed timer once Redis answers
     assert _until(lambda: not giveback.owed.places)
     for _ in range(5):  # later give-backs and decisions send nothing of it again

@@ -23,7 +23,7 @@ from ratelimit_app.policies import compile_policy
 from ratelimit_app.portable import ImportRefused, import_data
 from ratelimit_app.subjects import subject_for
 from ratelimit_app.values import Check
-from tests.helpers import check, make_policy
+from tests.helpers import check, insert_usage, make_policy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -134,9 +134,7 @@ async def _export_through_asgi(cookie: str) -> tuple[int, int]:
 
 
 def _saved_rows(row, start_ms: int, count: int, first: int = 0) -> None:
-    QuotaUsage.objects.bulk_create(
-        [QuotaUsage(policy=row, subject=f"{n:016x}", display=f"header:x-api-key=k-{n}", period_start=quotas.as_datetime(
-            start_ms), used=n % 997) for n in range(first, first + count)], batch_size=5000)
+    insert_usage(row.pk, quotas.as_datetime(start_ms), count, first, display="header:x-api-key=k-")
 
 
 @pytest.mark.slow
