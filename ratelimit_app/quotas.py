@@ -301,7 +301,8 @@ def _upsert(pending: dict[tuple[int, str, int], Usage]) -> None:
     ]
     limit = connection.ops.quote_name("limit")  # a reserved word in SQL
     columns = f"policy_id, subject, display, period_start, used, {limit}, updated, kept"
-    # the latest count by Redis's clock, never below what a reset kept; the limit of the latest save: a plan changed within the period bills by the one in force at its end
+    # the latest count by Redis's clock, never below what a reset kept; the limit of the latest save: a plan
+    # changed within the period bills by the one in force at its end
     if connection.vendor == "mysql":
         conflict = (
             "ON DUPLICATE KEY UPDATE used = IF(VALUES(updated) >= updated, GREATEST(VALUES(used), kept), used), "
@@ -314,7 +315,8 @@ def _upsert(pending: dict[tuple[int, str, int], Usage]) -> None:
             f"used = CASE WHEN excluded.updated >= {table}.updated THEN {larger}(excluded.used, {table}.kept) "
             f"ELSE {table}.used END, "
             f"display = COALESCE(NULLIF(excluded.display, ''), {table}.display), "
-            f"{limit} = COALESCE(excluded.{limit}, {table}.{limit}), updated = {larger}({table}.updated, excluded.updated)"
+            f"{limit} = COALESCE(excluded.{limit}, {table}.{limit}), "
+            f"updated = {larger}({table}.updated, excluded.updated)"
         )
     # one transaction: a batch the database refuses half-way is kept whole and saved again, none of it twice
     with transaction.atomic(using=alias), connection.cursor() as cursor:
