@@ -50,8 +50,9 @@ class DenyCache:
 
     def denied(self, checks: Sequence[Check], cost: int = 1) -> list[Decision]:
         """The cached denials among these checks for a request of `cost` units (each policy's own
-        charge: values.charge), their times brought up to date; [] when none applies. Only a refusal of the same cost answers: fewer units may fit,
-        and more wait longer than the time remembered (a client retrying then must fit)."""
+        charge: values.charge), their times brought up to date; [] when none applies. Only a refusal of
+        the same cost answers: fewer units may fit, and more wait longer than the time remembered (a
+        client retrying then must fit)."""
         if not self._until.entries:  # the dict itself: no call on every request
             return []
         now = time.monotonic()
