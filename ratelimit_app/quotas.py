@@ -30,8 +30,6 @@ from . import engine
 from .loading import compile_policy
 from .loggate import LogGate
 from .models import Policy, QuotaUsage
-from .engine import clients, keys
-from .engine.server_clock import server_clock
 from .values import Adjustment, Check, CompiledPolicy
 
 logger = logging.getLogger("ratelimit_app")
@@ -104,12 +102,6 @@ KEPT_WHILE_REFUSED = 100_000  # subjects' usage a worker keeps unsaved while the
 SETTLE_LAG_SECONDS = 2.0
 PACK = 1_000_000  # lua/calendar_quota.lua's counter: count * PACK + the period's number
 
-# the counters' values and Redis's time, read at once (a script runs alone): what a settle moved is exact
-READ = (
-    "local t = redis.call('TIME') local out = {t[1], t[2]} "
-    "for i, key in ipairs(KEYS) do out[i + 2] = redis.call('GET', key) or '' end return out"
-)
-
 
 def _newer(known: Usage | None, usage: Usage) -> bool:
     if known is None:
@@ -134,7 +126,7 @@ class Saver:
     def record(
         self, policy: CompiledPolicy, subject_key: str, display: str, start_ms: int, used: int, limit: int | None = None
     ) -> None:
-        usage = Usage(display, used, policy.generation, limit, server_clock.now_ms() * 1000, policy)
+        usage = Usage(display, used, policy.generation, limit, engine.server_clock.now_ms() * 1000, policy)
         self._put((policy.id, subject_key, start_ms), usage)
 
     def settled(self, adjustments: Sequence[Adjustment]) -> None:
@@ -144,7 +136,7 @@ class Saver:
             policy = charged.policy
             if policy.plugin is None:
                 continue
-            start = policy.plugin.span(policy, server_clock.now_ms())[0]
+            start = policy.plugin.span(policy, engine.server_clock.now_ms())[0]
             if policy.plugin.settling(policy, 0, start)[1] == charged.anchor:  # else settle.lua leaves it alone
                 self.mark(policy, charged.subject.key, charged.subject.display, start, monotonic())
 
@@ -253,23 +245,15 @@ def _read_counters(pending: dict[tuple[int, str, int], Usage]) -> tuple[dict, di
     settle heard of just now may yet move. A counter Redis lost, or of an ended period, keeps the count seen."""
     pending = dict(pending)
     try:
-        redis_client = clients.client()
-        cluster, prefix = clients.is_cluster(redis_client), keys.prefix()
-        groups: dict[int, list[tuple[tuple[int, str, int], str]]] = {}
-        for key, usage in pending.items():
-            if usage.policy is not None and usage.policy.plugin is not None:
-                counter = keys.counter_key(usage.policy, key[1], prefix)
-                groups.setdefault(redis_client.keyslot(counter) if cluster else 0, []).append((key, counter))
-        for group in groups.values():
-            reply = redis_client.eval(READ, len(group), *[counter for _, counter in group])
-            at_us = int(reply[0]) * 1_000_000 + int(reply[1])
-            for (key, _), value in zip(group, reply[2:]):
-                usage = pending[key]
-                if value in (b"", ""):
-                    continue
-                stored = int(value)
-                if stored % PACK == usage.policy.plugin.settling(usage.policy, 0, key[2])[1]:
-                    pending[key] = usage._replace(used=stored // PACK, at_us=at_us)
+        asked = [key for key, usage in pending.items() if usage.policy is not None and usage.policy.plugin is not None]
+        values = engine.counters_now([(pending[key].policy, key[1]) for key in asked])
+        for key, (at_us, value) in zip(asked, values):
+            usage = pending[key]
+            if value in (b"", ""):
+                continue
+            stored = int(value)
+            if stored % PACK == usage.policy.plugin.settling(usage.policy, 0, key[2])[1]:
+                pending[key] = usage._replace(used=stored // PACK, at_us=at_us)
     except (RedisError, OSError) as error:
         if unread_said.due():
             logger.warning("ratelimit: the quota counters could not be read to save them (saved as last seen, "
