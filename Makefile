@@ -58,7 +58,7 @@ docs: $(VENV)/.dev
 # then the instructions the worker runs per request (valgrind's callgrind; skipped, saying so, without valgrind)
 bench: $(VENV)/.bench
 	$(WITH_REDIS) $(BIN)/python -m bench $(BENCH_ARGS)
-	$(WITH_REDIS) $(BIN)/python -m bench.request_instructions
+	$(WITH_REDIS) $(BIN)/python -m bench.request_instructions --write bench/RESULTS.md
 
 clean:
 	rm -rf $(VENV) .nox var docs/_build

@@ -284,12 +284,16 @@ def _available(row: Configuration) -> str | None:
     return None
 
 
+SECTION = "## Instructions per request (callgrind)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", help="comma-separated row numbers (1-based) to measure; default: all")
     parser.add_argument("--only", help="comma-separated routes (p1, decorated...: the second column of ROWS) to measure")
     parser.add_argument("--counts", default=",".join(map(str, COUNTS)), help="the two request counts (default: %(default)s)")
     parser.add_argument("--keep", metavar="DIR", help="keep each row's callgrind dumps in DIR (<route>.<N>.out)")
+    parser.add_argument("--write", metavar="FILE", help="also write the table into FILE's section '%s'" % SECTION)
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.worker:
@@ -316,15 +320,21 @@ def main() -> None:
         if unknown:
             parser.error(f"--only: no row has the route {', '.join(sorted(unknown))}")
         chosen = [row for row in chosen if row.route in routes]
-    print(f"Instructions per request in the worker process (callgrind; N={counts[0]} and N={counts[-1]}): {COMMAND}")
-    print(f"| {'configuration':45} | {'instr/request':>13} | {'over':>9} | {'flush+fold':>10} | "
+    table: list[str] = []
+
+    def say(line: str, flush: bool = False) -> None:
+        print(line, flush=True)
+        table.append(line)
+
+    say(f"Instructions per request in the worker process (callgrind; N={counts[0]} and N={counts[-1]}): {COMMAND}")
+    say(f"| {'configuration':45} | {'instr/request':>13} | {'over':>9} | {'flush+fold':>10} | "
           f"{'each N':>19} | {'redis cmds':>10} |")
-    print(f"|{'-' * 47}|{'-' * 15}:|{'-' * 10}:|{'-' * 11}:|{'-' * 20}:|{'-' * 11}:|")
+    say(f"|{'-' * 47}|{'-' * 15}:|{'-' * 10}:|{'-' * 11}:|{'-' * 20}:|{'-' * 11}:|")
     measured: dict[str, Measured] = {}
     for row in chosen:
         why = _available(row)
         if why:
-            print(f"| {row.name:45} | {'n/a':>13} | {'':>9} | {'':>10} | {why} |", flush=True)
+            say(f"| {row.name:45} | {'n/a':>13} | {'':>9} | {'':>10} | {why} |", flush=True)
             continue
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings_e2e", "BENCH_FIRST": row.route, "PYTHONHASHSEED": "0",
                "BENCH_MIDDLEWARE": "1" if row.middleware else "0",
@@ -336,10 +346,27 @@ def main() -> None:
         # what the row costs over its comparison, its flush included (the comparisons flush nothing)
         over = f"{got.per_request + got.flush - base.per_request - base.flush:9,.0f}" if base else ""
         each = ", ".join(f"{n / 1000:,.1f}k" for n in got.each_n)
-        print(f"| {row.name:45} | {got.per_request:13,.0f} | {over:>9} | {got.flush:10,.0f} | {each:>19} | "
+        say(f"| {row.name:45} | {got.per_request:13,.0f} | {over:>9} | {got.flush:10,.0f} | {each:>19} | "
               f"{got.commands:10.2f} |", flush=True)
-    print("over: instructions over the row compared (middleware no match: the plain view; DRF PolicyThrottle: the "
+    say("over: instructions over the row compared (middleware no match: the plain view; DRF PolicyThrottle: the "
           "DRF view; the rest: the view doing one PING), the flush and fold included.")
+    if options.write:
+        _write_section(options.write, table)
+
+
+def _write_section(path: str, table: list[str]) -> None:
+    """The table as FILE's section SECTION, in place of the one a run before wrote (make bench: RESULTS.md)."""
+    with open(path, encoding="utf-8") as file:
+        text = file.read()
+    section = f"{SECTION}\n\n" + "\n".join(table) + "\n"
+    start = text.find(SECTION)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = text.find("\n## ", start + len(SECTION))
+        text = text[:start] + section + (text[end:] if end >= 0 else "")
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(text)
 
 
 if __name__ == "__main__":

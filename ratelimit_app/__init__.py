@@ -12,7 +12,7 @@ request worth N units (the admin's cost for the action wins) and return a Verdic
 
 from __future__ import annotations
 
-__version__ = "0.2.0"  # the one version source: pyproject.toml reads it
+__version__ = "0.3.0"  # the one version source: pyproject.toml reads it
 
 from .values import Unavailable  # noqa: E402  (hit(), check() and usage() raise it: see their docs)
 

@@ -21,6 +21,7 @@ from .conf import get_setting
 from . import engine
 from .engine import NOW, shard_of, when_flushed
 from .lru import BoundedCache, size_of
+from .values import charge, splits
 
 if TYPE_CHECKING:
     from .values import Check, CompiledPolicy, Decision
@@ -48,17 +49,19 @@ class DenyCache:
         return terms, subject_key, limit, cost
 
     def denied(self, checks: Sequence[Check], cost: int = 1) -> list[Decision]:
-        """The cached denials among these checks for a request of `cost` units, their times brought up
-        to date; [] when none applies. Only a refusal of the same cost answers: fewer units may fit,
-        and more wait longer than the time remembered (a client retrying then must fit)."""
+        """The cached denials among these checks for a request of `cost` units (each policy's own
+        charge: values.charge), their times brought up to date; [] when none applies. Only a refusal of
+        the same cost answers: fewer units may fit, and more wait longer than the time remembered (a
+        client retrying then must fit)."""
         if not self._until.entries:  # the dict itself: no call on every request
             return []
         now = time.monotonic()
         found = []
+        split = cost != 1 and splits(checks, cost)
         for check in checks:
             if not check.policy.enforce:
                 continue  # a shadow policy never refuses, from memory or not
-            key = self._key(check.policy, check.subject.key, check.limit, cost)
+            key = self._key(check.policy, check.subject.key, check.limit, charge(check.policy, cost, split))
             entry = self._until.get(key)
             if entry is None:
                 continue

@@ -16,7 +16,7 @@ from .deny_cache import enabled as deny_cache_enabled
 from .drivers import Io, Steps, nothing, steps
 from .plans import limit_in_effect
 from .subjects import subject_for
-from .values import Check, CompiledPolicy, Decision, Held, Verdict
+from .values import Check, CompiledPolicy, Decision, Held, Verdict, charge, splits
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -178,8 +178,10 @@ def prepare(request, state: RequestState, index: policies.PolicyIndex | None, ex
     if index.holds and any(check.policy.holds for check in checks):
         lease = lease_of(state)  # named before the call: a call left unanswered is given back too
         # a cost that never fits holds nothing, and its give-back would only write a mark
-        holding = tuple(Held(check.policy, check.subject, lease, units) for check in checks
-                        if check.policy.holds and units <= check.policy.largest_cost(check.limit))
+        split = units != 1 and splits(checks, units)
+        holding = tuple(Held(check.policy, check.subject, lease, charged) for check in checks
+                        if check.policy.holds
+                        and (charged := charge(check.policy, units, split)) <= check.policy.largest_cost(check.limit))
     if now is not None:
         return Call(checks, None, units, lease, holding)
     if denied_from_memory(state, checks, units):

@@ -33,6 +33,9 @@ def reset_subject(policy: Policy, text: str) -> tuple[str, bool]:
     as the server knows it, and whether it had counts. ValidationError when the text names none."""
     compiled = compile_policy(policy)
     subject_key, typed = subject_key_of(compiled, text.strip())
+    if compiled.plugin is not None:
+        shown_as = "" if typed == subject_key else typed  # a key as the live page sends it: the saved row's stays
+        quotas.keep_before_reset(compiled, subject_key, shown_as, engine.server_clock.now_ms())
     shown = live.reset_subjects(compiled, [subject_key])
     return " / ".join(shown) or typed, bool(shown)
 

@@ -151,8 +151,11 @@ class Results(NamedTuple):
         if not units:
             return ""
         named = " and ".join(units)
-        return (f"The cost is the estimate the policies in {named} admit the request on; they are then charged "
+        said = (f"The cost is the estimate the policies in {named} admit the request on; they are then charged "
                 "what it used (the view's ratelimit_app.settle(), or the bytes the response sent).")
+        if any(e.policy.unit == REQUESTS for e in self.explanations):
+            said += " The policies counting requests count it as one request."
+        return said
 
 
 class TesterForm(forms.Form):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 
 # a policy's unit: what its limit counts. Requests (a request's cost, known before the view), the bytes of
@@ -95,6 +95,17 @@ class Check(NamedTuple):
     subject: Subject
     limit: int
     plan: str = ""  # the plan that set the limit ('' when the policy or an override did)
+
+
+def splits(checks: Sequence[Check], cost: int) -> bool:
+    """Whether a request of `cost` units is charged in each policy's own unit: one that meets a metered
+    policy takes its estimate there and one request from each policy counting requests."""
+    return cost != 1 and any(check.policy.meters for check in checks)
+
+
+def charge(policy: CompiledPolicy, cost: int, split: bool) -> int:
+    """The units a policy is charged of a request of `cost` (`split`: splits() said so)."""
+    return 1 if split and not policy.meters else cost
 
 
 class Decision(NamedTuple):

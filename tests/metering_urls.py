@@ -76,6 +76,20 @@ class Completion(APIView):
         return Response({"done": True})
 
 
+class Chat(APIView):
+    """An LLM endpoint: its estimate from the request (the prompt's tokens and the most it may answer)."""
+
+    throttle_classes = [PolicyThrottle]
+    throttle_scope = "chat"
+
+    def get_throttle_cost(self, request):
+        return 1008
+
+    def post(self, request):
+        ratelimit_app.settle(request, tokens=int(request.data["used"]))
+        return Response({"done": True})
+
+
 class DownloadApi(APIView):
     throttle_classes = [PolicyThrottle]
     throttle_scope = "download"
@@ -102,6 +116,7 @@ urlpatterns = [
     path("llm/failing/", failing),
     path("llm/hit/", by_hit),
     path("llm/drf/", Completion.as_view()),
+    path("chat/", Chat.as_view()),
     path("download/", download, name="download"),
     path("download/api/", DownloadApi.as_view()),
     path("download/streamed/", download_streamed, name="download"),

@@ -367,3 +367,11 @@ def test_the_tester_says_the_admin_cost_overrides_the_codes(admin_client):
     price(action="computed", cost=5)
     assert "Cost: 4 units (admin action cost &#x27;priced&#x27;; overrides the code&#x27;s 2)" in explained(admin_client, "/priced/")
     assert "overrides the code&#x27;s cost computed per request" in explained(admin_client, "/computed/")
+
+
+def test_a_cost_beside_a_metered_policy_is_not_refused_by_a_policy_counting_requests():
+    # a request meeting the tokens policy takes one request from the other: its cost never blocks it
+    make_policy(name="chat-requests", action="chat", limit=3, window=60)
+    make_policy(name="chat-tokens", action="chat", limit=20_000, window=60, unit="tokens")
+    price("chat", 1008)
+    make_policy(name="chat-per-user", action="chat", limit=5, window=60, key="user")  # and after the cost too

@@ -84,6 +84,19 @@ def test_status_top_and_test_speak_in_the_policys_unit(client):
     assert " ".join(lines_of(said)["chat-tokens"][-10:]) == "20,000 tokens / 1 min 1,834 allow, 18,166 tokens left"
 
 
+def test_test_charges_a_request_policy_one_request_beside_a_tokens_policy():
+    from ratelimit_app.models import ActionCost
+
+    make_policy(name="chat-requests", action="demo:search", limit=3, window=60)
+    make_policy(name="chat-tokens", action="demo:search", limit=20_000, window=60, unit="tokens")
+    ActionCost.objects.create(action="demo:search", cost=1008)  # the admin's estimate
+    said = ratelimit("test", "GET", "/demo/search/", "--ip", IP)
+    assert "The policies counting requests count it as one request." in said
+    rows = lines_of(said)
+    assert rows["chat-requests"][-3:] == ["allow,", "3", "left"]  # not "the cost is more than it ever allows"
+    assert " ".join(rows["chat-tokens"][-4:]) == "allow, 20,000 tokens left"
+
+
 def test_top_says_how_far_over_its_limit_a_subject_in_debt_is():
     from ratelimit_app.policies import compile_policy
     from tests.helpers import settled

@@ -93,6 +93,7 @@ NOT_CACHES = {
     "faults.last": "the limiter's own errors: one entry per kind (exception class)",
     "faults._said._at": "log gates: one entry per kind of failure (class of error, signal name)",
     "unreadable_said._at": "log gates: one entry per kind of failure (class of error, signal name)",
+    "unread_said._at": "log gates: one entry per kind of failure (class of error, signal name)",
     "unwritten_said._at": "log gates: one entry per kind of failure (class of error, signal name)",
     "receiver_failed_said._at": "log gates: one entry per kind of failure (class of error, signal name)",
     "unsure_said._at": "log gates: one entry per kind of failure (class of error, signal name)",

@@ -86,6 +86,35 @@ def test_a_drf_view_settles_through_the_throttle(settings, caplog, middleware):
     assert "limiter failed" not in caplog.text  # its answer, rendered after the door, is not read there
 
 
+@pytest.mark.parametrize("strategy", ["fixed_window", "sliding_window", "token_bucket"])
+def test_requests_and_tokens_on_one_endpoint_are_each_charged_in_their_own_unit(client, strategy):
+    make_policy(name="chat-requests", action="chat", limit=3, window=60, strategy=strategy)
+    tokens_policy(name="chat-tokens", action="chat", limit=20_000, window=60, strategy=strategy)
+    used = [900, 1500, 40]  # a token bucket's come back as the test runs: one every 3 ms
+    for tokens in used:
+        response = client.post("/chat/", {"used": tokens}, REMOTE_ADDR=IP)
+        assert response.status_code == 200
+        assert response["RateLimit"].startswith('"chat-requests";r=')  # the nearest to its limit first
+    refused = client.post("/chat/", {"used": 5}, REMOTE_ADDR=IP)
+    assert refused.status_code == 429
+    assert "chat-requests" in refused.content.decode()
+    assert used_now("chat-requests") == 3  # one a chat, not its 1,008 tokens
+    assert used_now("chat-tokens") == sum(used) or strategy == "token_bucket"  # settled, not estimated
+    assert sum(used) - 1008 < used_now("chat-tokens") <= sum(used)
+
+
+def test_a_request_charged_in_its_own_units_is_refused_from_memory_for_each(client):
+    make_policy(name="chat-requests", action="chat", limit=1, window=60)
+    tokens_policy(name="chat-tokens", action="chat", limit=20_000, window=60)
+    assert client.post("/chat/", {"used": 10}, REMOTE_ADDR=IP).status_code == 200
+    for _ in range(2):  # the second refusal answered from the deny cache, under the request policy's own charge
+        refused = client.post("/chat/", {"used": 10}, REMOTE_ADDR=IP)
+        assert refused.status_code == 429
+        assert "costs" not in refused.content.decode()  # one request, as that policy counts
+    assert used_now("chat-requests") == 1
+    assert used_now("chat-tokens") == 10
+
+
 def test_content_bytes_counts_a_drf_answer_once_it_is_rendered(client):
     bytes_policy()
     response = client.get("/download/api/?size=100", REMOTE_ADDR=IP, HTTP_ACCEPT="application/json")

@@ -32,6 +32,18 @@ def test_a_request_spanning_nodes_is_settled_on_each(cluster, strategy):  # noqa
     assert [d.count for d in engine.decide(checks, dry_run=True).decisions] == [1834, 1834]
 
 
+def test_a_request_policy_on_another_node_than_the_metered_one_counts_one_request(cluster):  # noqa: F811
+    # each shard is sent only its own checks: the requests policy's alone (then the cost is its 1)
+    requests, tokens = policy(limit=2), policy(unit="tokens", limit=10_000, key="user")
+    first, second = who_in_other_shards(2)
+    checks = [check(requests, first), check(tokens, second)]
+    for _ in range(2):
+        assert [d.cost for d in engine.decide(checks, cost=1008).decisions] == [1, 1008]
+    refused = engine.decide(checks, cost=1008)
+    assert not refused.allowed and refused.decisions[0].exceeded and not refused.decisions[1].exceeded
+    assert [d.count for d in engine.decide(checks, dry_run=True).decisions] == [2, 2016]
+
+
 def _settling(checks, start, results, attempts=40):
     rng = random.Random()
     start.wait()

@@ -197,11 +197,6 @@ def test_the_saved_usage_exceeds_what_was_settled_by_the_last_requests_estimate_
     assert 64 <= saved <= 64 + (1008 - 32)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "The quota's saved usage keeps the largest count a worker saw when deciding: with the estimate a request "
-    "was admitted on (1,008), not what its settle left in Redis (32); the guide's warning says so. Fixed when "
-    "the saver hears of settles (then drop this mark and the warning)."
-))
 def test_the_usage_export_bills_what_requests_settled_not_their_estimates(mysite, admin_client, tmp_path,
                                                                          monkeypatch):
     customer(PRO).post("/v1/chat/", {"prompt": PROMPT}, format="json")

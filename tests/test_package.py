@@ -344,7 +344,7 @@ class Served:
         self.process.wait(timeout=10)
 
 
-VERSION = "0.2.0"
+VERSION = "0.3.0"
 
 
 def test_python_m_build_makes_an_sdist_and_a_wheel_without_a_warning_that_twine_check_passes(dist, workspace):

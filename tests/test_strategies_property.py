@@ -188,6 +188,32 @@ def test_policies_decided_together_count_all_or_nothing(redis_client, sequence, 
         assert [d.count for d in verdict.decisions] == [len(m.counted(who, now)) for m in models]
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sequence=steps, counting=st.sampled_from(list(STRATEGY_SHAPES)),
+       metering=st.sampled_from([name for name in STRATEGY_SHAPES if strategies.STRATEGIES[name].counts_units]))
+def test_a_request_policy_beside_a_metered_one_counts_one_request_of_any_cost(redis_client, sequence, counting,
+                                                                              metering):
+    """All or nothing as above, each policy charged in its own unit: the metered one the request's cost,
+    the one counting requests one request."""
+    redis_client.flushdb()
+    requests = policy(strategy=counting, limit=3, **STRATEGY_SHAPES[counting])
+    units = policy(strategy=metering, limit=4, unit="tokens", **STRATEGY_SHAPES[metering])
+    models = [model_of(p) for p in (requests, units)]
+    now = T0
+    for n, (gap, who, limit, cost) in enumerate(sequence):
+        now += gap
+        charges = (1, cost)
+        admits = all(len(m.counted(who, now)) + c <= lim for m, c, lim in zip(models, charges, (3, limit)))
+        if admits:
+            for m, c, lim in zip(models, charges, (3, limit)):
+                m.decide(who, now, lim, c)
+        verdict = engine.decide([check(requests, who, 3), check(units, who, limit)], now=now / 1000, cost=cost,
+                                lease=f"m{n}")
+        assert verdict.allowed == admits, (who, now - T0, limit, cost)
+        assert [d.count for d in verdict.decisions] == [len(m.counted(who, now)) for m in models]
+        assert [d.cost for d in verdict.decisions] == [1, cost]
+
+
 # --- on the server's clock --------------------------------------------------------------------
 
 ON_THE_SERVERS_CLOCK = {**STRATEGY_SHAPES, "fixed_window": {"window": 3600}, "sliding_log": {"window": 3600},

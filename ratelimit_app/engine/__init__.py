@@ -29,6 +29,7 @@ from .keys import counter_key, live_key, shard_of, totals_key
 from .keys import shards as shard_count
 from .keys import prefix as key_prefix
 from .libraries import prune
+from .reads import counters_now
 from .scripts import now_arg, scripts
 from .server_clock import server_clock, server_ms
 from .tally import BLOCKED, NOW, tally
@@ -48,4 +49,6 @@ __all__ = [
     "bump_version", "current_version", "read_version", "Client", "Script",
     # the workers' reports of the policies they hold (the live page, ratelimit status)
     "WorkerReport", "worker_reports",
+    # the counters as Redis holds them now, for the saved quota usage
+    "counters_now",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 from ..lru import BoundedCache, byte_bounded_cache, size_of
-from ..values import Check, CompiledPolicy, Subject
+from ..values import Check, CompiledPolicy, Subject, charge
 from . import keys
 from .scripts import STRATEGY_CODES, now_arg
 from .server_clock import server_clock
@@ -22,6 +22,7 @@ class Ask(NamedTuple):
     # (policy id, subject key) -> (span start ms, used): the usage saved of spans that Redis did not hold
     # (asked again after the script said so: hooks.saved_usage)
     seeds: dict | None = None
+    split: bool = False  # each policy charged in its own unit (values.splits): policies counting requests take 1
 
 
 def ordinary(call: Ask) -> bool:
@@ -42,7 +43,7 @@ def script_call(checks: Sequence[Check], call: Ask, version: bool) -> tuple[list
     key_prefix = keys.prefix()
     script_keys: list[str] = []
     args = [] if ordinary(call) else [
-        ("d" if call.dry_run else "") + now_arg(call.now), str(_sent_cost(checks, call.cost)), call.lease
+        ("d" if call.dry_run else "") + now_arg(call.now), _sent_costs(checks, call), call.lease
     ]
     shard_count = keys.shards()  # part of the keys: a changed setting makes new parts
     found = []
@@ -66,6 +67,14 @@ def _moving_terms(policy: CompiledPolicy, subject: Subject, head: str, call: Ask
     now_ms = server_clock.now_ms() if call.now is None else int(call.now * 1000)
     seed = call.seeds.get((policy.id, subject.key)) if call.seeds else None
     return f"{head} {policy.plugin.terms(policy, now_ms, seed)}"
+
+
+def _sent_costs(checks: Sequence[Check], call: Ask) -> str:
+    """ARGV[2]: the cost, or each check's own charge (space-separated) when they differ (call.split)."""
+    if not call.split:
+        return str(_sent_cost(checks, call.cost))
+    most = _sent_cost(checks, call.cost)
+    return " ".join(str(min(charge(check.policy, call.cost, True), most)) for check in checks)
 
 
 def _sent_cost(checks: Sequence[Check], cost: int) -> int:

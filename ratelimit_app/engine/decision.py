@@ -10,7 +10,7 @@ import redis
 from asgiref.sync import sync_to_async
 
 from ..drivers import Io, Steps, arun, steps
-from ..values import NO_POLICIES, Check, Verdict
+from ..values import NO_POLICIES, Check, Verdict, splits
 from . import keys
 from .arguments import Ask, entry, script_call
 from .circuit import Attempt, breaker
@@ -49,7 +49,7 @@ def deciding(checks: Sequence[Check], *, now: float | None = None, dry_run: bool
     Redis does not hold."""
     if not checks:
         return NO_POLICIES
-    call = Ask(now, dry_run, cost, lease)
+    call = Ask(now, dry_run, cost, lease) if cost == 1 else Ask(now, dry_run, cost, lease, split=splits(checks, cost))
     started = perf_counter()
     seeds: dict = {}
     while True:

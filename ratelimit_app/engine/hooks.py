@@ -4,7 +4,7 @@ saved; worker_state: says nothing)."""
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from ..values import Check, CompiledPolicy
 
@@ -28,6 +28,8 @@ class Hooks:
         # a count of a strategy that keeps its usage beyond Redis (an `asked` one): (policy, subject key,
         # subject display, its span's start ms, count, the subject's limit), after every decision that counted
         self.counted: Callable[[CompiledPolicy, str, str, int, int, int], None] = _ignore
+        # settled usage about to be written (Adjustments): the counters it moves, whose saved usage follows
+        self.settled: Callable[[Sequence], None] = _ignore
         # checks whose counter the Lua half found absent, at `now_ms` -> (policy id, subject key) -> (span
         # start ms, usage saved) for each: the call is made again with it (a database query, once a span)
         self.saved_usage: Callable[[Iterable[Check], int], dict[tuple[int, str], tuple[int, int]]] = _nothing_saved

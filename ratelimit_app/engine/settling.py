@@ -9,6 +9,7 @@ from typing import Callable, Sequence
 
 from ..values import Adjustment
 from . import keys
+from .hooks import hooks
 
 # The script's code without its comments: EVAL hashes what it is sent, at every settle.
 _SOURCE = resources.files("ratelimit_app").joinpath("lua", "settle.lua").read_text(encoding="utf-8")
@@ -20,6 +21,7 @@ def settle_commands(
 ) -> list[tuple[str, tuple, list[Adjustment]]]:
     """(a key, the EVAL, its adjustments) for each slot their counters live in (`slot_of` None: one
     server, one EVAL). `now_ms` replaces Redis's clock (tests)."""
+    hooks.settled(adjustments)
     key_prefix = keys.prefix()
     groups: dict[int, tuple[list[str], list, list[Adjustment]]] = {}
     for adjustment in adjustments:

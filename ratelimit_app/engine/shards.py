@@ -9,7 +9,7 @@ from typing import Sequence
 import redis
 from redis.exceptions import RedisClusterException
 
-from ..values import Check, Held, Verdict
+from ..values import Check, Held, Verdict, charge
 from . import giveback, keys
 from .arguments import Ask, entry, script_call
 from .batches import run_each
@@ -93,9 +93,10 @@ def _give_back(redis_client, verdicts: dict[int, Verdict | Exception], call: Ask
         if isinstance(verdict, CounterAbsent):
             continue
         if isinstance(verdict, Exception):
-            held += [Held(c.policy, c.subject, call.lease, call.cost) for c in groups[shard] if c.policy.holds]
+            held += [Held(c.policy, c.subject, call.lease, charge(c.policy, call.cost, call.split))
+                     for c in groups[shard] if c.policy.holds]
         elif verdict.allowed:
-            held += [Held(d.policy, d.subject, call.lease, call.cost) for d in verdict.decisions
+            held += [Held(d.policy, d.subject, call.lease, d.cost) for d in verdict.decisions
                      if d.policy.holds and not d.exceeded]
     if held:
         try:
@@ -117,12 +118,21 @@ def _pipelined(redis_client, groups: dict[int, list[Check]], call: Ask,
     verdicts: dict[int, Verdict | Exception] = {}
     for (shard, group), reply, (_, _, parts) in zip(groups.items(), replies, calls):
         try:
-            verdicts[shard] = reply if isinstance(reply, Exception) else verdict_of(group, reply, call, parts, asked)
+            verdicts[shard] = reply if isinstance(reply, Exception) else verdict_of(
+                group, reply, _read_as(call, group), parts, asked)
         except CounterAbsent as absent:
             if raise_on_error:
                 raise
             verdicts[shard] = absent
     return verdicts
+
+
+def _read_as(call: Ask, group: list[Check]) -> Ask:
+    """The call as one shard's reply is read: a shard holding only policies counting requests of a request
+    charged in each policy's own unit took one request (sent as such by script_call), read as a call of cost 1."""
+    if call.split and not any(check.policy.meters for check in group):
+        return call._replace(cost=1, split=False)
+    return call
 
 
 def _raise_first(verdicts: dict[int, Verdict | Exception]) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..strategies import STRATEGIES
-from ..values import Check, Decision, Metered, Verdict
+from ..values import Check, Decision, Metered, Verdict, charge
 from .arguments import SEEN_COUNTED, SEEN_NOTHING, SEEN_REFUSED, Ask
 from .hooks import hooks
 from .server_clock import server_clock
@@ -28,7 +28,7 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Seq
                asked: float | None = None) -> Verdict:
     """The verdict decide.lua's `reply` says for `checks`, whose script parts (check_parts) were sent at
     `asked` (monotonic seconds; None: not known)."""
-    cost = call.cost
+    cost = base = call.cost
     if type(reply) is int:  # one policy's count, the rest told by the worker's clock (decide.lua)
         policy = checks[0].policy
         if not (policy.plugin or policy.meters):  # a plug-in's span, a metered estimate: the loop below
@@ -46,10 +46,13 @@ def verdict_of(checks: Sequence[Check], reply: list | int, call: Ask, parts: Seq
     decisions = []
     seen = []  # the script leaves the totals and the live index to the worker (tally.py)
     denied = metering = False
+    split = call.split  # each policy charged in its own unit (values.splits)
     at = 1
     for (policy, subject, limit, plan), sent in zip(checks, parts):
         count, reset_ms, third = reply[at], reply[at + 1], reply[at + 2]
         at += 3
+        if split:
+            cost = charge(policy, base, True)
         exceeded = count < 0  # then -1 - count, and the third figure is the retry time, else the reset before
         if exceeded:
             count, retry_ms, before_ms = -1 - count, third, -2

@@ -14,6 +14,7 @@ do
 
   function decision(KEYS, ARGV, first)
     local cost, lease, dry_run = 1, '', false
+    local costs -- nil unless the policies' charges differ
     if first == 1 then
       clock.given, clock.known = false, false -- clock.start(), without the call
     else
@@ -21,6 +22,10 @@ do
       dry_run = string.byte(when) == 100 -- 'd'
       clock.start(dry_run and string.sub(when, 2) or when)
       cost, lease = ARGV[2] == '1' and 1 or tonumber(ARGV[2]), ARGV[3]
+      if not cost then -- each policy's own charge, space-separated (a metered estimate beside requests)
+        costs = {}
+        for each in string.gmatch(ARGV[2], '%d+') do costs[#costs + 1] = tonumber(each) end
+      end
     end
     local n = #ARGV - first + 1
     -- the figures: a table only for several policies; one policy's stay in locals (the reply may be its count)
@@ -32,6 +37,7 @@ do
       local terms = ARGV[first + i - 1]
       local strategy, limit, enforce, seen = decoded(terms)
       local key = KEYS[i]
+      if costs then cost = costs[i] end
       local taken, count, retry, reset, before, state = false, 0, 0, 0, -2
       -- once the request is refused (or in a dry run), the remaining policies only look; a subject
       -- refused lately is looked at first, and charged only when it has room
@@ -70,6 +76,7 @@ do
       for i, state in pairs(states) do
         local terms = ARGV[first + i - 1]
         local strategy, limit = decoded(terms)
+        if costs then cost = costs[i] end
         strategy.refund(KEYS[i], state, cost)
         local at = 3 * i - 1
         local count, _, reset = contract.look(strategy, KEYS[i], limit, terms, cost)

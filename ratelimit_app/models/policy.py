@@ -33,6 +33,13 @@ class Mode(models.TextChoices):
     SHADOW = "shadow", "Shadow (count and report only)"
 
 
+def metered_meet(action: str) -> bool:
+    """Whether an enabled metered policy meets requests of `action`: those take one request from each
+    policy counting requests (each policy is charged in its own unit), so their cost never blocks one."""
+    metered = Policy.objects.filter(enabled=True).exclude(unit=REQUESTS).values_list("action", flat=True)
+    return any(actions_overlap(other, action) for other in metered)
+
+
 def actions_overlap(first: str, second: str) -> bool:
     """Whether one request can meet both actions: '*' meets every request, two path prefixes meet when
     one starts the other ('/api/' and '/api/v1/'), a name meets itself. A name and a path prefix are not
@@ -233,7 +240,8 @@ class Policy(models.Model):
             return  # a shadow or disabled policy denies nothing; a missing field reports its own error
         capacity, field = self.capacity()
         costs = ActionCost.objects.filter(cost__gt=capacity).order_by("-cost", "action")
-        costliest = next((c for c in costs if actions_overlap(c.action, self.action)), None)
+        costliest = next((c for c in costs if actions_overlap(c.action, self.action)
+                          and not (self.unit == REQUESTS and metered_meet(c.action))), None)
         if costliest is None:
             return
         remedy = (
@@ -310,6 +318,8 @@ class ActionCost(models.Model):
         bounded = [s.name for s in strategies.STRATEGIES.values() if s.most and s.most < self.cost]
         smaller = models.Q(limit__lt=self.cost) | models.Q(burst__lt=self.cost) | models.Q(strategy__in=bounded)
         policies = Policy.objects.filter(smaller, enabled=True, mode=Mode.ENFORCE)
+        if metered_meet(self.action):  # then a policy counting requests takes one request of it
+            policies = policies.exclude(unit=REQUESTS)
         blocking = [
             (capacity, policy.name)
             for policy in policies.order_by("name")

@@ -23,6 +23,10 @@ class QuotaUsage(models.Model):
         help_text="The subject's limit when its usage was last saved (its plan's or an override's, else the "
         "policy's): what the overage is measured against. Blank for usage saved before it was kept.",
     )
+    kept = models.PositiveBigIntegerField(
+        "kept", db_default=0, help_text="What the subject had used of the period when an operator reset it: its usage "
+        "stays at least this (billing keeps it) while the counter starts afresh.",
+    )
     updated = models.DateTimeField("saved", auto_now=True)
 
     class Meta:
