@@ -291,21 +291,18 @@ def _fold_noted(pending: _Pending, noted: list, records: int) -> None:
     earliest, latest = min(nows), max(nows)
     if shards.count(shards[0]) == records and all(
             earliest // policy.totals_bucket_ms == latest // policy.totals_bucket_ms for policy in by_id.values()):
-        # one shard, and each policy's records in one totals bucket: a sum by policy
-        counted_by_id = Counter(ids)
-        for at in alone:  # _fold counted them
-            counted_by_id[ids[at]] -= 1
-        for number, amount in counted_by_id.items():
-            if amount:
-                policy = by_id[number]
-                key = (policy, shards[0], "a", earliest // policy.totals_bucket_ms)
-                tallied[key] = tallied.get(key, 0) + amount
-        return
-    counted = Counter(zip(ids, shards, map(floordiv, nows, map(_TOTALS_BUCKET, policies))))
+        # one shard, and each policy's records in one totals bucket: counted by policy alone
+        keyed = ids
+        groups = {number: (number, shards[0], earliest // policy.totals_bucket_ms) for number, policy in by_id.items()}
+    else:
+        keyed = list(zip(ids, shards, map(floordiv, nows, map(_TOTALS_BUCKET, policies))))
+        groups = None
+    counted = Counter(keyed)
     for at in alone:  # _fold counted them
-        counted[(ids[at], shards[at], nows[at] // policies[at].totals_bucket_ms)] -= 1
-    for (number, shard, bucket), amount in counted.items():
+        counted[keyed[at]] -= 1
+    for group, amount in counted.items():
         if amount:
+            number, shard, bucket = groups[group] if groups else group
             key = (by_id[number], shard, "a", bucket)
             tallied[key] = tallied.get(key, 0) + amount
 
