@@ -236,3 +236,25 @@ def settled(compiled: CompiledPolicy, who: str, used: int, estimate: int = 1, li
     assert verdict.allowed, verdict
     for _key, command, _group in settle_commands([Adjustment(verdict.metered[0], used - estimate)], None):
         engine.client().execute_command(*command)
+
+
+@contextlib.contextmanager
+def connections_kept():
+    """request_started/request_finished sent by a test (a request started or an answer closed as a server
+    does) leave the test's database connection open, as Django's test client arranges around its requests:
+    Django's close_old_connections would otherwise close it inside the test's transaction."""
+    from django.core.signals import request_finished, request_started
+
+    request_started.disconnect(db.close_old_connections)
+    request_finished.disconnect(db.close_old_connections)
+    try:
+        yield
+    finally:
+        request_started.connect(db.close_old_connections)
+        request_finished.connect(db.close_old_connections)
+
+
+def closed(response) -> None:
+    """Close an answer as the server does once it is sent (or its client left), the test's connection kept."""
+    with connections_kept():
+        response.close()

@@ -12,7 +12,7 @@ from django.views import View
 
 import ratelimit_app
 from ratelimit_app.decorators import ratelimit
-from tests.helpers import count_round_trips, make_policy
+from tests.helpers import closed, count_round_trips, make_policy
 
 pytestmark = pytest.mark.django_db
 
@@ -123,6 +123,6 @@ def test_a_response_rendered_after_the_door_is_counted_in_the_bytes_it_sent(capl
     assert answers[1]["RateLimit"].startswith('"page-bytes";r=9800;')  # two estimates of 100 taken
     assert [answer.render().content for answer in answers] == [b"x" * 10] * 2
     for answer in answers:
-        answer.close()  # as the server does once it sent the answer: each settles at the 10 bytes it sent
+        closed(answer)  # as the server does once it sent the answer: each settles at the 10 bytes it sent
     assert page(request("get"))["RateLimit"].startswith('"page-bytes";r=9880;')
     assert "the limiter failed" not in caplog.text

@@ -24,6 +24,7 @@ from ratelimit_app.models import Policy, QuotaUsage
 from ratelimit_app.periods import periods_at, zone
 from ratelimit_app.quotas import as_datetime
 from tests.servers import ROOT
+from tests.helpers import closed
 
 pytestmark = pytest.mark.django_db
 GUIDE = ROOT / "docs" / "howto" / "metering-tokens.md"
@@ -104,7 +105,7 @@ def test_a_streamed_answer_settles_on_its_last_chunk(mysite):
     free = customer(FREE)
     answer = free.post("/v1/chat/stream/", {"prompt": PROMPT, "max_tokens": 5}, format="json")
     assert b"".join(answer.streaming_content).decode() == "the quick brown fox jumps "
-    answer.close()
+    closed(answer)
     assert used(free)["chat-tokens-per-month"] == "13 / 1,000,000 tokens this month"
 
 
@@ -113,7 +114,7 @@ def test_a_streamed_answer_the_client_stops_reading_settles_what_it_was_sent(mys
     answer = free.post("/v1/chat/stream/", {"prompt": PROMPT, "max_tokens": 50}, format="json")
     chunks = iter(answer.streaming_content)
     assert [next(chunks) for _ in range(3)] == [b"the ", b"quick ", b"brown "]
-    answer.close()  # the client went away: the server closes the body
+    closed(answer)  # the client went away: the server closes the body
     assert used(free)["chat-tokens-per-month"] == "11 / 1,000,000 tokens this month"  # 8 + the 3 it was sent
 
 
@@ -200,7 +201,7 @@ def test_the_saved_usage_exceeds_what_was_settled_by_the_last_requests_estimate_
 def test_the_usage_export_bills_what_requests_settled_not_their_estimates(mysite, admin_client, tmp_path,
                                                                          monkeypatch):
     customer(PRO).post("/v1/chat/", {"prompt": PROMPT}, format="json")
-    customer(FREE).post("/v1/chat/stream/", {"prompt": PROMPT, "max_tokens": 5}, format="json").close()
+    closed(customer(FREE).post("/v1/chat/stream/", {"prompt": PROMPT, "max_tokens": 5}, format="json"))
     quotas.saver.save()
     billed, _printed = export_and_invoice(admin_client, tmp_path, monkeypatch)
     assert billed == sorted([(key_of(PRO), "pro", 32, 49.0), (key_of(FREE), "free", 13, 0.0)])

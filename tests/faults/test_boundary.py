@@ -305,6 +305,7 @@ IO_MODULES = {
     "engine/decision.py": "decision",
     "engine/decision_connection.py": "decision",
     "engine/giveback.py": "give_back",
+    "engine/reads.py": "saved_usage",  # the counters read as the saver saves them
     "engine/tally.py": "tally",
     "engine/version.py": "policies",  # the policy version, compared when the index loads
     "engine/admin_connection.py": "live_reads",

@@ -11,7 +11,7 @@ from django.core.signals import request_finished, request_started
 from django.test import RequestFactory
 
 import ratelimit_app
-from tests.helpers import make_policy
+from tests.helpers import connections_kept, make_policy
 
 pytestmark = pytest.mark.django_db
 
@@ -25,12 +25,14 @@ def made(ip: str = "203.0.113.7"):
 def started(ip: str = "203.0.113.7"):
     """A request as a WSGI handler starts it: request_started is sent in its context first."""
     request = made(ip)
-    request_started.send(sender=None, environ=request.META)
+    with connections_kept():
+        request_started.send(sender=None, environ=request.META)
     return request
 
 
 def finished() -> None:
-    request_finished.send(sender=None)
+    with connections_kept():
+        request_finished.send(sender=None)
 
 
 @pytest.fixture
