@@ -187,6 +187,7 @@ def test_content_bytes_of_a_compressed_answer_are_the_bytes_sent(settings, serve
 
 
 @pytest.mark.urls("tests.metering_urls")
+@pytest.mark.django_db(transaction=True)  # its rows are written from sync_to_async's thread: flushed after it
 async def test_content_bytes_of_an_answer_served_by_the_asgi_handler(settings, server):
     compiled = await sync_to_async(metered)("download-bytes", action="download", limit=10_000, unit="content-bytes")
     response = await AsyncClient().get("/download/?size=1234")  # from 127.0.0.1, the scope's client
