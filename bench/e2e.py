@@ -5,8 +5,6 @@ rounds so that the machine's load weighs on all of them alike."""
 
 from __future__ import annotations
 
-import http.client
-import multiprocessing
 import os
 import re
 import shutil
@@ -58,6 +56,7 @@ COMPARED = frozenset({
 ROOT = Path(__file__).resolve().parent.parent
 WRK = ["wrk", "-t2", "-c4"]
 PYTHON_PROCESSES = 4
+QUICK_REQUESTS = 40
 
 
 class Load(NamedTuple):
@@ -158,36 +157,20 @@ def wrk(url: str, seconds: int) -> Load:
     return Load(int(total.group(1)), taken, int(failed.group(1)) if failed else 0)
 
 
-def _python_worker(port: int, path: str, seconds: float, limit: int, results) -> None:
-    done = failed = 0
-    deadline = time.perf_counter() + seconds
-    while done < limit and time.perf_counter() < deadline:
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-        try:
-            connection.request("GET", path)
-            response = connection.getresponse()
-            response.read()
-            failed += not 200 <= response.status < 300
-        except OSError:
-            failed += 1
-        finally:
-            connection.close()
-        done += 1
-    results.put((done, failed))
-
-
-def python_load(port: int, path: str, seconds: int, limit: int = 200_000) -> Load:
-    """PYTHON_PROCESSES processes, each a loop of one request per connection, bounded in time and count."""
-    context = multiprocessing.get_context("fork")
-    results = context.Queue()
-    workers = [context.Process(target=_python_worker, args=(port, path, seconds, limit, results))
-               for _ in range(PYTHON_PROCESSES)]
+def python_load(port: int, path: str, seconds: float, limit: int = 200_000) -> Load:
+    """PYTHON_PROCESSES processes of bench/load.py, bounded in time and count. Separate interpreters,
+    not forks: a fork of this process (threads, locks held) could hang in the child."""
+    command = [sys.executable, "-m", "bench.load", str(port), path, str(seconds), str(max(1, limit // PYTHON_PROCESSES))]
     started = time.perf_counter()
-    for worker in workers:
-        worker.start()
-    counts = [results.get(timeout=seconds + 60) for _ in workers]
-    for worker in workers:
-        worker.join()
+    workers = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True) for _ in range(PYTHON_PROCESSES)]
+    counts = []
+    try:
+        for worker in workers:
+            counts.append([int(n) for n in worker.communicate(timeout=seconds + 60)[0].split()])
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()
     return Load(sum(c[0] for c in counts), time.perf_counter() - started, sum(c[1] for c in counts))
 
 
@@ -199,8 +182,13 @@ def _rounds(results: Results) -> str:
 
 
 def generator(results: Results):
-    """wrk when it is there (make bench installs it with scripts/ensure-wrk), else the Python one."""
-    if not shutil.which("wrk") and not results.quick:
+    """wrk when it is there (make bench installs it with scripts/ensure-wrk), else the Python one. A quick run
+    (a smoke test) sends QUICK_REQUESTS per configuration and round with the Python one, wrk or not: its
+    figures are no comparison, and it takes the same few seconds on every machine."""
+    if results.quick:
+        results.e2e_generator = f"a Python load generator, {QUICK_REQUESTS} requests per configuration (a quick run)"
+        return lambda site, path, seconds: python_load(site.port, path, seconds, QUICK_REQUESTS)
+    if not shutil.which("wrk"):
         subprocess.run([str(ROOT / "scripts" / "ensure-wrk")], check=False)
     if shutil.which("wrk"):
         results.e2e_generator = f"`{' '.join(WRK)}`, {_rounds(results)}"

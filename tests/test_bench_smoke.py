@@ -15,7 +15,9 @@ import pytest
 from project.devredis import PrivateRedis
 from ratelimit_app.models import Policy
 
-pytestmark = pytest.mark.slow
+# the quick run takes about a minute alone and several times that beside the suite on 2 cores; its
+# subprocess has a timeout of its own (600 s), which this one must outlast to report it
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(700)]
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("## Decisions", "## Spread workload", "## Memory per subject", "## Scripts' memory", "## Python overhead",
             "## Local deny cache", "## Live page", "## End to end", "## Cluster", "## Budgets")
