@@ -82,6 +82,7 @@ NOT_CACHES = {
     "owed.places": "in-flight places owed back to Redis, given back once it answers",
     "carried._waiting": "the kept connections (one a thread) whose settled usage waits for their next write; a timer empties it within a second",
     "tally._noted": "decisions waiting for the next flush: MOST_NOTED at most",
+    "tally._counted": "decisions waiting for the next flush: MOST_NOTED at most",
     "saver._pending": "quota usage waiting for the next save: KEPT_WHILE_REFUSED at most while it fails",
     "_registry.declared": "what the code declares: as many as the code has",
     "_registry.providers": "what the code declares: as many as the code has",

@@ -1,14 +1,16 @@
-"""A flush folds the decisions noted since the last one by column (tally._fold_noted): what it adds to the
-totals, the live index and the active subjects is what folding each record alone, in order, adds."""
+"""A decision hands the tally the key of a request that only counts and the record of one that writes more
+(verdicts.py); a flush sums the keys and folds the records in order: what it adds to the totals, the live
+index and the active subjects is what folding each record alone, in order, adds."""
 
 from __future__ import annotations
 
 import random
-import sys
 
 import pytest
 
-from ratelimit_app.engine.tally import NOTED, _fold, _fold_noted, _Pending
+from ratelimit_app.engine.arguments import NO_KEY, SEEN, SEEN_NOTHING, SEEN_REFUSED
+from ratelimit_app.engine.tally import NOTED, _fold, _fold_counted, _fold_noted, _Pending
+from ratelimit_app.engine.verdicts import _admitted, _refused
 from tests.helpers import policy
 
 
@@ -30,10 +32,24 @@ def _records(policies, rng: random.Random, count: int, mixed: bool) -> list[tupl
         refused = mixed and rng.random() < 0.05
         if before == -1 and mixed and rng.random() < 0.5:
             total += rng.randrange(1, 50)  # a new counter's count may weigh the window before (a sliding window)
-        elif mixed and rng.random() < 0.02:
+        elif mixed and rng.random() < 0.05:
             total = rng.randrange(cost)  # a count below the cost (a counter given back meanwhile)
         found.append((limited, member, shard, refused, exceeded, total, reset, before, now, cost))
     return found
+
+
+def _handed(records: list[tuple]) -> tuple[list, list]:
+    """What verdicts.py hands the tally for these records: (the records of those that write more, the keys
+    of those that only count), each subject's check parts kept from one of its decisions to the next."""
+    noted, counted, parts = [], [], {}
+    for limited, member, shard, refused, exceeded, count, reset, before, now, cost in records:
+        sent = parts.setdefault((limited, member, shard), [None, None, member, shard, SEEN_NOTHING, 0, 0, NO_KEY, NO_KEY])
+        sent[SEEN] = SEEN_REFUSED if refused else SEEN_NOTHING  # what the subject's decision before here saw
+        if exceeded:
+            _refused(limited, sent, count, reset, now, cost, counted, noted)
+        else:
+            _admitted(limited, sent, count, reset, before, now, cost, counted, noted)
+    return noted, counted
 
 
 @pytest.mark.parametrize("mixed", [False, True])
@@ -43,32 +59,37 @@ def test_a_flush_adds_what_folding_each_record_alone_adds(mixed):
     rng = random.Random(54)
     for batch in (1, 7, 300, 2_000):
         records = _records(policies, rng, batch, mixed)
-        alone, folded = _Pending(), _Pending()
-        for record in records:
-            _fold(alone, *record)
-        noted = [field for record in records for field in record]
-        _fold_noted(folded, noted, len(records) - 1)
-        _fold_noted(folded, noted, 1)  # what stayed noted: the last record
-        assert not noted
-        assert dict(folded.counts) == dict(alone.counts)
-        assert {k: v for k, v in folded.moves.items() if v} == {k: v for k, v in alone.moves.items() if v}
-        assert folded.entries == alone.entries
-        assert len(records[0]) == NOTED
+        # each record alone as well: an entry that a later record of its subject replaces shows there
+        for flushed in [[record] for record in records] + [records]:
+            alone, folded = _Pending(), _Pending()
+            for record in flushed:
+                _fold(alone, *record)
+            handed, counted = _handed(flushed)
+            noted = [field for record in handed for field in record]
+            if handed:
+                _fold_noted(folded, noted, len(handed) - 1)
+                _fold_noted(folded, noted, 1)  # what stayed noted: the last record
+            _fold_counted(folded, counted, len(counted))
+            assert not noted and not counted
+            assert dict(folded.counts) == dict(alone.counts)
+            assert {k: v for k, v in folded.moves.items() if v} == {k: v for k, v in alone.moves.items() if v}
+            assert folded.entries == alone.entries
+            assert all(len(record) == NOTED for record in handed)
 
 
-def test_counts_of_policies_that_tell_where_a_counter_emptied_and_of_those_that_do_not_are_summed(monkeypatch):
+def test_requests_that_only_count_are_summed_by_their_totals_bucket_not_folded_one_by_one():
     # a sliding window's record tells where its counter emptied before (ms), a sliding log's does not (-2):
-    # counted together, neither is a counter moving to another totals bucket, each folded alone
-    folded_alone = []
-    monkeypatch.setattr(sys.modules[_fold.__module__], "_fold", lambda pending, *record: folded_alone.append(record))
+    # neither is a counter moving to another totals bucket; past a power of 2 of the count, a request counts
+    # and writes nothing more, whatever policy it is of
     told, untold = policy(limit=10**9, window=3600, strategy="sliding_window"), policy(limit=10**9, window=3600)
     now, records = 1_700_000_000_000, []
     for at in range(100):
         reset = 3_600_000 - (now + at) % 3_600_000
         records += [(told, "ip:192.0.2.1", 0, False, False, 901 + at, reset, reset, now + at, 1),
                     (untold, "ip:192.0.2.1", 0, False, False, 901 + at, 3_600_000, -2, now + at, 1)]
-    noted, pending = [field for record in records for field in record], _Pending()
-    _fold_noted(pending, noted, len(records))
-    assert folded_alone == []
+    noted, counted = _handed(records)
+    assert noted == [] and len({id(key) for key in counted}) == 2  # one key a policy and totals bucket
+    pending = _Pending()
+    _fold_counted(pending, counted, len(counted))
     assert dict(pending.counts) == {(told, 0, "a", now // told.totals_bucket_ms): 100,
                                     (untold, 0, "a", now // untold.totals_bucket_ms): 100}

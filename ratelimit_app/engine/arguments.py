@@ -86,11 +86,17 @@ def _sent_cost(checks: Sequence[Check], cost: int) -> int:
     return min(cost, max(check.policy.capacity(check.limit) for check in checks) + 1)
 
 
+NO_KEY = (None, -1, "", -1)  # a tally key of no totals bucket: the first count makes the check's own
+
+
 def _parts_size(key: tuple, parts: list) -> int:
     # the key, its subject (shared by a request's policies: counted for each, a bound), the parts, their
-    # counter key and live member; the terms are shared by a policy's subjects (_terms' own cache)
+    # counter key and live member, the tally's keys they keep; the terms are shared by a policy's subjects
     subject = key[1]
-    return size_of(key, subject, subject.key, subject.display, parts, parts[0], parts[2])
+    return size_of(key, subject, subject.key, subject.display, parts, parts[0], parts[2]) + 2 * _TALLY_KEY_BYTES
+
+
+_TALLY_KEY_BYTES = size_of((None, 0, "a", 0))
 
 
 # (policy, subject, limit, plan, key prefix, shards) -> check_parts, within their share of RATELIMIT_CACHE_BYTES
@@ -102,6 +108,9 @@ _kept_parts = script_parts.get
 # counter is read before anything is written), or admitted with units already counted (a token
 # bucket then expects its burst in use and moves it with one INCRBY). A hint: either way is exact.
 SEEN_NOTHING, SEEN_REFUSED, SEEN_COUNTED = 0, 1, 2
+# The places in a check's parts (check_parts), which the verdict reads: what the check sent and keeps for
+# the subject's next call here, and what its policy makes of its limit, worked out once rather than each call
+COUNTER, TERMS, MEMBER, SHARD, SEEN, CAPACITY, LARGEST, ADMITTED, REFUSED = range(9)
 
 
 def check_parts(
@@ -109,13 +118,19 @@ def check_parts(
 ) -> list:
     """What one check adds to decide.lua's call (its counter, its terms) and what the worker's tally
     writes for it (its live index entry, its shard), kept in script_parts for next time; with
-    what its last decision here saw (SEEN_NOTHING, SEEN_REFUSED, SEEN_COUNTED), which picks the terms sent."""
+    what its last decision here saw (SEEN_NOTHING, SEEN_REFUSED, SEEN_COUNTED), which picks the terms sent,
+    the policy's capacity and largest cost under `limit`, and the tally's keys of the requests it admitted
+    and refused in a totals bucket (verdicts.py: none until then)."""
     parts = [
         keys.counter_key(policy, subject.key, key_prefix),
         _terms(policy, limit),
         live_member(subject, limit, policy, plan),
         keys.shard_of(subject.key),
         SEEN_NOTHING,
+        policy.capacity(limit),
+        policy.largest_cost(limit),
+        NO_KEY,
+        NO_KEY,
     ]
     return script_parts.put((policy, subject, limit, plan, key_prefix, shard_count), parts)
 

@@ -19,8 +19,6 @@ import socket
 import threading
 import time
 from collections import Counter
-from itertools import compress, count as indices, repeat
-from operator import and_, attrgetter, eq, floordiv, ge, gt, ne, sub, xor
 from typing import TYPE_CHECKING, Iterable
 
 import redis
@@ -82,9 +80,12 @@ class _Pending:
 class Tally:
     def __init__(self) -> None:
         self._pending = _Pending()
-        # what decisions noted since the last flush (verdicts.py), in order, NOTED fields a policy: flat,
-        # so that what waits for the flush is no object of its own for the garbage collector. Requests extend
-        # it and a folder (under the lock) takes its head, each a step in C that no other thread interrupts
+        # what decisions noted since the last flush (verdicts.py), in order: the tally keys of the requests
+        # that only count (most: the same key object again and again within a totals bucket), and NOTED
+        # fields a record of those that write more. Flat, so that what waits for the flush is no object of
+        # its own for the garbage collector. Requests extend them and a folder (under the lock) takes their
+        # heads, each a step in C that no other thread interrupts
+        self._counted: list = []
         self._noted: list = []
         self._lock = threading.Lock()
         self._flushing = threading.Lock()  # a reader's flush waits for the one under way, then sees its counts
@@ -113,16 +114,21 @@ class Tally:
         if self._flusher is None:
             self._arm()
 
-    def note(self, seen: list[tuple]) -> None:
-        """What one decision counted or refused, by policy: (policy, live member, shard, refused before here,
-        exceeded, count, reset ms, ms before, now ms, cost). The flush works out the totals and the live
-        index from it (_fold): a request only appends, without a lock."""
-        noted = self._noted
-        for fields in seen:
-            noted.extend(fields)  # runs in C, whole: a flush never finds part of a policy's fields
-        if len(noted) > MOST_NOTED * NOTED:  # the flush is late (stalled): what this request added is folded now
+    def note(self, noted: list[tuple], counted: list[tuple]) -> None:
+        """What one decision counted or refused, by policy: the `counted` keys (policy, shard, series, totals
+        bucket number) of those that only count a request, and the records (policy, live member, shard,
+        refused before here, exceeded, count, reset ms, ms before, now ms, cost) of those that may write more
+        (verdicts.py tells). The flush works out the totals and the live index from them (_fold_noted): a
+        request only appends, without a lock."""
+        fields = self._noted
+        for record in noted:
+            fields.extend(record)  # runs in C, whole: a flush never finds part of a policy's fields
+        self._counted.extend(counted)
+        if len(fields) > MOST_FIELDS or len(self._counted) > MOST_NOTED:
+            # the flush is late (stalled): what waits past the bound is folded now, the oldest first
             with self._lock:
-                _fold_noted(self._pending, noted, min(len(seen), len(noted) // NOTED - MOST_NOTED))
+                _fold_noted(self._pending, fields, max(0, len(fields) // NOTED - MOST_NOTED))
+                _fold_counted(self._pending, self._counted, max(0, len(self._counted) - MOST_NOTED))
         if self._flusher is None:
             self._arm()
 
@@ -150,6 +156,7 @@ class Tally:
             pending, self._pending, self._flusher = self._pending, _Pending(), None
             # a decision noted meanwhile is in this flush, or arms the next
             _fold_noted(pending, self._noted, len(self._noted) // NOTED)
+            _fold_counted(pending, self._counted, len(self._counted))
         if not pending:
             return
         by_shard: dict[int, tuple[list[str], list[str | int]]] = {}  # one call per shard: one cluster slot each
@@ -226,12 +233,13 @@ class Tally:
         with self._flushing, self._lock:
             self._pending = _Pending()
             self._noted.clear()
+            self._counted.clear()
 
     def _forked(self) -> None:
         # a forked child has no flusher thread and must not add its parent's counts a second time
         self._pending, self._lock, self._flushing, self._flusher = _Pending(), threading.Lock(), threading.Lock(), None
         self._retry_in, self._exiting = FLUSH_SECONDS, False
-        self._noted = []
+        self._noted, self._counted = [], []
         self._heartbeat_due = 0.0
 
     def _multiprocessing_child(self) -> None:
@@ -239,75 +247,36 @@ class Tally:
         multiprocessing.util.Finalize(None, self.flush_at_exit, exitpriority=10)
 
 
-NOTED = 10  # fields a decision notes for each of its policies (Tally.note)
-# records that wait for the flush at most (about 0.75 MB): past it, as while a flush is stalled, each request
-# folds its own, so a worker's memory stays bounded (a flush every 0.25 s drains them long before)
+NOTED = 10  # fields a decision notes for each of its policies that writes more than a count (Tally.note)
+# records that wait for the flush at most, of either kind (about 0.75 MB): past it, as while a flush is stalled,
+# each request folds its own, so a worker's memory stays bounded (a flush every 0.25 s drains them long before)
 MOST_NOTED = 4096
+MOST_FIELDS = MOST_NOTED * NOTED
+
+
+def _fold_counted(pending: _Pending, counted: list, records: int) -> None:
+    """Add the oldest `records` keys of `counted` to `pending`'s counts, a request each (under the tally's
+    lock). Counted in C: most are one key object, which a list counts by identity."""
+    if not records:
+        return
+    keys = counted[:records]  # a key noted meanwhile stays, after these
+    del counted[:records]
+    first = keys[0]
+    sums = ((first, records),) if keys.count(first) == records else Counter(keys).items()
+    tallied = pending.counts
+    for key, amount in sums:
+        tallied[key] = tallied.get(key, 0) + amount
 
 
 def _fold_noted(pending: _Pending, noted: list, records: int) -> None:
-    """Fold the oldest `records` of `noted` into `pending` (under the tally's lock: one folder at a time).
-
-    Most records only count a request: a subject counted again in its window, nothing else to write.
-    Their fields are read by column and counted in C (a loop of Python per record was most of a
-    request's flush); a record that may write more (a refusal, a counter that starts or moves to
-    another totals bucket, a count reaching a power of 2) is folded alone, in order, by _fold."""
+    """Fold the oldest `records` of `noted` into `pending`, in order (under the tally's lock: one folder at a
+    time): the live index keeps a subject's latest entry."""
     if not records:
         return
     fields = noted[:records * NOTED]  # a record noted meanwhile stays, after these
     del noted[:records * NOTED]
-    policies, shards, counts, nows = fields[0::NOTED], fields[2::NOTED], fields[5::NOTED], fields[8::NOTED]
-    befores = fields[7::NOTED]
-    rest = list(map(sub, counts, fields[9::NOTED]))  # the count before this request's cost
-    low = min(rest)
-    if low < 0:
-        alone: Iterable[int] = range(records)
-    else:  # a superset of the records that write more than a count; _fold tells exactly
-        alone = set()
-        for flags in (fields[4::NOTED], fields[3::NOTED]):  # exceeded, refused before
-            if True in flags:
-                alone.update(compress(indices(), flags))
-        if -1 in befores:  # a counter that starts
-            alone.update(compress(indices(), map(eq, befores, repeat(-1))))
-        if low.bit_length() < max(counts).bit_length():  # a power of 2 in (rest, count] for some record:
-            alone.update(compress(indices(), map(gt, map(xor, counts, rest), rest)))  # count's top bit is not rest's
-        if max(befores) >= 0:  # a counter may have moved to another totals bucket: only one that tells where
-            # it emptied before (a negative before_ms tells nothing) and now empties at another time
-            resets = fields[6::NOTED]
-            for at in compress(indices(), map(and_, map(ge, befores, repeat(0)), map(ne, befores, resets))):
-                bucket = policies[at].totals_bucket_ms
-                if -(-(nows[at] + resets[at]) // bucket) != -(-(nows[at] + befores[at]) // bucket):
-                    alone.add(at)
-        alone = sorted(alone)  # in order: the live index keeps a subject's latest entry
-    tallied = pending.counts
-    for at in alone:
-        _fold(pending, *fields[at * NOTED:(at + 1) * NOTED])
-    if len(alone) == records:
-        return
-    # requests counted by (policy's id, shard, totals bucket): a policy (a tuple of its every field) hashed
-    # and compared in a key was most of a record's cost; the policies' own keys are made once per key below
-    ids = list(map(id, policies))
-    by_id = dict(zip(ids, policies))
-    earliest, latest = min(nows), max(nows)
-    if shards.count(shards[0]) == records and all(
-            earliest // policy.totals_bucket_ms == latest // policy.totals_bucket_ms for policy in by_id.values()):
-        # one shard, and each policy's records in one totals bucket: counted by policy alone
-        keyed = ids
-        groups = {number: (number, shards[0], earliest // policy.totals_bucket_ms) for number, policy in by_id.items()}
-    else:
-        keyed = list(zip(ids, shards, map(floordiv, nows, map(_TOTALS_BUCKET, policies))))
-        groups = None
-    counted = Counter(keyed)
-    for at in alone:  # _fold counted them
-        counted[keyed[at]] -= 1
-    for group, amount in counted.items():
-        if amount:
-            number, shard, bucket = groups[group] if groups else group
-            key = (by_id[number], shard, "a", bucket)
-            tallied[key] = tallied.get(key, 0) + amount
-
-
-_TOTALS_BUCKET = attrgetter("totals_bucket_ms")
+    for at in range(0, records * NOTED, NOTED):
+        _fold(pending, *fields[at:at + NOTED])
 
 
 def _fold(pending: _Pending, policy: CompiledPolicy, member: str, shard: int, refused_before: bool, exceeded: bool,
