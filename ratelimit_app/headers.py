@@ -17,21 +17,14 @@ from __future__ import annotations
 from math import ceil
 from typing import Sequence
 
-from .lru import byte_bounded_cache
-from .values import CONTENT_BYTES, Decision
+from .lru import BoundedCache, byte_bounded_cache, size_of
+from .values import CONTENT_BYTES, CompiledPolicy, Decision
 
 
 @byte_bounded_cache()  # policy names: a few, on every response
 def _quoted(name: str) -> str:
     escaped = name.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
-
-
-@byte_bounded_cache()  # policy names: a few, on every response
-def _plain(quoted: str) -> bool:
-    """Whether a header value made with this quoted name is what Django's header setter would store as it
-    is (printable ASCII): then it is stored without the setter's checks, which cost a header 4.7k instructions."""
-    return quoted.isascii() and quoted.isprintable()
 
 
 def seconds_left(decision: Decision) -> int:
@@ -51,23 +44,29 @@ def _quota(q: int, window: int, limit: int) -> str:
     return f"q={q};w={-(-q * window // limit)}"
 
 
-@byte_bounded_cache()  # a few policies and limits, on every response
-def _policy_item(name: str, q: int, window: int, limit: int, in_flight: bool, unit: str) -> str:
-    if in_flight:
-        return f'{_quoted(name)};q={q};qu="concurrent-requests"'
-    if unit == CONTENT_BYTES:  # the one metered unit the draft registers
-        return f'{_quoted(name)};{_quota(q, window, limit)};qu="content-bytes"'
-    return f"{_quoted(name)};{_quota(q, window, limit)}"
+def _policy_item(policy: CompiledPolicy, limit: int, window: int) -> str:
+    """The policy's item of RateLimit-Policy under `limit` (`window`: a calendar period's seconds, 0 for its own)."""
+    q = policy.capacity(limit)
+    window = window or policy.window
+    if policy.holds:
+        return f'{_quoted(policy.name)};q={q};qu="concurrent-requests"'
+    if policy.unit == CONTENT_BYTES:  # the one metered unit the draft registers
+        return f'{_quoted(policy.name)};{_quota(q, window, limit)};qu="content-bytes"'
+    return f"{_quoted(policy.name)};{_quota(q, window, limit)}"
 
 
-def _policy_item_of(d: Decision) -> str:
-    policy = d.policy
-    return _policy_item(policy.name, policy.capacity(d.limit), d.window or policy.window, d.limit, policy.holds,
-                        policy.unit)
+def _kept_bytes(key: tuple, kept: tuple) -> int:
+    return size_of(key, kept, *kept)
 
 
-def _item_of(d: Decision) -> str:
-    return f"{_quoted(d.policy.name)};r={d.remaining};t={seconds_left(d)}"
+# (policy, limit, window) -> (its RateLimit-Policy item, its quoted name): what every response under it repeats,
+# made once (a snapshot of a policy is itself: a reloaded policy makes its own)
+kept_items = BoundedCache("ratelimit_app.headers.policy_items", _kept_bytes)
+_kept = kept_items.get
+
+
+def _made(policy: CompiledPolicy, limit: int, window: int) -> tuple[str, str]:
+    return kept_items.put((policy, limit, window), (_policy_item(policy, limit, window), _quoted(policy.name)))
 
 
 def retry_after(denied: Sequence[Decision]) -> int | None:
@@ -80,22 +79,26 @@ def retry_after(denied: Sequence[Decision]) -> int | None:
 
 def apply(response, decisions: Sequence[Decision], denied: Sequence[Decision] = ()) -> None:
     """Set the headers of the enforced policies; shadow policies never show to clients."""
-    if len(decisions) == 1:  # most responses: no list to filter or join
-        decision = decisions[0]
-        if decision.policy.enforce:
-            store = getattr(response.headers, "_store", None)
-            if type(store) is dict and _plain(_quoted(decision.policy.name)):
-                # Django's ResponseHeaders keeps (name, value) by the lowercased name
-                store["ratelimit-policy"] = ("RateLimit-Policy", _policy_item_of(decision))
-                store["ratelimit"] = ("RateLimit", _item_of(decision))
-            else:
-                response.headers["RateLimit-Policy"] = _policy_item_of(decision)
-                response.headers["RateLimit"] = _item_of(decision)
-    else:
-        shown = [d for d in decisions if d.policy.enforce]
-        if shown:
-            response.headers["RateLimit-Policy"] = ", ".join(map(_policy_item_of, shown))
-            response.headers["RateLimit"] = ", ".join(map(_item_of, shown))
+    policy_items, items = [], []
+    # each decision's fields unpacked at once: reading them by name costs a Python step each
+    for policy, _subject, _allowed, exceeded, _count, limit, remaining, reset_in, retry, _cost, window in decisions:
+        if policy.enforce:
+            kept = _kept((policy, limit, window)) or _made(policy, limit, window)
+            policy_items.append(kept[0])
+            left = retry if exceeded and retry is not None else reset_in  # seconds_left()
+            items.append(f"{kept[1]};r={remaining};t={ceil(left) if left > 0 else 0}")
+    if policy_items:
+        policy_value, value = ", ".join(policy_items), ", ".join(items)
+        store = getattr(response.headers, "_store", None)
+        # printable ASCII is what Django's header setter would store as it is: then it is stored without the
+        # setter's checks, which cost a header 4.7k instructions (the RateLimit value holds the same names)
+        if type(store) is dict and policy_value.isascii() and policy_value.isprintable():
+            # Django's ResponseHeaders keeps (name, value) by the lowercased name
+            store["ratelimit-policy"] = ("RateLimit-Policy", policy_value)
+            store["ratelimit"] = ("RateLimit", value)
+        else:
+            response.headers["RateLimit-Policy"] = policy_value
+            response.headers["RateLimit"] = value
     wait = retry_after(denied) if denied else None
     if wait is not None:
         response.headers["Retry-After"] = str(wait)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from operator import attrgetter
 from typing import Callable, Iterable, NamedTuple, Sequence, Union
 
 from . import engine, events, metrics, policies
@@ -113,8 +114,7 @@ def settle(request, state: RequestState, checks: list[Check], verdict: Verdict, 
     `epoch`: the deny cache's, read before Redis was asked (deny_cache.remember); None: not for memory."""
     policies.observe_version(verdict.version)
     metrics.record_verdict(verdict)
-    for check in checks:
-        state.decided.add(check.policy.id)
+    state.decided.update(map(_POLICY_ID, checks))  # in C: a loop of Python cost every policy of every request
     state.decisions += verdict.decisions
     denied = state.denied
     for decision in verdict.decisions:  # one pass: the denials, and the shadow policies that would deny
@@ -124,6 +124,9 @@ def settle(request, state: RequestState, checks: list[Check], verdict: Verdict, 
             _report_shadow(decision, request)
     if denied and epoch is not None and deny_cache_enabled():
         deny_cache.remember(verdict.decisions, epoch)
+
+
+_POLICY_ID = attrgetter("policy.id")
 
 
 def denied_from_memory(state: RequestState, checks: list[Check], cost: int = 1) -> bool:

@@ -41,9 +41,8 @@ BUDGETS: dict[str, float] = {
     "ratelimit_app.deny_cache.refusals": 0.05,
     "ratelimit_app.headers._quoted": 0.003,
     "ratelimit_app.headers._quota": 0.003,
-    "ratelimit_app.headers._policy_item": 0.003,
-    "ratelimit_app.headers._plain": 0.002,
-    "ratelimit_app.metrics._outcomes": 0.003,
+    "ratelimit_app.headers.policy_items": 0.003,
+    "ratelimit_app.metrics.outcomes": 0.003,
     "ratelimit_app.metrics._child": 0.003,
     "ratelimit_app.periods._zone": 0.002,
     # the calendar periods a strategy keeps (its plug-in module's own: named by its package, not by a strategy)
