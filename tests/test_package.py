@@ -169,7 +169,9 @@ def run(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> str
 
 def clean_env() -> dict[str, str]:
     """A shell's environment: nothing of this test session's Django or source tree, but its Redis."""
-    dropped = ("DJANGO_SETTINGS_MODULE", "PYTHONPATH", "VIRTUAL_ENV", "PYTEST_CURRENT_TEST", "DATABASE_URL")
+    # PYTHONPYCACHEPREFIX (make's, see Makefile) would leave unread the bytecode the installer compiled
+    dropped = ("DJANGO_SETTINGS_MODULE", "PYTHONPATH", "VIRTUAL_ENV", "PYTEST_CURRENT_TEST", "DATABASE_URL",
+               "PYTHONPYCACHEPREFIX")
     return {name: value for name, value in os.environ.items() if name not in dropped}
 
 
