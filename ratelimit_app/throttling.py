@@ -18,7 +18,7 @@ from .registry import fixed_cost_problem
 from .responses import UNAVAILABLE_MESSAGE, UNAVAILABLE_RETRY_AFTER
 
 logger = logging.getLogger("ratelimit_app")
-_made = tuple.__new__  # Route(...) runs the named tuple's Python __new__ on every request; the tuple made directly does not
+_made = tuple.__new__  # Route(...) runs the named tuple's Python __new__ on every request; this does not
 
 
 class RateLimitUnavailable(APIException):
