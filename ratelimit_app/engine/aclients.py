@@ -18,7 +18,9 @@ from django.core.exceptions import ImproperlyConfigured
 from ..conf import get_setting
 from ..lru import BoundedCache
 from .circuit import PoolFull, ReplyLost, describe
-from .clients import DEFAULT_POOL_WAIT, WRITE_ATTEMPTS, client, packed_size, retry_parts, writer_of
+from .clients import (
+    DEFAULT_POOL_WAIT, WRITE_ATTEMPTS, aread_reply, client, hiredis_of, packed_size, retry_parts, unread, writer_of,
+)
 
 # the commands whose packing a client keeps: the decisions' own, whose arguments are text and counts (a
 # command with a float equal to an int, 1.0 and 1, would otherwise find the other's packing)
@@ -124,6 +126,7 @@ class SentOnce(redis.asyncio.Redis):
         super().__init__(*args, **kwargs)
         self.kept: list[redis.asyncio.Connection] = []
         self.waiting = 0  # commands waiting for the pool: a connection read to the end goes to them
+        self.deadlines: Deadlines | None = None  # its reads' socket timeouts, in the loop it serves
 
     async def execute_command(self, *args: object, **options: object) -> object:
         if options:
@@ -141,10 +144,13 @@ class SentOnce(redis.asyncio.Redis):
         """A connection with nothing unread and not closed by Redis: one kept from an earlier command,
         else the pool's. One closed (its end of file read by the loop) is opened anew by its next write."""
         connection = self.kept.pop() if self.kept else await self._checkout()
+        if not connection.is_connected:
+            return connection
         try:
             # the pool does not always check (not with RESP3's maintenance notifications), nor does keep():
             # a give-back written to a kept connection Redis closed while at rest would be lost, then owed
-            if connection.is_connected and await connection.can_read():
+            hiredis = hiredis_of(connection)
+            if unread(hiredis) if hiredis is not None else await connection.can_read():
                 await connection.disconnect(nowait=True)
         except redis.ConnectionError:
             pass  # can_read disconnected it
@@ -198,7 +204,11 @@ class SentOnce(redis.asyncio.Redis):
                 if attempt == WRITE_ATTEMPTS:
                     raise
         try:
-            reply = await connection.read_response()  # under the socket timeout
+            hiredis = hiredis_of(connection)  # connected by now: the write connects
+            if hiredis is None:
+                reply = await connection.read_response()  # under the socket timeout
+            else:
+                reply = await aread_reply(connection, hiredis, self.deadlines or self._deadlines())
         except redis.ConnectionError as error:
             raise ReplyLost(f"the connection closed before Redis answered ({describe(error)}); the call may "
                             "have counted, and is not sent again") from error
@@ -207,6 +217,10 @@ class SentOnce(redis.asyncio.Redis):
             return reply
         reply = parse(reply)
         return await reply if inspect.isawaitable(reply) else reply
+
+    def _deadlines(self) -> Deadlines:
+        self.deadlines = Deadlines(asyncio.get_running_loop())
+        return self.deadlines
 
     def _packed(self, connection: redis.asyncio.Connection, args: tuple) -> list[bytes]:
         # a subject's repeat request sends the same command as before: packed once, then sent as it was
@@ -218,6 +232,37 @@ class SentOnce(redis.asyncio.Redis):
             if len(message) == 1:  # a large command (over redis-py's buffer cutoff) is not kept
                 packed.put(args, message)
         return message
+
+
+class Deadlines:
+    """The socket timeout of the reads under way in one loop: each read's deadline, checked by one timer
+    armed for the earliest, where asyncio.timeout() arms and cancels a timer (and a Timeout) per read. A
+    read past its deadline is woken with TimeoutError, as its StreamReader's exception."""
+
+    __slots__ = ("loop", "reads", "timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.reads: dict[asyncio.StreamReader, float] = {}
+        self.timer: asyncio.TimerHandle | None = None
+
+    def start(self, stream: asyncio.StreamReader, timeout: float) -> None:
+        """A read of `stream` waits from now, for `timeout` seconds at most (each connection reads one reply
+        at a time). A timer armed already expires first: reads start later with the same timeout."""
+        self.reads[stream] = deadline = self.loop.time() + timeout
+        if self.timer is None:
+            self.timer = self.loop.call_at(deadline, self._expire)
+
+    def end(self, stream: asyncio.StreamReader) -> None:
+        self.reads.pop(stream, None)
+
+    def _expire(self) -> None:
+        now = self.loop.time()
+        reads = self.reads
+        for stream in [stream for stream, deadline in reads.items() if deadline <= now]:
+            del reads[stream]
+            stream.set_exception(TimeoutError())  # the read waiting on it raises it; its connection is closed
+        self.timer = self.loop.call_at(min(reads.values()), self._expire) if reads else None
 
 
 async def write(connection: redis.asyncio.Connection, message: list[bytes]) -> None:
