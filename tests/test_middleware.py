@@ -257,6 +257,20 @@ def test_a_request_leaves_django_no_cache_of_the_app_to_close_at_its_end(client,
     assert len(caches.all(initialized_only=True)) == opened
 
 
+def test_a_route_no_policy_met_is_limited_from_the_request_after_a_policy_for_it_is_saved(client):
+    make(name="elsewhere", action="/nowhere/")  # the route meets none: the middleware keeps that it met none
+    assert statuses(client, 3) == [200, 200, 200]
+    make(limit=1)
+    assert statuses(client, 2) == [200, 429]
+
+
+def test_a_path_no_policy_met_is_limited_once_the_urlconf_routes_it_to_a_view_a_policy_names(client, settings):
+    make(name="pages", action="tests.routed_urls.page", limit=1)
+    assert statuses(client, 2, "/about/") == [404, 404]  # the demo routes it nowhere
+    settings.ROOT_URLCONF = "tests.routed_urls"
+    assert statuses(client, 2, "/about/") == [200, 429]
+
+
 def test_redis_down_fail_open_lets_requests_through(client, settings, caplog):
     settings.CACHES = {**settings.CACHES, "dead": {**settings.CACHES["default"], "LOCATION": "redis://127.0.0.1:1/0"}}
     settings.RATELIMIT_CACHE = "dead"
