@@ -148,6 +148,7 @@ def _by_address(index: policies.PolicyIndex, matched) -> bool:
 
 
 _routes = _Routes()
+_unmatched_route = _routes.unmatched.get  # the dict's own get: its entries are cleared in place, never replaced
 
 
 def forget_checks() -> None:
@@ -168,7 +169,7 @@ def around_view(request, view: Io, door: Door, names: Iterable[str | None] = (),
     try:
         # most requests of a site meet no policy: the middleware's route found so before, under the index in
         # force, is all it looks up (no route, no state); the view may still make a state (hit(), a door inside)
-        nothing = _routes.unmatched.get((request.path_info, request.method, getattr(request, "urlconf", None))) \
+        nothing = _unmatched_route((request.path_info, request.method, getattr(request, "urlconf", None))) \
             if routed else None
         if nothing is not None and nothing is policies.fresh_index():  # the index under which the route met none
             state = None
