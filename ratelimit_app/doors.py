@@ -161,9 +161,9 @@ def forget_checks() -> None:
 
 @steps
 def around_view(request, view: Io, door: Door, names: Iterable[str | None] = (), *, last: bool = True,
-                cost: Cost | None = None, routed: bool = False) -> Steps:
+                cost: Cost | None = None, routed: bool = False, route: Route | None = None) -> Steps:
     """enter -> decide -> view -> leave, for a door around a view: returns the response. The door's
-    entering() (`names`, `last`, `cost`; `routed`: the middleware's, the route tells them). A request
+    entering() (`names`, `last`, `cost`, `route`; `routed`: the middleware's, the route tells them). A request
     that raises (or is cancelled: its client left) gives its places back at once. Every step but the
     view's runs inside the boundary (entering() guards itself)."""
     try:
@@ -174,7 +174,8 @@ def around_view(request, view: Io, door: Door, names: Iterable[str | None] = (),
         if nothing is not None and nothing is policies.fresh_index():  # the index under which the route met none
             state = None
         else:
-            state = yield from entering(request, names, last=last, cost=cost, door=door, routed=routed)
+            state = yield from entering(request, names, last=last, cost=cost, door=door, routed=routed,
+                                        route=route)
         if state is not None and state.refused:
             try:
                 if state.closing is None:  # most refusals hold no place: no steps to give one back
@@ -223,8 +224,8 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, door: Door
     """A door's way in: gather the `names` it knows and the code's `cost` (the door nearer the view says
     last); the last door to see the request makes its one call. `routed`: the middleware's, whose
     names come from the route: no state on this app's admin pages or when no policy can apply (then
-    a request costs nothing); a door that knows its view's `route` (the DRF throttle, first to see the
-    request) has it kept alike. Inside the boundary: a failure gives undecided()'s answer."""
+    a request costs nothing); a door that knows its view's `route` (the DRF throttle or @ratelimit, first
+    to see the request) has it kept alike. Inside the boundary: a failure gives undecided()'s answer."""
     try:
         if not get_setting("RATELIMIT_ENABLED"):
             return None

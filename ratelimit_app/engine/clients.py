@@ -18,10 +18,10 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
-try:  # redis-py's hiredis parser, read straight (read_reply); its names are redis-py's own, hence the fallback
-    from redis._parsers.hiredis import NOT_ENOUGH_DATA, _HiredisParser
+try:  # redis-py's hiredis parsers, read straight (read_reply, hiredis_of); their names are redis-py's own
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser, _HiredisParser
 except ImportError:  # another redis-py: its read_response() is used
-    NOT_ENOUGH_DATA, _HiredisParser = object(), None
+    NOT_ENOUGH_DATA, _HiredisParser, _AsyncHiredisParser = object(), None, None
 
 from ..conf import get_setting
 from ..lru import size_of
@@ -215,6 +215,65 @@ def socket_of(connection) -> object | None:
 def writer_of(connection):
     """The asyncio StreamWriter of a connected asyncio connection."""
     return connection._writer
+
+
+def hiredis_of(connection) -> tuple | None:
+    """(hiredis reader, StreamReader, read size, RESP3's push type or None) of a connected asyncio
+    connection whose replies hiredis parses, for aread_reply; None: its read_response() reads them."""
+    parser = connection._parser
+    reader = getattr(parser, "_reader", None)
+    if type(parser) is not _AsyncHiredisParser or reader is None or connection.health_check_interval:
+        return None
+    return reader, parser._stream, parser._read_size, parser._hiredis_PushNotificationType
+
+
+def unread(hiredis: tuple) -> bool:
+    """A connection's can_read() from hiredis_of's parts, without its two coroutines: a reply or the end
+    of file waits (what redis-py's hiredis parser checks; the StreamReader has no public test of its bytes)."""
+    reader, stream = hiredis[:2]
+    return reader.has_data() or stream.at_eof() or bool(stream._buffer)
+
+
+async def aread_reply(connection, hiredis: tuple, deadlines) -> object:
+    """read_reply()'s twin for an asyncio connection and its hiredis_of() parts: the same reply and errors
+    as its read_response(), under the socket timeout kept by `deadlines` (aclients.Deadlines), without
+    the wrapper's coroutines and the timer asyncio.timeout() arms and cancels on every read."""
+    reader, stream, size, push = hiredis
+    timeout = connection.socket_timeout
+    try:
+        reply = reader.gets()
+        if reply is NOT_ENOUGH_DATA:
+            if timeout:
+                deadlines.start(stream, timeout)
+            try:
+                while reply is NOT_ENOUGH_DATA:
+                    data = await stream.read(size)
+                    if not data:
+                        raise redis.ConnectionError("Connection closed by server.")
+                    reader.feed(data)
+                    reply = reader.gets()
+            finally:
+                if timeout:
+                    deadlines.end(stream)
+    except TimeoutError:  # the deadline passed (before OSError, whose subclass it is)
+        await connection.disconnect(nowait=True)
+        raise redis.TimeoutError(f"Timeout reading from {connection._host_error()}") from None
+    except OSError as error:
+        await connection.disconnect(nowait=True)
+        raise redis.ConnectionError(f"Error while reading from {connection._host_error()} : {error.args}") from None
+    except BaseException:
+        await connection.disconnect(nowait=True)
+        raise
+    if isinstance(reply, (redis.ResponseError, redis.ConnectionError)):  # hiredis hands errors back as values
+        raise reply
+    if push is not None and isinstance(reply, push):
+        # RESP3's message out of band (a maintenance notice may relax the timeout): redis-py's handlers take
+        # it, and its read_response() the reply, as it would have
+        await connection._parser.handle_push_response(reply)
+        return await connection.read_response()
+    if type(reply) is list and reply and isinstance(reply[0], redis.ConnectionError):
+        raise reply[0]
+    return reply
 
 
 def retry_parts(retry) -> tuple:
