@@ -71,6 +71,13 @@ class Trivial(APIView):
         return trivial(request)
 
 
+class PingKept(Trivial):
+    """The DRF view doing one PING: the floor of a DRF door that asks Redis, as ping_kept is of the others."""
+
+    def get(self, request):
+        return ping_kept(request)
+
+
 class UserThrottled(Trivial):
     throttle_classes = [UserRateThrottle]
 
@@ -89,6 +96,7 @@ urlpatterns = [
     # served without it
     path("plain/", trivial, name="plain"),
     path("drf/", Trivial.as_view(), name="drf"),
+    path("drf-ping-kept/", PingKept.as_view(), name="drf-ping-kept"),
     path("drf-user-throttle/", UserThrottled.as_view(), name="drf-user-throttle"),
     path("drf-policy-throttle/", PolicyThrottled.as_view(), name="drf-policy-throttle"),
     path("ping/", ping, name="ping"),

@@ -19,7 +19,7 @@ from django.utils.decorators import method_decorator
 
 from . import registry
 from .boundary import DECORATOR
-from .doors import around_view, has_decorator_inside, has_throttle_inside, passed_drf_throttles
+from .doors import STATE_ATTRIBUTE, Route, around_view, has_decorator_inside, has_throttle_inside, passed_drf_throttles
 from .drivers import Io, arun
 from .limiter import Cost, valid_cost
 from .rates import format_rate
@@ -30,6 +30,7 @@ USAGE = (
     "@ratelimit(rate='5/m', key='ip') declares a policy next to the view."
 )
 DECLARED_ATTRIBUTE = "_ratelimit_declared"  # the names of the policies declared on a view, outermost last
+_made = tuple.__new__  # Io(...) runs the named tuple's Python __new__ (its defaults) on every request
 
 
 def ratelimit(
@@ -123,20 +124,32 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, cost: Cost | No
     throttle_inside = not decorator_inside and has_throttle_inside(view)
 
     names = (action,)
+    # the request's one door (no other made its state): its policies and checks are kept by route, as the
+    # middleware's are; an outer door leaves the names it gathered to the matching of the door inside
+    alone = Route(names, False, False, False)
+    always_last = not decorator_inside and not throttle_inside
 
     def last(request) -> bool:
-        _declared_again(declared)
         return not decorator_inside and (not throttle_inside or passed_drf_throttles(request))
 
+    # the two bodies are the same but for the await, written out: no call more on every request
     if iscoroutinefunction(view) if is_async is None else is_async:
         async def limited(request, *args, **kwargs):  # a coroutine function to inspect too, as the view was
-            steps = around_view(request, Io(view, view, (request, *args), kwargs), DECORATOR, names,
-                                last=last(request), cost=cost)
+            if declared is not None:
+                _declared_again(declared)
+            is_last = always_last or last(request)
+            first = STATE_ATTRIBUTE not in request.__dict__.get("_request", request).__dict__
+            steps = around_view(request, _made(Io, (view, view, (request, *args), kwargs)), DECORATOR, names,
+                                last=is_last, cost=cost, route=alone if is_last and first else None)
             return await arun(steps)
     else:
         def limited(request, *args, **kwargs):
-            return around_view.sync(request, Io(view, view, (request, *args), kwargs), DECORATOR, names,
-                                    last=last(request), cost=cost)
+            if declared is not None:
+                _declared_again(declared)
+            is_last = always_last or last(request)
+            first = STATE_ATTRIBUTE not in request.__dict__.get("_request", request).__dict__
+            return around_view.sync(request, _made(Io, (view, view, (request, *args), kwargs)), DECORATOR, names,
+                                    last=is_last, cost=cost, route=alone if is_last and first else None)
     limited = wraps(view)(limited)
     limited.ratelimit_actions = (*getattr(view, "ratelimit_actions", ()), action)
     if cost is not None:
@@ -144,11 +157,10 @@ def _decorate(view, *, action: str, declared: CodePolicy | None, cost: Cost | No
     return _remember(limited, declared)
 
 
-def _declared_again(declared: CodePolicy | None) -> None:
+def _declared_again(declared: CodePolicy) -> None:
     # a reset (tests) forgets a view's declaration until a URLconf routes to it: a view called directly
     # declares it again (a dict lookup when it is still declared)
-    if declared is not None:
-        registry.register_policy(declared)
+    registry.register_policy(declared)
 
 
 def _remember(view, declared: CodePolicy | None):

@@ -18,6 +18,7 @@ from .registry import fixed_cost_problem
 from .responses import UNAVAILABLE_MESSAGE, UNAVAILABLE_RETRY_AFTER
 
 logger = logging.getLogger("ratelimit_app")
+_made = tuple.__new__  # Route(...) runs the named tuple's Python __new__ on every request; this does not
 
 
 class RateLimitUnavailable(APIException):
@@ -47,8 +48,12 @@ def _give_back_when_finalized(view, request) -> None:
 
 def is_last(throttle, view) -> bool:
     """Whether this PolicyThrottle is the last of the view's: DRF runs them in order, the last decides."""
-    doors = [c for c in getattr(view, "throttle_classes", ()) if getattr(c, "ratelimit_door", False)]
-    return not doors or type(throttle) is doors[-1] or type(throttle) not in doors
+    mine, seen, last = type(throttle), False, None
+    for door in getattr(view, "throttle_classes", ()):  # a loop, not a list made on every request
+        if getattr(door, "ratelimit_door", False):
+            last = door
+            seen = seen or door is mine
+    return last is None or last is mine or not seen
 
 
 def view_cost(view):
@@ -111,7 +116,7 @@ class PolicyThrottle(BaseThrottle):
         names = _names(getattr(view, "throttle_scope", None), match.view_name if match else None)
         last = is_last(self, view)
         # the first door of the request: its route's policies and checks are kept, as the middleware's are
-        route = Route(names, False, True, False) if STATE_ATTRIBUTE not in base.__dict__ else None
+        route = _made(Route, (names, False, True, False)) if STATE_ATTRIBUTE not in base.__dict__ else None
         self.state = entering.sync(request, names, last=last, cost=view_cost(view), route=route, door=THROTTLE)
         if self.state is None:
             return True

@@ -71,7 +71,9 @@ class Server:
         self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
         if log is not None:
             stderr.close()  # the process has its own descriptor
-        deadline = time.monotonic() + 30
+        # a server that died stops the wait at once; a slow start (gunicorn importing Django beside a loaded
+        # suite on 2 cores took over 30 s) is waited for
+        deadline = time.monotonic() + 90
         while True:
             try:
                 fetch(self.url + "/")

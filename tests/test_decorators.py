@@ -42,6 +42,30 @@ def test_decorated_function_view_is_limited_by_its_action():
     assert [function_view(request()).status_code for _ in range(3)] == [200, 200, 429]
 
 
+def test_decorated_function_view_counts_each_client_address_apart():
+    make(limit=1)
+    clients = ("203.0.113.7", "203.0.113.8", "203.0.113.7", "203.0.113.8")
+    assert [function_view(request(ip=ip)).status_code for ip in clients] == [200, 200, 429, 429]
+
+
+def test_decorated_function_view_counts_each_client_behind_a_trusted_proxy_apart(settings):
+    settings.RATELIMIT_TRUSTED_PROXIES = ["10.0.0.1"]
+    make(limit=1)
+
+    def through_the_proxy(client: str):
+        made = request(ip="10.0.0.1")
+        made.META["HTTP_X_FORWARDED_FOR"] = client
+        return function_view(made).status_code
+
+    assert [through_the_proxy(ip) for ip in ("198.51.100.1", "198.51.100.2", "198.51.100.1")] == [200, 200, 429]
+
+
+def test_a_policy_written_after_a_decorated_views_requests_limits_its_next_ones():
+    assert [function_view(request()).status_code for _ in range(3)] == [200, 200, 200]  # no policy yet
+    make(limit=1)
+    assert [function_view(request()).status_code for _ in range(2)] == [200, 429]
+
+
 def test_decorated_view_responses_carry_headers():
     make()
     assert function_view(request())["RateLimit"].startswith('"login-per-ip";r=1;t=')

@@ -232,10 +232,15 @@ def test_the_records_of_a_thousand_decisions_keep_no_object_of_their_own_for_the
     try:
         with metrics._folding:  # no fold meanwhile: what the records keep stays there
             gc.collect()
-            before = len(gc.get_objects())
-            for _ in range(1000):
-                metrics.record_verdict(engine.decide(checks))
-            kept = len(gc.get_objects()) - before
+            # the fewest of three rounds: other threads (the tally's flush, a saver) make objects meanwhile on a
+            # busy machine (170 seen once), while a record that keeps one of its own adds 1,000 to every round
+            kept = None
+            for _round in range(3):
+                before = len(gc.get_objects())
+                for _ in range(1000):
+                    metrics.record_verdict(engine.decide(checks))
+                gained = len(gc.get_objects()) - before
+                kept = gained if kept is None else min(kept, gained)
     finally:
         metrics._folder.cancel()
         metrics._folder = None

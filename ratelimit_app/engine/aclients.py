@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+from collections.abc import Coroutine
+from typing import NoReturn
 
 import redis
 import redis.asyncio
@@ -18,7 +20,17 @@ from django.core.exceptions import ImproperlyConfigured
 from ..conf import get_setting
 from ..lru import BoundedCache
 from .circuit import PoolFull, ReplyLost, describe
-from .clients import DEFAULT_POOL_WAIT, WRITE_ATTEMPTS, client, packed_size, retry_parts, writer_of
+from .clients import (
+    DEFAULT_POOL_WAIT,
+    WRITE_ATTEMPTS,
+    aread_reply,
+    client,
+    hiredis_of,
+    packed_size,
+    retry_parts,
+    unread,
+    writer_of,
+)
 
 # the commands whose packing a client keeps: the decisions' own, whose arguments are text and counts (a
 # command with a float equal to an int, 1.0 and 1, would otherwise find the other's packing)
@@ -124,27 +136,65 @@ class SentOnce(redis.asyncio.Redis):
         super().__init__(*args, **kwargs)
         self.kept: list[redis.asyncio.Connection] = []
         self.waiting = 0  # commands waiting for the pool: a connection read to the end goes to them
+        self.deadlines: Deadlines | None = None  # its reads' socket timeouts, in the loop it serves
 
     async def execute_command(self, *args: object, **options: object) -> object:
         if options:
             return await super().execute_command(*args, **options)
-        connection = await self.take()
+        # take(), the write and keep() each a coroutine no more, for a kept connection at rest (most decisions)
+        connection = self._resting() or await self.take()
         try:
-            reply = await self._once(connection, args)
+            message = self._packed(connection, args)
+            writing = write(connection, message)
+            if writing is not None:
+                await self._written(connection, message, writing)
+            hiredis = hiredis_of(connection)  # connected by now: the write connects
+            try:
+                if hiredis is None:
+                    reply = await connection.read_response()  # under the socket timeout
+                else:
+                    reply = await aread_reply(connection, hiredis, self.deadlines or self._deadlines())
+            except redis.ConnectionError as error:
+                raise ReplyLost(f"the connection closed before Redis answered ({describe(error)}); the call may "
+                                "have counted, and is not sent again") from error
         except BaseException:  # cancelled or failed with a reply unread
             await self.discard(connection)
             raise
-        await self.keep(connection)
-        return reply
+        if self.waiting:
+            await self.to_pool(connection)
+        else:
+            self.kept.append(connection)
+        if args[0] in PACKED_KEPT:  # a decision's reply (FCALL, EVALSHA) has no parser
+            return reply
+        parse = self.response_callbacks.get(args[0])
+        if parse is None:
+            return reply
+        reply = parse(reply)
+        return await reply if inspect.isawaitable(reply) else reply
+
+    def _resting(self) -> redis.asyncio.Connection | None:
+        """take() without awaiting: the last connection kept, when it is connected with nothing unread
+        (hiredis tells at once); None otherwise, and take() checks or replaces it."""
+        kept = self.kept
+        if not kept:
+            return None
+        connection = kept[-1]
+        hiredis = hiredis_of(connection) if connection.is_connected else None
+        if hiredis is None or unread(hiredis):
+            return None
+        return kept.pop()
 
     async def take(self) -> redis.asyncio.Connection:
         """A connection with nothing unread and not closed by Redis: one kept from an earlier command,
         else the pool's. One closed (its end of file read by the loop) is opened anew by its next write."""
         connection = self.kept.pop() if self.kept else await self._checkout()
+        if not connection.is_connected:
+            return connection
         try:
             # the pool does not always check (not with RESP3's maintenance notifications), nor does keep():
             # a give-back written to a kept connection Redis closed while at rest would be lost, then owed
-            if connection.is_connected and await connection.can_read():
+            hiredis = hiredis_of(connection)
+            if unread(hiredis) if hiredis is not None else await connection.can_read():
                 await connection.disconnect(nowait=True)
         except redis.ConnectionError:
             pass  # can_read disconnected it
@@ -187,26 +237,24 @@ class SentOnce(redis.asyncio.Redis):
         busy: lost there, it would stay checked out for ever (a pool of one then refuses every command)."""
         await asyncio.shield(self.connection_pool.release(connection))
 
-    async def _once(self, connection: redis.asyncio.Connection, args: tuple) -> object:
-        message = self._packed(connection, args)
+    async def _written(self, connection: redis.asyncio.Connection, message: list[bytes], writing) -> None:
+        """Finish a write() that must wait (connecting, or the transport holding data back); one that failed
+        with nothing of it reaching Redis whole is sent anew."""
         for attempt in range(1, WRITE_ATTEMPTS + 1):
             try:
-                await write(connection, message)
-                break
+                await writing
+                return
             except redis.ConnectionError:  # nothing reached Redis whole: safe to send anew
                 await connection.disconnect()
                 if attempt == WRITE_ATTEMPTS:
                     raise
-        try:
-            reply = await connection.read_response()  # under the socket timeout
-        except redis.ConnectionError as error:
-            raise ReplyLost(f"the connection closed before Redis answered ({describe(error)}); the call may "
-                            "have counted, and is not sent again") from error
-        parse = self.response_callbacks.get(args[0])
-        if parse is None:  # a decision's reply (FCALL, EVALSHA) has no parser: parse_response's steps cost it
-            return reply
-        reply = parse(reply)
-        return await reply if inspect.isawaitable(reply) else reply
+            writing = write(connection, message)
+            if writing is None:
+                return
+
+    def _deadlines(self) -> Deadlines:
+        self.deadlines = Deadlines(asyncio.get_running_loop())
+        return self.deadlines
 
     def _packed(self, connection: redis.asyncio.Connection, args: tuple) -> list[bytes]:
         # a subject's repeat request sends the same command as before: packed once, then sent as it was
@@ -220,25 +268,74 @@ class SentOnce(redis.asyncio.Redis):
         return message
 
 
-async def write(connection: redis.asyncio.Connection, message: list[bytes]) -> None:
+class Deadlines:
+    """The socket timeout of the reads under way in one loop: each read's deadline, checked by one timer
+    armed for the earliest, where asyncio.timeout() arms and cancels a timer (and a Timeout) per read. A
+    read past its deadline is woken with TimeoutError, as its StreamReader's exception."""
+
+    __slots__ = ("loop", "reads", "timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.reads: dict[asyncio.StreamReader, float] = {}
+        self.timer: asyncio.TimerHandle | None = None
+
+    def start(self, stream: asyncio.StreamReader, timeout: float) -> None:
+        """A read of `stream` waits from now, for `timeout` seconds at most (each connection reads one reply
+        at a time). A timer armed already expires first: reads start later with the same timeout."""
+        self.reads[stream] = deadline = self.loop.time() + timeout
+        if self.timer is None:
+            self.timer = self.loop.call_at(deadline, self._expire)
+
+    def end(self, stream: asyncio.StreamReader) -> None:
+        self.reads.pop(stream, None)
+
+    def _expire(self) -> None:
+        now = self.loop.time()
+        reads = self.reads
+        for stream in [stream for stream, deadline in reads.items() if deadline <= now]:
+            del reads[stream]
+            stream.set_exception(TimeoutError())  # the read waiting on it raises it; its connection is closed
+        self.timer = self.loop.call_at(min(reads.values()), self._expire) if reads else None
+
+
+def write(connection: redis.asyncio.Connection, message: list[bytes]) -> Coroutine | None:
     """connection.send_packed_command(message, check_health=False) without the task and timer it makes
-    per write (asyncio.wait_for): a decision fits the transport's buffer, so the write waits, under the
-    socket timeout, only when the transport holds data back (Redis stalled, or the connection lost)."""
+    per write (asyncio.wait_for): None when the message went to the transport whole, which a decision
+    fits, else the coroutine to await that ends the write: connecting first, waiting under the socket
+    timeout while the transport holds data back (Redis stalled, or the connection lost), or failing."""
     if not connection.is_connected:
-        return await connection.send_packed_command(message, check_health=False)  # connects first
+        return connection.send_packed_command(message, check_health=False)  # connects first
     writer = writer_of(connection)
     transport = writer.transport
     if transport.is_closing():  # the loop closed it (a reset read meanwhile): Python 3.13 fails the write
-        await connection.disconnect(nowait=True)
-        raise redis.ConnectionError("Error while writing to socket: the connection was closed")
+        return _failed(connection, redis.ConnectionError("Error while writing to socket: the connection was closed"))
     try:
-        writer.writelines(message)
-        if transport.get_write_buffer_size() or transport.is_closing():
-            # drain() raises for a lost connection, and waits while the transport is paused
-            if connection.socket_timeout:
-                await asyncio.wait_for(writer.drain(), connection.socket_timeout)
-            else:
-                await writer.drain()
+        if len(message) == 1:
+            transport.write(message[0])
+        else:
+            writer.writelines(message)
+    except BaseException as error:  # noqa: BLE001 - raised by the coroutine, as the write's own failure
+        return _drained(connection, writer, error)
+    if transport.get_write_buffer_size() or transport.is_closing():
+        return _drained(connection, writer)  # drain() raises for a lost connection, and waits while paused
+    return None
+
+
+async def _failed(connection: redis.asyncio.Connection, error: BaseException) -> NoReturn:
+    await connection.disconnect(nowait=True)
+    raise error
+
+
+async def _drained(connection: redis.asyncio.Connection, writer: asyncio.StreamWriter,
+                   failed: BaseException | None = None) -> None:
+    try:
+        if failed is not None:
+            raise failed
+        if connection.socket_timeout:
+            await asyncio.wait_for(writer.drain(), connection.socket_timeout)
+        else:
+            await writer.drain()
     except TimeoutError:  # wait_for timed out: before OSError, whose subclass it is
         await connection.disconnect(nowait=True)
         raise redis.TimeoutError("Timeout writing to socket") from None

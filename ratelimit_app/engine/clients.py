@@ -3,23 +3,25 @@ what the cache's retry options mean."""
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 from typing import Callable
 
 import redis
 from django.conf import settings
-from django_redis import get_redis_connection
+from django.core.cache import caches
+from django_redis.cache import RedisCache
 from django_redis.pool import ConnectionFactory
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
-try:  # redis-py's hiredis parser, read straight (read_reply); its names are redis-py's own, hence the fallback
-    from redis._parsers.hiredis import NOT_ENOUGH_DATA, _HiredisParser
+try:  # redis-py's hiredis parsers, read straight (read_reply, hiredis_of); their names are redis-py's own
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser, _HiredisParser
 except ImportError:  # another redis-py: its read_response() is used
-    NOT_ENOUGH_DATA, _HiredisParser = object(), None
+    NOT_ENOUGH_DATA, _HiredisParser, _AsyncHiredisParser = object(), None, None
 
 from ..conf import get_setting
 from ..lru import size_of
@@ -34,7 +36,14 @@ def client() -> redis.Redis | RedisCluster:
     """
     global _client
     if _client is None:
-        _client = _watch_flushes(get_redis_connection(get_setting("RATELIMIT_CACHE")))
+        # a backend of the process's own, not caches[alias]: Django keeps one of those per thread and closes
+        # each at the end of every request of its thread (request_finished), ~22k instructions a request
+        backend = caches.create_connection(get_setting("RATELIMIT_CACHE"))
+        try:
+            get_client = backend.client.get_client
+        except AttributeError:  # as django-redis' get_redis_connection() says it
+            raise NotImplementedError("This backend does not support this feature") from None
+        _client = _watch_flushes(get_client(True))  # from the process's pool, as every backend of the alias
     return _client
 
 
@@ -42,10 +51,34 @@ _on_flush: list[Callable[[], None]] = []
 
 
 def when_flushed(forget: Callable[[], None]) -> None:
-    """Call `forget` whenever Redis answers a FLUSHDB or FLUSHALL sent through the app's client (what
-    django-redis' cache.clear() sends in a test, in the thread that decides): what the process
-    remembers of Redis' data is gone with it. A flush from elsewhere shows at the next version check."""
+    """Call `forget` whenever Redis answers a FLUSHDB or FLUSHALL sent through the app's client, or a
+    django-redis cache.clear() (a test's, in any thread): what the process remembers of Redis' data is
+    gone with it. A flush from elsewhere shows at the next version check."""
     _on_flush.append(forget)
+    _watch_cache_clears()
+
+
+def _flushed() -> None:
+    for forget in _on_flush:
+        forget()
+
+
+def _watch_cache_clears() -> None:
+    """cache.clear() of a django-redis cache, in any thread, calls the listeners too: each thread's
+    caches[alias] is a backend with a client of its own, which the app's client is not."""
+    clear = RedisCache.clear
+    if getattr(clear, "watches_flushes", False):
+        return
+
+    @functools.wraps(clear)
+    def cleared(self: RedisCache, *args: object, **kwargs: object) -> object:
+        try:
+            return clear(self, *args, **kwargs)
+        finally:  # after Redis answered (a failed clear forgets too: the process then asks Redis again)
+            _flushed()
+
+    cleared.watches_flushes = True  # type: ignore[attr-defined]
+    RedisCache.clear = cleared  # type: ignore[method-assign]
 
 
 def _watch_flushes(redis_client: redis.Redis | RedisCluster) -> redis.Redis | RedisCluster:
@@ -58,8 +91,7 @@ def _watch_flushes(redis_client: redis.Redis | RedisCluster) -> redis.Redis | Re
         parse = callbacks.get(command)
 
         def flushed(response: object, _parse: Callable | None = parse, **options: object) -> object:
-            for forget in _on_flush:
-                forget()
+            _flushed()
             return _parse(response, **options) if _parse else response
 
         flushed.watches_flushes = True  # type: ignore[attr-defined]
@@ -183,6 +215,65 @@ def socket_of(connection) -> object | None:
 def writer_of(connection):
     """The asyncio StreamWriter of a connected asyncio connection."""
     return connection._writer
+
+
+def hiredis_of(connection) -> tuple | None:
+    """(hiredis reader, StreamReader, read size, RESP3's push type or None) of a connected asyncio
+    connection whose replies hiredis parses, for aread_reply; None: its read_response() reads them."""
+    parser = connection._parser
+    reader = getattr(parser, "_reader", None)
+    if type(parser) is not _AsyncHiredisParser or reader is None or connection.health_check_interval:
+        return None
+    return reader, parser._stream, parser._read_size, parser._hiredis_PushNotificationType
+
+
+def unread(hiredis: tuple) -> bool:
+    """A connection's can_read() from hiredis_of's parts, without its two coroutines: a reply or the end
+    of file waits (what redis-py's hiredis parser checks; the StreamReader has no public test of its bytes)."""
+    reader, stream = hiredis[:2]
+    return reader.has_data() or stream.at_eof() or bool(stream._buffer)
+
+
+async def aread_reply(connection, hiredis: tuple, deadlines) -> object:
+    """read_reply()'s twin for an asyncio connection and its hiredis_of() parts: the same reply and errors
+    as its read_response(), under the socket timeout kept by `deadlines` (aclients.Deadlines), without
+    the wrapper's coroutines and the timer asyncio.timeout() arms and cancels on every read."""
+    reader, stream, size, push = hiredis
+    timeout = connection.socket_timeout
+    try:
+        reply = reader.gets()
+        if reply is NOT_ENOUGH_DATA:
+            if timeout:
+                deadlines.start(stream, timeout)
+            try:
+                while reply is NOT_ENOUGH_DATA:
+                    data = await stream.read(size)
+                    if not data:
+                        raise redis.ConnectionError("Connection closed by server.")
+                    reader.feed(data)
+                    reply = reader.gets()
+            finally:
+                if timeout:
+                    deadlines.end(stream)
+    except TimeoutError:  # the deadline passed (before OSError, whose subclass it is)
+        await connection.disconnect(nowait=True)
+        raise redis.TimeoutError(f"Timeout reading from {connection._host_error()}") from None
+    except OSError as error:
+        await connection.disconnect(nowait=True)
+        raise redis.ConnectionError(f"Error while reading from {connection._host_error()} : {error.args}") from None
+    except BaseException:
+        await connection.disconnect(nowait=True)
+        raise
+    if isinstance(reply, (redis.ResponseError, redis.ConnectionError)):  # hiredis hands errors back as values
+        raise reply
+    if push is not None and isinstance(reply, push):
+        # RESP3's message out of band (a maintenance notice may relax the timeout): redis-py's handlers take
+        # it, and its read_response() the reply, as it would have
+        await connection._parser.handle_push_response(reply)
+        return await connection.read_response()
+    if type(reply) is list and reply and isinstance(reply[0], redis.ConnectionError):
+        raise reply[0]
+    return reply
 
 
 def retry_parts(retry) -> tuple:

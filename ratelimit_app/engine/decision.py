@@ -111,6 +111,15 @@ async def _asend(checks: Sequence[Check], call: Ask, version: bool) -> Verdict:
     script = scripts.get(entry(call), redis_client)
     script_keys, args, parts = script_call(checks, call, version)
     asked = monotonic()
-    with Attempt(breaker):
-        reply = await script(script_keys, args, redis_client)
+    if breaker.open_until:  # after an outage: refused at once, or the half-open circuit's probe
+        with Attempt(breaker):
+            reply = await script(script_keys, args, redis_client)
+    else:  # the closed circuit, as _send's: no object a request
+        try:
+            reply = await script(script_keys, args, redis_client)
+        except redis.RedisError as error:
+            breaker._failed(error)  # raises
+            raise
+        if breaker.open_until:  # opened by another call meanwhile: this answer closes it
+            breaker._closed()
     return verdict_of(checks, reply, call, parts, asked)

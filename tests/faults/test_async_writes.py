@@ -87,6 +87,32 @@ def test_a_reply_redis_holds_is_an_outage_and_the_next_decision_is_counted(setti
     assert circuit.failures == before + 1
 
 
+def test_a_reply_held_past_the_timeout_fails_alone_while_the_loop_is_answered(settings, private):
+    """The loop's reads share one deadline timer (aclients.Deadlines): a command whose reply Redis holds,
+    sent after another command's read armed the timer and ended, fails at the socket timeout instead of
+    hanging, while the commands sent meanwhile on the pool's other connection are each answered; its
+    connection is closed, so Redis hands it nothing afterwards."""
+    use_server(settings, private.url, max_connections=2)
+
+    async def run() -> tuple[int, int]:
+        client = aclient()
+        await client.execute_command("SET", "armed", "1")  # its read armed the timer, and ended
+        await asyncio.sleep(0.05)  # the timer expires before the held read's deadline: it is armed anew
+        held = asyncio.ensure_future(client.execute_command("BLPOP", "nothing", 0))  # Redis answers it never
+        answered = 0
+        while answered < 5:  # answered meanwhile; then no read but the held one, which the timer alone ends
+            answered = await client.execute_command("INCR", "answered")
+            await asyncio.sleep(0.01)
+        with pytest.raises(redis.TimeoutError):
+            await asyncio.wait_for(held, 5 * TIMEOUTS["SOCKET_TIMEOUT"])
+        await client.execute_command("LPUSH", "nothing", "x")
+        return answered, await client.execute_command("LLEN", "nothing")
+
+    answered, left = asyncio.run(run())
+    assert answered == 5
+    assert left == 1  # no BLPOP of it blocked any longer: nothing took the element
+
+
 def test_a_connection_killed_between_decisions_is_replaced_and_counts_once(settings, private, circuit):
     """CLIENT KILL of the loop's kept connection between two decisions: the second is written on a new
     connection, decided and counted once, and no outage is seen."""
