@@ -262,7 +262,8 @@ def _fold_counted(pending: _Pending, counted: list, records: int) -> None:
     keys = counted[:records]  # a key noted meanwhile stays, after these
     del counted[:records]
     first = keys[0]
-    sums = ((first, records),) if keys.count(first) == records else Counter(keys).items()
+    # one key (one policy, one totals bucket): counted by identity; several (the last differs): hashed
+    sums = ((first, records),) if keys[-1] is first and keys.count(first) == records else Counter(keys).items()
     tallied = pending.counts
     for key, amount in sums:
         tallied[key] = tallied.get(key, 0) + amount
