@@ -11,7 +11,7 @@ from typing import Callable
 import redis
 from django.conf import settings
 from django.core.cache import caches
-from django_redis.cache import RedisCache
+from django_redis.cache import RedisCache, omit_exception
 from django_redis.pool import ConnectionFactory
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
@@ -65,20 +65,44 @@ def _flushed() -> None:
 
 def _watch_cache_clears() -> None:
     """cache.clear() of a django-redis cache, in any thread, calls the listeners too: each thread's
-    caches[alias] is a backend with a client of its own, which the app's client is not."""
+    caches[alias] is a backend with a client of its own, which the app's client is not. Only a clear
+    Redis ran, of the app's server: what another server or a failed clear empties leaves its refusals true."""
     clear = RedisCache.clear
     if getattr(clear, "watches_flushes", False):
         return
+    # django-redis' own clear, inside omit_exception (which may ignore its failure): a failure is seen here
+    emptying = getattr(clear, "__wrapped__", clear)
 
-    @functools.wraps(clear)
+    @functools.wraps(emptying)
     def cleared(self: RedisCache, *args: object, **kwargs: object) -> object:
-        try:
-            return clear(self, *args, **kwargs)
-        finally:  # after Redis answered (a failed clear forgets too: the process then asks Redis again)
+        done = emptying(self, *args, **kwargs)  # raises when Redis did not answer
+        if _on_the_apps_server(self):
             _flushed()
+        return done
 
-    cleared.watches_flushes = True  # type: ignore[attr-defined]
-    RedisCache.clear = cleared  # type: ignore[method-assign]
+    watched = cleared if emptying is clear else omit_exception(cleared)
+    watched.watches_flushes = True  # type: ignore[attr-defined]
+    RedisCache.clear = watched  # type: ignore[method-assign]
+
+
+def _server_of(redis_client: object) -> tuple | None:
+    pool = getattr(redis_client, "connection_pool", None)  # None: a cluster, whose nodes are many
+    if pool is None:
+        return None
+    options = pool.connection_kwargs
+    return options.get("host"), options.get("port"), options.get("path"), options.get("db", 0)
+
+
+def _on_the_apps_server(backend: RedisCache) -> bool:
+    """Whether a cleared django-redis cache is the app's server, whatever its alias (unsure: it is)."""
+    if _client is None:
+        return True
+    try:
+        theirs = _server_of(backend.client.get_client(write=True))
+    except AttributeError:  # a client of django-redis without get_client (sharded)
+        return True
+    mine = _server_of(_client)
+    return theirs is None or mine is None or theirs == mine
 
 
 def _watch_flushes(redis_client: redis.Redis | RedisCluster) -> redis.Redis | RedisCluster:

@@ -1,0 +1,65 @@
+"""Review of the lean request path (issue 54): the routes the middleware keeps as meeting no policy, the
+policies and checks kept by route and address, and the wrap of django-redis' cache.clear(), attacked
+with real Redis servers. What failed is kept here with its fix."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from django.core.cache import caches
+from django.test import RequestFactory
+
+import ratelimit_app
+from ratelimit_app import doors, lru
+from ratelimit_app.lru import SLOT
+from tests.helpers import make_policy
+
+pytestmark = pytest.mark.django_db
+IP = "203.0.113.7"
+
+
+def _hit():
+    return ratelimit_app.hit(RequestFactory().get("/", REMOTE_ADDR=IP), "export")
+
+
+def _own_cache(settings, url: str, name: str = "own") -> None:
+    settings.CACHES = {**settings.CACHES, name: {**settings.CACHES["default"], "LOCATION": url}}
+
+
+# --- cache.clear() forgets the refusals kept in memory only when Redis was emptied -------------------
+
+
+def test_a_clear_that_fails_while_redis_is_down_keeps_the_refusals_in_memory(settings, private):
+    """The refusals were forgotten by a clear() Redis never ran (the wrap forgot in a `finally`): with
+    Redis down and failing open, the client Redis had refused was then let through."""
+    _own_cache(settings, private.url)
+    settings.RATELIMIT_CACHE = "own"
+    make_policy(name="export", action="export", limit=1, key="ip")
+    assert [_hit().allowed for _ in range(2)] == [True, False]
+    private.stop()
+    with pytest.raises(Exception):  # noqa: B017 - whatever django-redis raises: Redis did not empty
+        caches["own"].clear()
+    assert not _hit().allowed  # still refused from memory, as before the clear
+
+
+def test_clearing_a_cache_on_another_server_keeps_the_refusals_in_memory(settings, private):
+    """A cache alias of another server (sessions, templates) emptied in production: the refusals of the
+    app's server still hold. They were forgotten, which let a refused client through while the app's
+    Redis was down."""
+    _own_cache(settings, private.url)
+    settings.RATELIMIT_CACHE = "own"
+    make_policy(name="export", action="export", limit=1, key="ip")
+    assert [_hit().allowed for _ in range(2)] == [True, False]
+    private.stop()
+    caches["default"].clear()  # the suite's Redis, up: not the server the app decides on
+    assert not _hit().allowed
+
+
+def test_a_clear_of_the_apps_server_through_another_alias_still_forgets_the_refusals(settings):
+    """What the wrap is for holds: the same server emptied through any alias, the refusals go with it."""
+    _own_cache(settings, settings.CACHES["default"]["LOCATION"], "again")
+    make_policy(name="export", action="export", limit=1, key="ip")
+    assert [_hit().allowed for _ in range(2)] == [True, False]
+    caches["again"].clear()
+    assert [_hit().allowed for _ in range(2)] == [True, False]
