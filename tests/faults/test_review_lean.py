@@ -63,3 +63,35 @@ def test_a_clear_of_the_apps_server_through_another_alias_still_forgets_the_refu
     assert [_hit().allowed for _ in range(2)] == [True, False]
     caches["again"].clear()
     assert [_hit().allowed for _ in range(2)] == [True, False]
+
+
+# --- what the doors keep by route is counted at what it weighs ---------------------------------------
+
+
+def _weight(cache) -> int:
+    """The bytes a cache's keys really take: the key tuples and the texts they hold (the values are
+    shared: the index, the policies), with a dict slot each."""
+    total = 0
+    for key in cache.entries:
+        parts = [key]
+        while parts:
+            part = parts.pop()
+            total += sys.getsizeof(part)
+            if isinstance(part, tuple):
+                parts.extend(part)
+    return total + SLOT * len(cache.entries)
+
+
+def test_the_routes_kept_for_paths_a_client_invents_stay_within_their_share_of_bytes(client, settings):
+    """A client inventing paths of wide characters (an emoji is 4 bytes in a str) filled the caches of
+    routes met by no policy, and of policies by route, past their shares: each counted a path's
+    characters, not its bytes (4 times as many), nor the method's text."""
+    settings.RATELIMIT_CACHE_BYTES = 8 * 2**20
+    make_policy(name="export", action="export", limit=1, key="ip")  # an index with a policy: none of these
+    wide = "\U0001F600" * 200
+    for i in range(300):
+        answer = client.generic("PROPFIND", f"/{wide}{i}/", REMOTE_ADDR=IP)
+        assert answer.status_code == 404
+    for cache in (doors._routes.unmatched, doors._routes.matched):
+        assert cache.entries, cache.name  # the routes were kept
+        assert _weight(cache) <= lru.share(cache.name), cache.name
