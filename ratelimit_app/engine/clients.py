@@ -279,6 +279,10 @@ async def aread_reply(connection, hiredis: tuple, deadlines) -> object:
             finally:
                 if timeout:
                     deadlines.end(stream)
+            if stream.exception() is not None:
+                # the deadline's timer ran as the reply came (the loop held): the reply stands, but the stream
+                # keeps the TimeoutError for its next read: the connection is closed, not kept
+                await connection.disconnect(nowait=True)
     except TimeoutError:  # the deadline passed (before OSError, whose subclass it is)
         await connection.disconnect(nowait=True)
         raise redis.TimeoutError(f"Timeout reading from {connection._host_error()}") from None

@@ -4,19 +4,23 @@ with real Redis servers. What failed is kept here with its fix."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import time
 
 import pytest
 from django.core.cache import caches
 from django.test import RequestFactory
 
 import ratelimit_app
-from ratelimit_app import doors, lru
+from ratelimit_app import doors, engine, lru
 from ratelimit_app.lru import SLOT
-from tests.helpers import make_policy
+from tests.faults.test_connections import TIMEOUTS, counted, policy, use_server
+from tests.helpers import check, make_policy
 
 pytestmark = pytest.mark.django_db
 IP = "203.0.113.7"
+IP_SUBJECT = f"ip:{IP}"
 
 
 def _hit():
@@ -95,3 +99,28 @@ def test_the_routes_kept_for_paths_a_client_invents_stay_within_their_share_of_b
     for cache in (doors._routes.unmatched, doors._routes.matched):
         assert cache.entries, cache.name  # the routes were kept
         assert _weight(cache) <= lru.share(cache.name), cache.name
+
+
+# --- the loop's shared deadline timer ----------------------------------------------------------------
+
+
+def test_a_reply_that_came_while_the_loop_was_held_leaves_the_next_decision_answered(settings, private):
+    """The loop held past a read's deadline (a sync call in async code, a pause) while Redis answered: the
+    timer, run before the read resumed, set TimeoutError on the stream the read then left with its reply.
+    The connection was kept with that error in it, and the next decision on it, which Redis counted,
+    failed as an outage."""
+    use_server(settings, private.url)
+    limited = policy(limit=100)
+
+    async def run() -> list[int]:
+        await engine.adecide([check(limited, IP_SUBJECT)])  # connected: the loop keeps the connection
+        first = asyncio.ensure_future(engine.adecide([check(limited, IP_SUBJECT)]))
+        for _ in range(5):
+            await asyncio.sleep(0)  # written: its read waits, under its deadline
+        time.sleep(3 * TIMEOUTS["SOCKET_TIMEOUT"])  # the loop held: Redis answers meanwhile
+        counts = [(await first).decisions[0].count]
+        counts.append((await engine.adecide([check(limited, IP_SUBJECT)])).decisions[0].count)
+        return counts
+
+    assert asyncio.run(run()) == [2, 3]
+    assert counted(limited, IP_SUBJECT) == 3
