@@ -47,6 +47,19 @@ def test_a_clear_that_fails_while_redis_is_down_keeps_the_refusals_in_memory(set
     assert not _hit().allowed  # still refused from memory, as before the clear
 
 
+def test_a_clear_whose_failure_django_redis_ignores_keeps_the_refusals_in_memory(settings, private):
+    """IGNORE_EXCEPTIONS: the failed clear returns as if done; Redis was not emptied all the same."""
+    _own_cache(settings, private.url)
+    settings.CACHES["own"] = {**settings.CACHES["own"],
+                              "OPTIONS": {**settings.CACHES["own"].get("OPTIONS", {}), "IGNORE_EXCEPTIONS": True}}
+    settings.RATELIMIT_CACHE = "own"
+    make_policy(name="export", action="export", limit=1, key="ip")
+    assert [_hit().allowed for _ in range(2)] == [True, False]
+    private.stop()
+    assert caches["own"].clear() is None  # ignored
+    assert not _hit().allowed
+
+
 def test_clearing_a_cache_on_another_server_keeps_the_refusals_in_memory(settings, private):
     """A cache alias of another server (sessions, templates) emptied in production: the refusals of the
     app's server still hold. They were forgotten, which let a refused client through while the app's
@@ -117,7 +130,7 @@ def test_a_reply_that_came_while_the_loop_was_held_leaves_the_next_decision_answ
         first = asyncio.ensure_future(engine.adecide([check(limited, IP_SUBJECT)]))
         for _ in range(5):
             await asyncio.sleep(0)  # written: its read waits, under its deadline
-        time.sleep(3 * TIMEOUTS["SOCKET_TIMEOUT"])  # the loop held: Redis answers meanwhile
+        time.sleep(3 * TIMEOUTS["SOCKET_TIMEOUT"])  # noqa: ASYNC251 - the loop held: Redis answers meanwhile
         counts = [(await first).decisions[0].count]
         counts.append((await engine.adecide([check(limited, IP_SUBJECT)])).decisions[0].count)
         return counts
