@@ -41,6 +41,11 @@ DJANGO = {
 MATRIX = [("3.12", "5.2"), ("3.12", "6.0"), ("3.12", "6.1"), ("3.13", "5.2"), ("3.13", "6.0"), ("3.13", "6.1")]
 
 
+# As the Makefile does: where PYTHONDONTWRITEBYTECODE keeps __pycache__ out of the tree, bytecode is cached in
+# var/pycache, or each of a run's dozens of processes compiles Django and the app again.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+    os.environ.setdefault("PYTHONPYCACHEPREFIX", str(ROOT / "var" / "pycache"))
+
 # The suite's processes (pytest-xdist), as `make test` runs it: each starts a private server of its own
 # (tests/conftest.py), with RATELIMIT_REDIS_SERVER's binary when set.
 WORKERS = os.environ.get("PYTEST_WORKERS", "3")

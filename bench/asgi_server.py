@@ -1,4 +1,4 @@
-"""python -m bench.asgi_server PORT: uvicorn with 2 workers serving project.asgi on 127.0.0.1:PORT, its
+"""python -m bench.asgi_server PORT [WORKERS]: uvicorn with WORKERS (2) workers serving project.asgi on 127.0.0.1:PORT, its
 listening socket made here with TCP_NODELAY, which Linux passes on to the sockets it accepts.
 
 Why: uvicorn (h11 here: no httptools) sends a response's head and body in two writes; without
@@ -20,4 +20,4 @@ if __name__ == "__main__":  # uvicorn's workers import this module again: only t
     listening.bind(("127.0.0.1", int(sys.argv[1])))
     listening.listen(2048)
     listening.set_inheritable(True)
-    uvicorn.run("project.asgi:application", fd=listening.fileno(), workers=2, log_level="warning", access_log=False)
+    uvicorn.run("project.asgi:application", fd=listening.fileno(), workers=int(sys.argv[2]) if len(sys.argv) > 2 else 2, log_level="warning", access_log=False)

@@ -59,6 +59,11 @@ PYTHON_PROCESSES = 4
 QUICK_REQUESTS = 40
 
 
+def site_workers(results: Results) -> int:
+    """Each site's worker processes: one in a quick run (a smoke test; each worker is a Django started)."""
+    return 1 if results.quick else 2
+
+
 class Load(NamedTuple):
     requests: int
     seconds: float
@@ -72,15 +77,16 @@ class Site:
     """gunicorn with 2 sync workers (or uvicorn with 2 workers, ASGI) serving bench/site.py on a free loopback port,
     the route at `first` first in its URLconf."""
 
-    def __init__(self, middleware: bool, server: str = "gunicorn", first: str = "") -> None:
+    def __init__(self, middleware: bool, server: str = "gunicorn", first: str = "", workers: int = 2) -> None:
         from project.devredis import free_port
 
         self.port = free_port()
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings_e2e", "BENCH_MIDDLEWARE": "1" if middleware else "0",
                "BENCH_SERVER": server, "BENCH_FIRST": first}
         command = {
-            "gunicorn": ["gunicorn", "-w", "2", "-b", f"127.0.0.1:{self.port}", "--log-level", "warning", "project.wsgi"],
-            "uvicorn": ["bench.asgi_server", str(self.port)],  # uvicorn --workers 2, with TCP_NODELAY (see there)
+            "gunicorn": ["gunicorn", "-w", str(workers), "-b", f"127.0.0.1:{self.port}", "--log-level", "warning",
+                         "project.wsgi"],
+            "uvicorn": ["bench.asgi_server", str(self.port), str(workers)],  # uvicorn --workers, TCP_NODELAY (see there)
         }[server]
         self.process = subprocess.Popen([sys.executable, "-m", *command], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE)
@@ -157,12 +163,12 @@ def wrk(url: str, seconds: int) -> Load:
     return Load(int(total.group(1)), taken, int(failed.group(1)) if failed else 0)
 
 
-def python_load(port: int, path: str, seconds: float, limit: int = 200_000) -> Load:
-    """PYTHON_PROCESSES processes of bench/load.py, bounded in time and count. Separate interpreters,
-    not forks: a fork of this process (threads, locks held) could hang in the child."""
-    command = [sys.executable, "-m", "bench.load", str(port), path, str(seconds), str(max(1, limit // PYTHON_PROCESSES))]
+def python_load(port: int, path: str, seconds: float, limit: int = 200_000, processes: int = PYTHON_PROCESSES) -> Load:
+    """`processes` processes of bench/load.py, bounded in time and count. Separate interpreters, not
+    forks: a fork of this process (threads, locks held) could hang in the child."""
+    command = [sys.executable, "-m", "bench.load", str(port), path, str(seconds), str(max(1, limit // processes))]
     started = time.perf_counter()
-    workers = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True) for _ in range(PYTHON_PROCESSES)]
+    workers = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
     counts = []
     try:
         for worker in workers:
@@ -183,11 +189,11 @@ def _rounds(results: Results) -> str:
 
 def generator(results: Results):
     """wrk when it is there (make bench installs it with scripts/ensure-wrk), else the Python one. A quick run
-    (a smoke test) sends QUICK_REQUESTS per configuration and round with the Python one, wrk or not: its
-    figures are no comparison, and it takes the same few seconds on every machine."""
+    (a smoke test) sends QUICK_REQUESTS per configuration and round from one process of the Python one, wrk
+    or not: its figures are no comparison, and it takes the same few seconds on every machine."""
     if results.quick:
         results.e2e_generator = f"a Python load generator, {QUICK_REQUESTS} requests per configuration (a quick run)"
-        return lambda site, path, seconds: python_load(site.port, path, seconds, QUICK_REQUESTS)
+        return lambda site, path, seconds: python_load(site.port, path, seconds, QUICK_REQUESTS, processes=1)
     if not shutil.which("wrk"):
         subprocess.run([str(ROOT / "scripts" / "ensure-wrk")], check=False)
     if shutil.which("wrk"):
@@ -228,7 +234,7 @@ def end_to_end(results: Results) -> None:
         for configuration in configurations:  # one at a time: a dozen starting at once outlast the wait on 2 cores
             key = _site_key(configuration, results.quick)
             if key not in sites:
-                sites[key] = Site(configuration.middleware, configuration.server, key[2])
+                sites[key] = Site(configuration.middleware, configuration.server, key[2], site_workers(results))
                 sites[key].wait(configuration.path)
         for configuration in configurations:  # both workers of each site import and load everything
             site = sites[_site_key(configuration, results.quick)]

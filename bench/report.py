@@ -238,10 +238,12 @@ LIMITS_E2E = "limits fixed window, one hit in the view (RedisStorage)"
 def _end_to_end(results: Results) -> list[str]:
     if not results.e2e:
         return []
-    lines = []
+    from bench.e2e import site_workers
+
+    lines, workers = [], site_workers(results)
     for server, title, how, floor in (
-        ("gunicorn", "End to end", "gunicorn, 2 sync workers", WSGI_FLOOR),
-        ("uvicorn", "End to end, ASGI", "uvicorn, 2 workers, async views (ours: the async middleware), no other "
+        ("gunicorn", "End to end", f"gunicorn, {workers} sync worker{'s' * (workers > 1)}", WSGI_FLOOR),
+        ("uvicorn", "End to end, ASGI", f"uvicorn, {workers} worker{'s' * (workers > 1)}, async views (ours: the async middleware), no other "
          "middleware (Django would run the hooks of its own in a thread started per request)", ASGI_FLOOR),
     ):
         served = [s for s in results.e2e if s.server == server]

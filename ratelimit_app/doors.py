@@ -80,11 +80,17 @@ def route_of(request) -> Route:
 def forget_routes() -> None:
     """The URLconf changed: views are resolved again."""
     _resolve_route.cache_clear()
+    _routes.unmatched.clear()
 
 
 def _route_bytes(key: tuple, found: tuple) -> int:
     path, _method, names = key
     return len(path) + sum(len(name) for name in names) + 64 * len(found[0]) + 256
+
+
+def _unmatched_bytes(key: tuple, _index: object) -> int:
+    path, _method, urlconf = key
+    return len(path) + (len(urlconf) if isinstance(urlconf, str) else 0) + 128
 
 
 def _checks_bytes(key: tuple, checks: list) -> int:
@@ -103,6 +109,9 @@ class _Routes:
         self.index: object = None
         self.matched = BoundedCache("ratelimit_app.doors.route_policies", _route_bytes)
         self.checks = BoundedCache("ratelimit_app.doors.address_checks", _checks_bytes)
+        # (path, method, urlconf) of the middleware's requests that no policy can meet -> the index that said so:
+        # the next such request is answered by this one lookup (around_view), without resolving its route again
+        self.unmatched = BoundedCache("ratelimit_app.doors.unmatched_routes", _unmatched_bytes)
 
     def matching(self, index, key: tuple, request) -> tuple[list, bool]:
         """The policies the route `key` matches, and whether their checks depend on the address alone."""
@@ -115,10 +124,16 @@ class _Routes:
             found = self.matched.put(key, (matched, bool(matched) and _by_address(index, matched)))
         return found
 
+    def nothing_for(self, index, request) -> None:
+        """The middleware found no policy of `index` for the request's route: said at once while `index` is
+        in force (the entry names it, so that one kept as another index came cannot count under it)."""
+        self.unmatched.put((request.path_info, request.method, getattr(request, "urlconf", None)), index)
+
     def forget(self) -> None:
         self.index = None
         self.matched.clear()
         self.checks.clear()
+        self.unmatched.clear()
 
 
 _ADDRESS_READS = (SIMPLE_PARTS["ip"].read, SIMPLE_PARTS["global"].read)
@@ -133,6 +148,7 @@ def _by_address(index: policies.PolicyIndex, matched) -> bool:
 
 
 _routes = _Routes()
+_unmatched_route = _routes.unmatched.get  # the dict's own get: its entries are cleared in place, never replaced
 
 
 def forget_checks() -> None:
@@ -151,7 +167,15 @@ def around_view(request, view: Io, door: Door, names: Iterable[str | None] = (),
     that raises (or is cancelled: its client left) gives its places back at once. Every step but the
     view's runs inside the boundary (entering() guards itself)."""
     try:
-        state = yield from entering(request, names, last=last, cost=cost, door=door, routed=routed, route=route)
+        # most requests of a site meet no policy: the middleware's route found so before, under the index in
+        # force, is all it looks up (no route, no state); the view may still make a state (hit(), a door inside)
+        nothing = _unmatched_route((request.path_info, request.method, getattr(request, "urlconf", None))) \
+            if routed else None
+        if nothing is not None and nothing is policies.fresh_index():  # the index under which the route met none
+            state = None
+        else:
+            state = yield from entering(request, names, last=last, cost=cost, door=door, routed=routed,
+                                        route=route)
         if state is not None and state.refused:
             try:
                 if state.closing is None:  # most refusals hold no place: no steps to give one back
@@ -214,6 +238,8 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, door: Door
         if index is None:
             index = yield Io(policies.get_index, policies.aget_index)
         if not index.policies:
+            if routed:
+                _routes.nothing_for(index, request)
             return None
         matched = checks = None
         by_address = False
@@ -225,6 +251,8 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, door: Door
             found = _routes.matched.get(key) if index is _routes.index else None
             matched, by_address = found or _routes.matching(index, key, base)
             if not matched:
+                if routed:
+                    _routes.nothing_for(index, base)
                 return None
         state = state_of(request, names)
         if route is not None:

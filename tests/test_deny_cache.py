@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 
 import pytest
 from django.core.cache import caches
@@ -105,6 +106,16 @@ def test_a_cleared_cache_clears_the_refusals_kept_in_memory():
     make_policy(name="export", action="export", limit=1, key="ip")
     assert [_hit().allowed for _ in range(2)] == [True, False]  # the refusal is remembered
     caches[get_setting("RATELIMIT_CACHE")].clear()  # what a test suite does between tests: FLUSHDB
+    assert [_hit().allowed for _ in range(2)] == [True, False]
+
+
+def test_a_cache_cleared_in_another_thread_clears_the_refusals_kept_in_memory_too():
+    make_policy(name="export", action="export", limit=1, key="ip")
+    assert [_hit().allowed for _ in range(2)] == [True, False]
+    # Django gives each thread a backend of its own (a live server's, a fixture's): none is the app's client
+    cleaner = threading.Thread(target=lambda: caches[get_setting("RATELIMIT_CACHE")].clear())
+    cleaner.start()
+    cleaner.join()
     assert [_hit().allowed for _ in range(2)] == [True, False]
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.cache import caches
 
 import ratelimit_app
 
@@ -242,6 +243,32 @@ def test_a_policy_saved_in_this_process_applies_to_the_next_request(client):
     assert statuses(client, 2) == [200, 429]
     policy.delete()
     assert statuses(client, 2) == [200, 200]
+
+
+def test_a_request_leaves_django_no_cache_of_the_app_to_close_at_its_end(client, settings):
+    # Django closes, at every request's end, each cache its thread opened: one the app opened would cost
+    # every later request of the thread (the demo's "default" is opened by this suite's fixtures)
+    settings.CACHES = {**settings.CACHES, "ratelimit": settings.CACHES["default"]}
+    settings.RATELIMIT_CACHE = "ratelimit"
+    make()
+    opened = len(caches.all(initialized_only=True))
+    assert statuses(client, 3) == [200, 200, 429]  # the app's client asked Redis
+    assert get(client, "/").status_code == 200  # a route no policy meets
+    assert len(caches.all(initialized_only=True)) == opened
+
+
+def test_a_route_no_policy_met_is_limited_from_the_request_after_a_policy_for_it_is_saved(client):
+    make(name="elsewhere", action="/nowhere/")  # the route meets none: the middleware keeps that it met none
+    assert statuses(client, 3) == [200, 200, 200]
+    make(limit=1)
+    assert statuses(client, 2) == [200, 429]
+
+
+def test_a_path_no_policy_met_is_limited_once_the_urlconf_routes_it_to_a_view_a_policy_names(client, settings):
+    make(name="pages", action="tests.routed_urls.page", limit=1)
+    assert statuses(client, 2, "/about/") == [404, 404]  # the demo routes it nowhere
+    settings.ROOT_URLCONF = "tests.routed_urls"
+    assert statuses(client, 2, "/about/") == [200, 429]
 
 
 def test_redis_down_fail_open_lets_requests_through(client, settings, caplog):

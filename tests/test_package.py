@@ -169,7 +169,9 @@ def run(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> str
 
 def clean_env() -> dict[str, str]:
     """A shell's environment: nothing of this test session's Django or source tree, but its Redis."""
-    dropped = ("DJANGO_SETTINGS_MODULE", "PYTHONPATH", "VIRTUAL_ENV", "PYTEST_CURRENT_TEST", "DATABASE_URL")
+    # PYTHONPYCACHEPREFIX (make's, see Makefile) would leave unread the bytecode the installer compiled
+    dropped = ("DJANGO_SETTINGS_MODULE", "PYTHONPATH", "VIRTUAL_ENV", "PYTEST_CURRENT_TEST", "DATABASE_URL",
+               "PYTHONPYCACHEPREFIX")
     return {name: value for name, value in os.environ.items() if name not in dropped}
 
 
@@ -197,8 +199,10 @@ def dist(workspace, source) -> Path:
     """`python -m build`: the sdist and the wheel, into the workspace (never into the checkout)."""
     # PYTHONDONTWRITEBYTECODE makes setuptools warn that it compiles nothing, which is not the package's doing
     env = {name: value for name, value in clean_env().items() if name != "PYTHONDONTWRITEBYTECODE"}
-    done = subprocess.run([sys.executable, "-m", "build", "--outdir", str(workspace / "dist"), str(source)], cwd=workspace,
-                          env=env, capture_output=True, text=True, timeout=300)
+    # its isolated build environment made by uv where this environment has it (as installer() does): 3 s of CPU, not 5
+    uv = ["--installer", "uv"] if importlib.util.find_spec("uv") is not None else []
+    done = subprocess.run([sys.executable, "-m", "build", *uv, "--outdir", str(workspace / "dist"), str(source)],
+                          cwd=workspace, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     (workspace / "build.log").write_text(done.stdout + done.stderr)
     return workspace / "dist"

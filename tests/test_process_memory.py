@@ -1,5 +1,5 @@
-"""A worker's memory is bounded in bytes, whatever the number of policies: 100 policies deciding 4,096
-new clients each add at most 50 MB to the process (its caches keep RATELIMIT_CACHE_BYTES at most)."""
+"""A worker's memory is bounded in bytes, whatever the number of policies: 100 policies deciding 2,048
+new clients each add at most 32 MB to the process (its caches keep RATELIMIT_CACHE_BYTES at most)."""
 
 from __future__ import annotations
 
@@ -19,14 +19,18 @@ from ratelimit_app.engine.tally import tally
 from tests.helpers import check, policy
 
 ROOT = Path(__file__).resolve().parent.parent
-MOST_GROWTH = 50 * 2**20
+# 2,048 subjects x 100 policies (half the 4,096 of the docs' figure, half the CPU): bounded, the process grew by
+# 16.7 MB; with the packed commands' cache unbounded alone by 45.1 MB, the scripts' arguments' alone 105.7 MB,
+# both 138.6 MB. 32 MB (RATELIMIT_CACHE_BYTES' default) lies between: each of those fails, as 50 MB did at 4,096.
+SUBJECTS = 2048
+MOST_GROWTH = 32 * 2**20
 
 
 @pytest.mark.slow
-def test_a_hundred_policies_over_4096_subjects_grow_a_worker_by_50_mb_at_most(private):
+def test_a_hundred_policies_over_2048_subjects_grow_a_worker_by_32_mb_at_most(private):
     # a process of its own, so that its RSS is the workload's; fixed windows, through the middleware
     done = subprocess.run(
-        [sys.executable, "-m", "bench.cache_memory", "100", "4096"], cwd=ROOT,
+        [sys.executable, "-m", "bench.cache_memory", "100", str(SUBJECTS)], cwd=ROOT,
         env={**os.environ, "REDIS_URL": private.url}, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stderr[-4000:]

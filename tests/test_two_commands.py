@@ -75,3 +75,15 @@ def test_without_chromium_the_browser_test_fails_in_ci(tmp_path):
     done = run_browser_test(machine_env(tmp_path, CI="true"))
     assert done.returncode != 0
     assert "The browser test is required in CI: chromium and chromedriver not found" in done.stdout
+
+
+@pytest.mark.parametrize("asked", ["1", ""])
+def test_makes_python_processes_cache_their_bytecode_outside_the_tree_where_pythondontwritebytecode_is_set(tmp_path, asked):
+    # a run starts dozens of interpreters: each compiling Django again cost ~1.5 s of CPU
+    shown = tmp_path / "shown.mk"
+    shown.write_text('shown:\n\t@$(BIN)/python -c "import sys; print(sys.dont_write_bytecode, sys.pycache_prefix)"\n')
+    env = {name: value for name, value in os.environ.items() if name not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    done = subprocess.run(["make", "-s", "-f", "Makefile", "-f", str(shown), "shown"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**env, "PYTHONDONTWRITEBYTECODE": asked} if asked else env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", str(ROOT / "var" / "pycache") if asked else "None"]

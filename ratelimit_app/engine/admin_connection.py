@@ -9,11 +9,10 @@ from __future__ import annotations
 from typing import Callable, TypeVar
 
 import redis
-from django_redis import get_redis_connection
 
 from ..conf import get_setting
 from .circuit import RedisUnavailable
-from .clients import connect_cluster, is_cluster
+from .clients import client, connect_cluster, is_cluster
 
 T = TypeVar("T")
 
@@ -24,7 +23,7 @@ def admin_client() -> redis.Redis:
     """A client of RATELIMIT_CACHE's server with its own pool and RATELIMIT_ADMIN_TIMEOUT."""
     global _client
     if _client is None:
-        main = get_redis_connection(get_setting("RATELIMIT_CACHE"))
+        main = client()  # the request path's (caches[alias] would be one more cache Django closes per request)
         timeout = get_setting("RATELIMIT_ADMIN_TIMEOUT")
         if is_cluster(main):  # a RedisCluster of its own, from a node the request path's client knows
             node = main.get_default_node()

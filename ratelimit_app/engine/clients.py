@@ -3,13 +3,15 @@ what the cache's retry options mean."""
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 from typing import Callable, NoReturn
 
 import redis
 from django.conf import settings
-from django_redis import get_redis_connection
+from django.core.cache import caches
+from django_redis.cache import RedisCache
 from django_redis.pool import ConnectionFactory
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
@@ -34,7 +36,14 @@ def client() -> redis.Redis | RedisCluster:
     """
     global _client
     if _client is None:
-        _client = _watch_flushes(get_redis_connection(get_setting("RATELIMIT_CACHE")))
+        # a backend of the process's own, not caches[alias]: Django keeps one of those per thread and closes
+        # each at the end of every request of its thread (request_finished), ~22k instructions a request
+        backend = caches.create_connection(get_setting("RATELIMIT_CACHE"))
+        try:
+            get_client = backend.client.get_client
+        except AttributeError:  # as django-redis' get_redis_connection() says it
+            raise NotImplementedError("This backend does not support this feature") from None
+        _client = _watch_flushes(get_client(True))  # from the process's pool, as every backend of the alias
     return _client
 
 
@@ -42,10 +51,34 @@ _on_flush: list[Callable[[], None]] = []
 
 
 def when_flushed(forget: Callable[[], None]) -> None:
-    """Call `forget` whenever Redis answers a FLUSHDB or FLUSHALL sent through the app's client (what
-    django-redis' cache.clear() sends in a test, in the thread that decides): what the process
-    remembers of Redis' data is gone with it. A flush from elsewhere shows at the next version check."""
+    """Call `forget` whenever Redis answers a FLUSHDB or FLUSHALL sent through the app's client, or a
+    django-redis cache.clear() (a test's, in any thread): what the process remembers of Redis' data is
+    gone with it. A flush from elsewhere shows at the next version check."""
     _on_flush.append(forget)
+    _watch_cache_clears()
+
+
+def _flushed() -> None:
+    for forget in _on_flush:
+        forget()
+
+
+def _watch_cache_clears() -> None:
+    """cache.clear() of a django-redis cache, in any thread, calls the listeners too: each thread's
+    caches[alias] is a backend with a client of its own, which the app's client is not."""
+    clear = RedisCache.clear
+    if getattr(clear, "watches_flushes", False):
+        return
+
+    @functools.wraps(clear)
+    def cleared(self: RedisCache, *args: object, **kwargs: object) -> object:
+        try:
+            return clear(self, *args, **kwargs)
+        finally:  # after Redis answered (a failed clear forgets too: the process then asks Redis again)
+            _flushed()
+
+    cleared.watches_flushes = True  # type: ignore[attr-defined]
+    RedisCache.clear = cleared  # type: ignore[method-assign]
 
 
 def _watch_flushes(redis_client: redis.Redis | RedisCluster) -> redis.Redis | RedisCluster:
@@ -58,8 +91,7 @@ def _watch_flushes(redis_client: redis.Redis | RedisCluster) -> redis.Redis | Re
         parse = callbacks.get(command)
 
         def flushed(response: object, _parse: Callable | None = parse, **options: object) -> object:
-            for forget in _on_flush:
-                forget()
+            _flushed()
             return _parse(response, **options) if _parse else response
 
         flushed.watches_flushes = True  # type: ignore[attr-defined]
