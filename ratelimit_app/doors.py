@@ -13,7 +13,7 @@ from .boundary import MIDDLEWARE, Door, fail_open, faults, guarded, protected
 from .conf import get_setting
 from .drivers import Io, Steps, run, steps
 from .limiter import Cost, RequestState, deciding, pending_checks
-from .lru import BoundedCache, byte_bounded_cache
+from .lru import BoundedCache, byte_bounded_cache, size_of
 from .responses import answer, bare_refusal, refusal
 from .subjects import SIMPLE_PARTS, addresses, http_request
 
@@ -83,19 +83,22 @@ def forget_routes() -> None:
     _routes.unmatched.clear()
 
 
+# the texts of a key counted by sys.getsizeof, not by length: a client's path of wide characters (4 bytes
+# each in a str) or an invented method weighs what it holds
 def _route_bytes(key: tuple, found: tuple) -> int:
-    path, _method, names = key
-    return len(path) + sum(len(name) for name in names) + 64 * len(found[0]) + 256
+    path, method, names = key
+    return size_of(key, path, method, names, *names) + 64 * len(found[0]) + 128
 
 
 def _unmatched_bytes(key: tuple, _index: object) -> int:
-    path, _method, urlconf = key
-    return len(path) + (len(urlconf) if isinstance(urlconf, str) else 0) + 128
+    path, method, urlconf = key
+    return size_of(key, path, method) + (size_of(urlconf) if isinstance(urlconf, str) else 0)
 
 
 def _checks_bytes(key: tuple, checks: list) -> int:
-    (path, _method, _names), address = key
-    return len(path) + len(address or "") + sum(256 + len(check.subject.display) for check in checks)
+    route, address = key
+    return (size_of(key, address or "") + _route_bytes(route, ((),))
+            + sum(256 + len(check.subject.display) for check in checks))
 
 
 class _Routes:

@@ -25,6 +25,7 @@ class Relay:
         self._lock = threading.Lock()
         self._answering = threading.Event()
         self._answering.set()
+        self._let_through = 0  # bytes of answers still passed on while they are held
         self._closed = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -32,8 +33,10 @@ class Relay:
     def url(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.port}/0"
 
-    def hold_answers(self) -> None:
-        """From now on the server's answers wait (those to a client that hangs up meanwhile are dropped)."""
+    def hold_answers(self, after: int = 0) -> None:
+        """From now on the server's answers wait (those to a client that hangs up meanwhile are dropped),
+        but for their first `after` bytes: an answer cut short, its rest held."""
+        self._let_through = after
         self._answering.clear()
 
     def release_answers(self) -> None:
@@ -96,4 +99,6 @@ class Relay:
                 elif self._answering.is_set() and not held:
                     client.sendall(data)
                 else:
-                    held += data
+                    passed, self._let_through = data[:self._let_through], max(0, self._let_through - len(data))
+                    client.sendall(passed)
+                    held += data[len(passed):]

@@ -6,12 +6,12 @@ from __future__ import annotations
 import functools
 import socket
 import threading
-from typing import Callable
+from typing import Callable, NoReturn
 
 import redis
 from django.conf import settings
 from django.core.cache import caches
-from django_redis.cache import RedisCache
+from django_redis.cache import RedisCache, omit_exception
 from django_redis.pool import ConnectionFactory
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
@@ -65,20 +65,44 @@ def _flushed() -> None:
 
 def _watch_cache_clears() -> None:
     """cache.clear() of a django-redis cache, in any thread, calls the listeners too: each thread's
-    caches[alias] is a backend with a client of its own, which the app's client is not."""
+    caches[alias] is a backend with a client of its own, which the app's client is not. Only a clear
+    Redis ran, of the app's server: what another server or a failed clear empties leaves its refusals true."""
     clear = RedisCache.clear
     if getattr(clear, "watches_flushes", False):
         return
+    # django-redis' own clear, inside omit_exception (which may ignore its failure): a failure is seen here
+    emptying = getattr(clear, "__wrapped__", clear)
 
-    @functools.wraps(clear)
+    @functools.wraps(emptying)
     def cleared(self: RedisCache, *args: object, **kwargs: object) -> object:
-        try:
-            return clear(self, *args, **kwargs)
-        finally:  # after Redis answered (a failed clear forgets too: the process then asks Redis again)
+        done = emptying(self, *args, **kwargs)  # raises when Redis did not answer
+        if _on_the_apps_server(self):
             _flushed()
+        return done
 
-    cleared.watches_flushes = True  # type: ignore[attr-defined]
-    RedisCache.clear = cleared  # type: ignore[method-assign]
+    watched = cleared if emptying is clear else omit_exception(cleared)
+    watched.watches_flushes = True  # type: ignore[attr-defined]
+    RedisCache.clear = watched  # type: ignore[method-assign]
+
+
+def _server_of(redis_client: object) -> tuple | None:
+    pool = getattr(redis_client, "connection_pool", None)  # None: a cluster, whose nodes are many
+    if pool is None:
+        return None
+    options = pool.connection_kwargs
+    return options.get("host"), options.get("port"), options.get("path"), options.get("db", 0)
+
+
+def _on_the_apps_server(backend: RedisCache) -> bool:
+    """Whether a cleared django-redis cache is the app's server, whatever its alias (unsure: it is)."""
+    if _client is None:
+        return True
+    try:
+        theirs = _server_of(backend.client.get_client(write=True))
+    except Exception:  # noqa: BLE001 - a client of django-redis without one server (sharded): Redis was emptied
+        return True
+    mine = _server_of(_client)
+    return theirs is None or mine is None or theirs == mine
 
 
 def _watch_flushes(redis_client: redis.Redis | RedisCluster) -> redis.Redis | RedisCluster:
@@ -249,31 +273,25 @@ async def aread_reply(connection, hiredis: tuple, deadlines) -> object:
                 while reply is NOT_ENOUGH_DATA:
                     data = await stream.read(size)
                     if not data:
-                        raise redis.ConnectionError("Connection closed by server.")
+                        raise redis.ConnectionError(CLOSED_BY_SERVER)
                     reader.feed(data)
                     reply = reader.gets()
             finally:
                 if timeout:
                     deadlines.end(stream)
-    except TimeoutError:  # the deadline passed (before OSError, whose subclass it is)
+            if stream.exception() is not None:
+                # the deadline's timer ran as the reply came (the loop held): the reply stands, but the stream
+                # keeps the TimeoutError for its next read: the connection is closed, not kept
+                await connection.disconnect(nowait=True)
+    except BaseException as error:  # the deadline passed (TimeoutError), the socket failed, or cancelled
         await connection.disconnect(nowait=True)
-        raise redis.TimeoutError(f"Timeout reading from {connection._host_error()}") from None
-    except OSError as error:
-        await connection.disconnect(nowait=True)
-        raise redis.ConnectionError(f"Error while reading from {connection._host_error()} : {error.args}") from None
-    except BaseException:
-        await connection.disconnect(nowait=True)
-        raise
-    if isinstance(reply, (redis.ResponseError, redis.ConnectionError)):  # hiredis hands errors back as values
-        raise reply
+        _read_failed(connection, error)
     if push is not None and isinstance(reply, push):
         # RESP3's message out of band (a maintenance notice may relax the timeout): redis-py's handlers take
         # it, and its read_response() the reply, as it would have
         await connection._parser.handle_push_response(reply)
         return await connection.read_response()
-    if type(reply) is list and reply and isinstance(reply[0], redis.ConnectionError):
-        raise reply[0]
-    return reply
+    return _answer(reply)
 
 
 def retry_parts(retry) -> tuple:
@@ -298,28 +316,50 @@ def retries_timeouts(pool_kwargs: dict) -> bool:
 
 
 def read_reply(connection: redis.Connection) -> object:
-    """connection.read_response(), read straight from hiredis when redis-py parses RESP2 with it: the
-    same reply and errors, without the wrapper's checks (a tenth of a decision's Python)."""
-    parser = connection._parser
+    """connection.read_response(), read straight from hiredis when redis-py parses with it (RESP2 or
+    RESP3): the same reply and errors, under the socket's own timeout, without the wrapper's checks
+    and calls (a tenth of a decision's Python)."""
+    parser = getattr(connection, "_parser", None)  # none on a CacheProxyConnection (client-side caching)
     reader = getattr(parser, "_reader", None)
-    if type(parser) is not _HiredisParser or reader is None or connection.protocol not in (2, "2") \
-            or connection.health_check_interval:
+    if type(parser) is not _HiredisParser or reader is None or connection.health_check_interval:
         return connection.read_response()
     try:
         reply = reader.gets()
-        while reply is NOT_ENOUGH_DATA:
-            parser.read_from_socket()
-            reply = reader.gets()
-    except socket.timeout:
+        if reply is NOT_ENOUGH_DATA:
+            sock, buffer = parser._sock, parser._buffer
+            while reply is NOT_ENOUGH_DATA:
+                size = sock.recv_into(buffer)  # past the socket timeout: socket.timeout
+                if not size:
+                    raise redis.ConnectionError(CLOSED_BY_SERVER)
+                reader.feed(buffer, 0, size)
+                reply = reader.gets()
+    except BaseException as error:  # a reply cut short stays in the reader: the connection cannot be used
         connection.disconnect()
+        _read_failed(connection, error)
+    push = parser._hiredis_PushNotificationType
+    if push is not None and isinstance(reply, push):
+        # RESP3's message out of band (a maintenance notice may relax the timeout): redis-py's handlers take
+        # it, and its read_response() the reply, as it would have
+        parser.handle_push_response(reply)
+        return connection.read_response()
+    return _answer(reply)
+
+
+CLOSED_BY_SERVER = "Connection closed by server."  # redis-py's words for a reply's end of file
+
+
+def _read_failed(connection, error: BaseException) -> NoReturn:
+    """Raise what read_response() raises for `error`, met reading a reply on `connection` (closed since)."""
+    if isinstance(error, TimeoutError):  # socket.timeout, or the asyncio deadline; before OSError, its base
         raise redis.TimeoutError(f"Timeout reading from {connection._host_error()}") from None
-    except OSError as error:
-        connection.disconnect()
+    if isinstance(error, OSError):
         raise redis.ConnectionError(f"Error while reading from {connection._host_error()} : {error.args}") from None
-    except BaseException:
-        connection.disconnect()
-        raise
-    if isinstance(reply, (redis.ResponseError, redis.ConnectionError)):  # hiredis hands errors back as values
+    raise error
+
+
+def _answer(reply: object) -> object:
+    """The reply hiredis parsed, as read_response() returns it: hiredis hands errors back as values."""
+    if isinstance(reply, (redis.ResponseError, redis.ConnectionError)):
         raise reply
     if type(reply) is list and reply and isinstance(reply[0], redis.ConnectionError):
         raise reply[0]

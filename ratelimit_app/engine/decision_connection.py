@@ -49,6 +49,9 @@ def execute(redis_client: redis.Redis | RedisCluster, *command: object, **option
     """redis_client.execute_command(*command, **options), written at most once (SentOnce); the
     decision's own command, without options, as redis-py packed it the time before and unparsed (a
     FCALL reply has no parser). A cluster client: as is."""
+    kept = getattr(redis_client, "connection", None)
+    if kept is not None:  # the thread's kept connection (a cluster client keeps none): every decision but few
+        return _once(redis_client, kept, command, options, bool(options))
     if is_cluster(redis_client):
         return redis_client.execute_command(*command, **options)
     return _sent_once(redis_client, command, options, parse=bool(options))
@@ -102,7 +105,10 @@ def _once(
         unread = getattr(connection, UNREAD, ALL_READ)[1]
     if not unread:  # a connection with replies still due is in use, not resting: readable is not closed
         replace_if_closed(connection)
-    message = _packed(connection, command) if not options else connection.pack_command(*command)
+    # a subject's repeat request sends the same command as before: packed once, then sent as it was
+    message = _packed_get(command) if not options else connection.pack_command(*command)
+    if message is None:
+        message = packed.put(command, connection.pack_command(*command))
     carried = connection.__dict__.pop(OUTBOX, None)  # settled usage waiting for this write (giveback.py)
     for attempt in range(1, WRITE_ATTEMPTS + 1):
         try:
@@ -203,14 +209,6 @@ def _poller(sock) -> select.poll | None:
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     return poller
-
-
-def _packed(connection: redis.Connection, command: tuple) -> object:
-    # a subject's repeat request sends the same command as before: packed once, then sent as it was
-    message = _packed_get(command)
-    if message is None:
-        message = packed.put(command, connection.pack_command(*command))
-    return message
 
 
 # a decision's connection given back to the pool: a thread waiting for one (the pool was full) tries again

@@ -10,6 +10,7 @@ import concurrent.futures
 import logging
 import os
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -19,10 +20,12 @@ import redis
 
 from ratelimit_app import engine
 from ratelimit_app.engine import RedisUnavailable, giveback
+from ratelimit_app.engine.clients import socket_of
 from ratelimit_app.engine.tally import tally
 from tests.cluster import wait_for
 from tests.helpers import check, in_threads
 from tests.helpers import policy as any_policy
+from tests.relay import Relay
 from tests.servers import Server, manage, site_env
 
 pytestmark = pytest.mark.django_db
@@ -408,3 +411,55 @@ def test_a_connection_closed_while_it_opens_is_opened_again_without_an_outage(se
 
 async def _counts_in_one_loop(compiled, times: int) -> list[int]:
     return [(await engine.adecide([check(compiled)])).decisions[0].count for _ in range(times)]
+
+
+def test_a_reply_cut_short_past_the_socket_timeout_is_an_outage_and_its_connection_is_closed(settings, private, circuit):
+    """A decision's reply arrives in part, its rest held (a relay standing for a stalled network): the
+    decision is an outage at the socket timeout, a timeout by name, instead of a request hanging; its
+    connection is closed with the part read, and once answers flow the next decision reads its own reply."""
+    settings.RATELIMIT_BREAKER_SECONDS = 0  # the next decision tries Redis again at once
+    limits = policy(limit=100)
+    who = check(limits, "ip:203.0.113.24")
+    before = circuit.failures
+    with Relay(private.port) as relay:
+        use_server(settings, relay.url, max_connections=2)
+        assert engine.decide([who]).decisions[0].count == 1
+        relay.hold_answers(after=3)  # the reply's first bytes, never its end
+        try:
+            with pytest.raises(RedisUnavailable):
+                engine.decide([who])
+        finally:
+            relay.release_answers()
+        assert wait_for(lambda: relay.closed == 1, 5, "the connection read in part closed")
+        after = engine.decide([who])
+    assert circuit.failures == before + 1 and circuit.cause.startswith("TimeoutError: Timeout reading from")
+    # the held command reached Redis whole: it ran, and counted
+    assert (after.allowed, after.decisions[0].count) == (True, 3)
+
+
+def test_a_message_pushed_ahead_of_a_decisions_reply_goes_to_redis_py_and_the_decision_reads_its_own(
+    settings, private, circuit, caplog
+):
+    """RESP3 (redis-py 8's default) lets Redis push messages out of band on any connection (maintenance
+    notices, invalidations, a subscribed channel's messages): one arriving just ahead of a decision's reply
+    goes to redis-py's handlers, and the decision reads its own reply after it, on the connection it keeps."""
+    limits = policy(limit=100)
+    who = check(limits, "ip:203.0.113.25")
+    with Relay(private.port) as relay:
+        use_server(settings, relay.url, timeouts=QUEUED)  # the held reply is read well within the timeout
+        assert engine.decide([who]).decisions[0].count == 1
+        kept = engine.decision_client().connection
+        assert kept.protocol in (3, "3")
+        kept.send_command("SUBSCRIBE", "notices")
+        kept.read_response(push_request=True)  # the subscription's confirmation, itself a push
+        sock = socket_of(kept)
+        relay.hold_answers()
+        redis.Redis(port=private.port).publish("notices", "maintenance ahead")  # pushed, held by the relay
+        releasing = threading.Timer(0.5, relay.release_answers)  # once the decision is written: its reply follows
+        with caplog.at_level(logging.DEBUG, logger="push_response"):  # redis-py's handler of channel messages
+            releasing.start()
+            decided = engine.decide([who])  # in the thread that keeps the connection
+            releasing.join()
+        assert engine.decision_client().connection is kept and socket_of(kept) is sock, "the connection was replaced"
+    assert decided.decisions[0].count == 2
+    assert "maintenance ahead" in caplog.text
