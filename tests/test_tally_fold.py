@@ -10,7 +10,10 @@ import pytest
 
 from ratelimit_app.engine.arguments import NO_KEY, SEEN, SEEN_NOTHING, SEEN_REFUSED
 from ratelimit_app.engine.tally import NOTED, _fold, _fold_counted, _fold_noted, _Pending
+from ratelimit_app.engine import verdicts
+from ratelimit_app.engine.arguments import Ask
 from ratelimit_app.engine.verdicts import _admitted, _refused
+from ratelimit_app.values import Check, Subject
 from tests.helpers import policy
 
 
@@ -38,22 +41,42 @@ def _records(policies, rng: random.Random, count: int, mixed: bool) -> list[tupl
     return found
 
 
-def _handed(records: list[tuple]) -> tuple[list, list]:
+class _Handed:
+    """Stands in for the tally: what verdicts.py hands it."""
+
+    def __init__(self) -> None:
+        self.noted, self.counted = [], []
+
+    def note(self, noted: list, counted: list) -> None:
+        self.noted += noted
+        self.counted += counted
+
+
+def _handed(records: list[tuple], through_verdict: bool = False) -> tuple[list, list]:
     """What verdicts.py hands the tally for these records: (the records of those that write more, the keys
-    of those that only count), each subject's check parts kept from one of its decisions to the next."""
-    noted, counted, parts = [], [], {}
+    of those that only count), each subject's check parts kept from one of its decisions to the next; by
+    its helpers, or `through_verdict`: by verdict_of reading each record as decide.lua's reply."""
+    handed, parts = _Handed(), {}
     for limited, member, shard, refused, exceeded, count, reset, before, now, cost in records:
-        sent = parts.setdefault((limited, member, shard), [None, None, member, shard, SEEN_NOTHING, 0, 0, NO_KEY, NO_KEY])
+        sent = parts.setdefault((limited, member, shard), [None, None, member, shard, SEEN_NOTHING, 10**9, 10**9,
+                                                           NO_KEY, NO_KEY])
         sent[SEEN] = SEEN_REFUSED if refused else SEEN_NOTHING  # what the subject's decision before here saw
-        if exceeded:
-            _refused(limited, sent, count, reset, now, cost, counted, noted)
+        if through_verdict:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(verdicts, "tally", handed)
+                reply = [now, -1 - count if exceeded else count, reset, reset if exceeded else before]
+                verdicts.verdict_of([Check(limited, Subject(member, member), limited.limit)], reply,
+                                    Ask(now / 1000, False, cost, ""), [sent])
+        elif exceeded:
+            _refused(limited, sent, count, reset, now, cost, handed.counted, handed.noted)
         else:
-            _admitted(limited, sent, count, reset, before, now, cost, counted, noted)
-    return noted, counted
+            _admitted(limited, sent, count, reset, before, now, cost, handed.counted, handed.noted)
+    return handed.noted, handed.counted
 
 
+@pytest.mark.parametrize("through_verdict", [False, True])
 @pytest.mark.parametrize("mixed", [False, True])
-def test_a_flush_adds_what_folding_each_record_alone_adds(mixed):
+def test_a_flush_adds_what_folding_each_record_alone_adds(mixed, through_verdict):
     policies = [policy(limit=10**9, window=60), policy(limit=10**9, window=3600),
                 policy(limit=10**9, window=60, strategy="sliding_window")]
     rng = random.Random(54)
@@ -64,7 +87,7 @@ def test_a_flush_adds_what_folding_each_record_alone_adds(mixed):
             alone, folded = _Pending(), _Pending()
             for record in flushed:
                 _fold(alone, *record)
-            handed, counted = _handed(flushed)
+            handed, counted = _handed(flushed, through_verdict)
             noted = [field for record in handed for field in record]
             if handed:
                 _fold_noted(folded, noted, len(handed) - 1)

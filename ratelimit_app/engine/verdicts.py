@@ -140,7 +140,8 @@ def _admitted(policy: CompiledPolicy, sent: list, count: int, reset_ms: int, bef
     # bucket than before (a known before_ms, >= 0)
     if refused_before or not (count < 2 or rest >= count ^ rest >= 0) or before_ms == -1 or before_ms >= 0 \
             and before_ms != reset_ms and -(-(now_ms + before_ms) // bucket) != -(-(now_ms + reset_ms) // bucket):
-        noted.append((policy, sent[MEMBER], sent[SHARD], refused_before, False, count, reset_ms, before_ms, now_ms, cost))
+        noted.append((policy, sent[MEMBER], sent[SHARD], refused_before, False, count, reset_ms, before_ms, now_ms,
+                      cost))
         return
     key = sent[ADMITTED]
     if key[3] != now_ms // bucket:  # made once a totals bucket: the flush counts it by identity
