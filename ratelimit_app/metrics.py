@@ -148,7 +148,8 @@ _outcomes_of = outcomes.get
 
 def _outcomes(policy: CompiledPolicy) -> tuple[tuple, tuple, tuple]:
     """The policy's (allowed, denied, shadow_denied) keys, made and kept at its first decision here."""
-    return outcomes.put(policy, tuple((DECISIONS, policy.name, kind) for kind in ("allowed", "denied", "shadow_denied")))
+    kinds = ("allowed", "denied", "shadow_denied")
+    return outcomes.put(policy, tuple((DECISIONS, policy.name, kind) for kind in kinds))
 
 
 _records()
