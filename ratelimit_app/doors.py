@@ -113,7 +113,7 @@ class _Routes:
         self.matched = BoundedCache("ratelimit_app.doors.route_policies", _route_bytes)
         self.checks = BoundedCache("ratelimit_app.doors.address_checks", _checks_bytes)
         # (path, method, urlconf) of the middleware's requests that no policy can meet -> the index that said so:
-        # the next such request is answered by this one lookup (around_view), without resolving its route again
+        # the next such request is answered by this one lookup (the middleware's), without resolving its route again
         self.unmatched = BoundedCache("ratelimit_app.doors.unmatched_routes", _unmatched_bytes)
 
     def matching(self, index, key: tuple, request) -> tuple[list, bool]:
@@ -163,31 +163,29 @@ def forget_checks() -> None:
 
 
 @steps
-def around_view(request, view: Io, door: Door, names: Iterable[str | None] = (), *, last: bool = True,
-                cost: Cost | None = None, routed: bool = False, route: Route | None = None) -> Steps:
+def around_view(request, view: Io | None, door: Door, names: Iterable[str | None] = (), *, last: bool = True,
+                cost: Cost | None = None, routed: bool = False, route: Route | None = None,
+                answered=None) -> Steps:
     """enter -> decide -> view -> leave, for a door around a view: returns the response. The door's
     entering() (`names`, `last`, `cost`, `route`; `routed`: the middleware's, the route tells them). A request
     that raises (or is cancelled: its client left) gives its places back at once. Every step but the
-    view's runs inside the boundary (entering() guards itself)."""
+    view's runs inside the boundary (entering() guards itself). `answered`: the view's response, when the
+    middleware ran it itself (no policy meets its route) and the view made a state: what is left of the steps."""
     try:
-        # most requests of a site meet no policy: the middleware's route found so before, under the index in
-        # force, is all it looks up (no route, no state); the view may still make a state (hit(), a door inside)
-        nothing = _unmatched_route((request.path_info, request.method, getattr(request, "urlconf", None))) \
-            if routed else None
-        if nothing is not None and nothing is policies.fresh_index():  # the index under which the route met none
-            state = None
-        else:
+        if answered is None:
             state = yield from entering(request, names, last=last, cost=cost, door=door, routed=routed,
                                         route=route)
-        if state is not None and state.refused:
-            try:
-                if state.closing is None:  # most refusals hold no place: no steps to give one back
-                    return refusal(request, state)
-                return (yield from leaving(request, refusal(request, state), state))
-            except Exception as error:  # noqa: BLE001 - the boundary (boundary.py): refused all the same
-                faults.record(error, door)
-                return bare_refusal(state)
-        response = yield view
+            if state is not None and state.refused:
+                try:
+                    if state.closing is None:  # most refusals hold no place: no steps to give one back
+                        return refusal(request, state)
+                    return (yield from leaving(request, refusal(request, state), state))
+                except Exception as error:  # noqa: BLE001 - the boundary (boundary.py): refused all the same
+                    faults.record(error, door)
+                    return bare_refusal(state)
+            response = yield view
+        else:
+            state, response = None, answered
         if state is None:
             # made inside the view, by a door or hit(): state_now()'s lookup, a frame fewer on every request
             state = request.__dict__.get("_request", request).__dict__.get(STATE_ATTRIBUTE)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 
-from .boundary import MIDDLEWARE
-from .doors import around_view
+from .boundary import MIDDLEWARE, faults
+from .doors import STATE_ATTRIBUTE, _unmatched_route, around_view, letting_go
 from .drivers import Io, arun
+from .policies import fresh_index
 from .responses import service_unavailable
 from .values import Unavailable
 
@@ -42,10 +43,34 @@ class RateLimitMiddleware:
             markcoroutinefunction(self)
 
     def __call__(self, request):
-        view = _made(Io, (self.get_response, self.get_response, (request,), _NO_KWARGS))
         if self.is_async:
-            return arun(around_view(request, view, MIDDLEWARE, routed=True))
-        return around_view.sync(request, view, MIDDLEWARE, routed=True)
+            return self._acall(request)
+        if not _known_unmatched(request):
+            view = _made(Io, (self.get_response, self.get_response, (request,), _NO_KWARGS))
+            return around_view.sync(request, view, MIDDLEWARE, routed=True)
+        try:
+            response = self.get_response(request)
+        except BaseException:
+            letting_go.sync(request, MIDDLEWARE)  # a state made inside the view gives its places back
+            raise
+        state = request.__dict__.get(STATE_ATTRIBUTE)
+        if state is None:  # most requests of a site: no policy met them, nothing to answer for or give back
+            return response
+        return around_view.sync(request, None, MIDDLEWARE, answered=response)  # made inside the view: hit(), a door
+
+    async def _acall(self, request):  # __call__'s twin
+        if not _known_unmatched(request):
+            view = _made(Io, (self.get_response, self.get_response, (request,), _NO_KWARGS))
+            return await arun(around_view(request, view, MIDDLEWARE, routed=True))
+        try:
+            response = await self.get_response(request)
+        except BaseException:
+            await arun(letting_go(request, MIDDLEWARE))
+            raise
+        state = request.__dict__.get(STATE_ATTRIBUTE)
+        if state is None:
+            return response
+        return await arun(around_view(request, None, MIDDLEWARE, answered=response))
 
     def process_exception(self, request, exception):
         # a view that asked Redis itself (usage() for a dashboard) and let the outage through: the app's 503
@@ -53,3 +78,15 @@ class RateLimitMiddleware:
         if isinstance(exception, Unavailable):
             return service_unavailable(request)
         return None
+
+
+def _known_unmatched(request) -> bool:
+    """Whether the middleware found before, under the index in force, that no policy meets the request's route
+    (_Routes.nothing_for): most requests of a site, then answered by this lookup alone (no route, no sequence).
+    Inside the boundary: when it fails, the request takes the whole sequence."""
+    try:
+        nothing = _unmatched_route((request.path_info, request.method, getattr(request, "urlconf", None)))
+        return nothing is not None and nothing is fresh_index()
+    except Exception as error:  # noqa: BLE001 - the boundary (boundary.py)
+        faults.record(error, MIDDLEWARE, request)
+        return False

@@ -54,6 +54,11 @@ def by_hit(request):
     return HttpResponse(in_flight(request) if verdict.allowed else "refused", status=200 if verdict.allowed else 429)
 
 
+def by_hit_boom(request):
+    ratelimit_app.hit(request, "inflight")
+    raise ValueError("the view failed")
+
+
 async def by_ahit(request):
     verdict = await ratelimit_app.ahit(request, "inflight")
     return HttpResponse("counted" if verdict.allowed else "refused", status=200 if verdict.allowed else 429)
@@ -87,6 +92,7 @@ urlpatterns = [
     path("decorated/async/", decorated_async),
     path("hit/", by_hit),
     path("hit/async/", by_ahit),
+    path("hit/boom/", by_hit_boom),
     path("api/", Api.as_view()),
     path("api/boom/", ApiBoom.as_view()),
 ]

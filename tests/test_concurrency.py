@@ -264,7 +264,8 @@ def test_every_door_gives_the_place_back(client, path):
     assert in_flight() == 0
 
 
-@pytest.mark.parametrize("path", ["/decorated/boom/", "/api/boom/"])
+# /hit/boom/: a route the middleware knows no policy meets, after the first request: the view's own hit()
+@pytest.mark.parametrize("path", ["/decorated/boom/", "/api/boom/", "/hit/boom/"])
 def test_views_that_raise_behind_the_doors_give_their_places_back(path):
     make()
     client = Client(raise_request_exception=False)
