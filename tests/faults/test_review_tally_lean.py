@@ -1,4 +1,4 @@
-"""Review of the lean tally (a decision hands a precomputed key, the flush sums keys), the headers and
+"""Review of the lean tally (a decision hands a precomputed key, the flush sums keys) and of the
 header items kept per (policy snapshot, limit, window): what a user reads (the totals, each bucket's
 field, the headers) against what the decisions said, on real servers (one, shards, a cluster), across
 totals buckets, refusals, token buckets, an edit, a refused flush, a fork and the async path."""
