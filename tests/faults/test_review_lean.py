@@ -93,6 +93,8 @@ def _weight(cache) -> int:
         parts = [key]
         while parts:
             part = parts.pop()
+            if part is None:  # one object for the whole process (an urlconf left unset): nothing a key holds
+                continue
             total += sys.getsizeof(part)
             if isinstance(part, tuple):
                 parts.extend(part)
