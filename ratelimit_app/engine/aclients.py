@@ -142,13 +142,16 @@ class SentOnce(redis.asyncio.Redis):
         if options:
             return await super().execute_command(*args, **options)
         # take(), the write and keep() each a coroutine no more, for a kept connection at rest (most decisions)
-        connection = self._resting() or await self.take()
+        resting = self._resting()
+        connection, hiredis = resting if resting is not None else (await self.take(), None)
         try:
             message = self._packed(connection, args)
             writing = write(connection, message)
             if writing is not None:
                 await self._written(connection, message, writing)
-            hiredis = hiredis_of(connection)  # connected by now: the write connects
+                hiredis = None
+            if hiredis is None:  # not the resting connection's, or connected by now: the write connects
+                hiredis = hiredis_of(connection)
             try:
                 if hiredis is None:
                     reply = await connection.read_response()  # under the socket timeout
@@ -172,9 +175,9 @@ class SentOnce(redis.asyncio.Redis):
         reply = parse(reply)
         return await reply if inspect.isawaitable(reply) else reply
 
-    def _resting(self) -> redis.asyncio.Connection | None:
-        """take() without awaiting: the last connection kept, when it is connected with nothing unread
-        (hiredis tells at once); None otherwise, and take() checks or replaces it."""
+    def _resting(self) -> tuple[redis.asyncio.Connection, tuple] | None:
+        """take() without awaiting: the last connection kept and its hiredis_of() parts, when it is connected
+        with nothing unread (hiredis tells at once); None otherwise, and take() checks or replaces it."""
         kept = self.kept
         if not kept:
             return None
@@ -182,7 +185,7 @@ class SentOnce(redis.asyncio.Redis):
         hiredis = hiredis_of(connection) if connection.is_connected else None
         if hiredis is None or unread(hiredis):
             return None
-        return kept.pop()
+        return kept.pop(), hiredis
 
     async def take(self) -> redis.asyncio.Connection:
         """A connection with nothing unread and not closed by Redis: one kept from an earlier command,

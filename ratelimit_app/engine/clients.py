@@ -308,13 +308,18 @@ class DirectReplies(asyncio.Protocol):
             waiter.set_exception(error)
 
 
-def _direct_replies(connection) -> DirectReplies:
-    """The connection's DirectReplies, put before its StreamReaderProtocol at its first read (once per socket)."""
+DIRECT = "_ratelimit_direct"  # on a connection's StreamReader: its socket's DirectReplies
+
+
+def _direct_replies(connection, stream: asyncio.StreamReader) -> DirectReplies:
+    """The connection's DirectReplies, put before its StreamReaderProtocol at its first read (once per socket,
+    kept on the socket's StreamReader)."""
     transport = writer_of(connection).transport
     protocol = transport.get_protocol()
     if type(protocol) is not DirectReplies:
         protocol = DirectReplies(protocol)
         transport.set_protocol(protocol)
+    setattr(stream, DIRECT, protocol)
     return protocol
 
 
@@ -333,11 +338,11 @@ async def aread_reply(connection, hiredis: tuple, deadlines) -> object:
                 stream._buffer.clear()
                 reply = reader.gets()
         if reply is NOT_ENOUGH_DATA:
-            if stream.exception() is not None:
-                raise stream.exception()
-            if stream.at_eof():
+            if stream._exception is not None:  # (StreamReader.exception() and at_eof(), without their calls)
+                raise stream._exception
+            if stream._eof:
                 raise redis.ConnectionError(CLOSED_BY_SERVER)
-            protocol = _direct_replies(connection)
+            protocol = stream.__dict__.get(DIRECT) or _direct_replies(connection, stream)
             waiter = protocol.waiter = deadlines.loop.create_future()
             protocol.reader = reader
             if timeout:
