@@ -53,7 +53,7 @@ async def acomplete_streamed(request):
 def settled_twice(request):
     ratelimit_app.settle(request, tokens=1)
     ratelimit_app.settle(request, tokens=2)
-    return HttpResponse("never")
+    return HttpResponse("settled")
 
 
 @ratelimit("llm", cost=ESTIMATE)
