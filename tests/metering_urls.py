@@ -40,6 +40,18 @@ def complete_streamed(request):
     return StreamingHttpResponse(chunks())
 
 
+@ratelimit("llm", cost=lambda request: int(request.GET["estimate"]))
+def complete_estimated(request):
+    ratelimit_app.settle(request, tokens=used(request))
+    return HttpResponse("done")
+
+
+@ratelimit("llm-priced")  # its estimate: the admin's action cost
+def complete_priced(request):
+    ratelimit_app.settle(request, tokens=used(request))
+    return HttpResponse("done")
+
+
 @ratelimit("llm", cost=ESTIMATE)
 async def acomplete_streamed(request):
     async def chunks():
@@ -132,6 +144,8 @@ urlpatterns = [
     path("llm/plain/", plain),
     path("llm/streamed/", complete_streamed),
     path("llm/async/streamed/", acomplete_streamed),
+    path("llm/estimated/", complete_estimated),
+    path("llm/priced/", complete_priced),
     path("llm/ahit/", by_ahit),
     path("llm/twice/", settled_twice),
     path("llm/failing/", failing),

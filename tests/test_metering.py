@@ -330,6 +330,22 @@ async def test_an_async_streamed_body_and_an_ahit_caller_settle_with_asettle(pat
         await sync_to_async(connections.close_all)()
 
 
+def test_an_estimate_from_a_callable_or_the_admins_action_cost_is_admitted_then_settled(client):
+    from ratelimit_app.models import ActionCost
+
+    tokens_policy(limit=1000)
+    tokens_policy(name="priced-tokens", action="llm-priced", limit=1000)
+    ActionCost(action="llm-priced", cost=900).save()
+    refused = client.get("/llm/estimated/?estimate=1001&used=1", REMOTE_ADDR=IP)
+    assert refused.status_code == 429  # the callable's estimate does not fit
+    admitted = client.get("/llm/estimated/?estimate=600&used=20", REMOTE_ADDR=IP)
+    assert admitted.status_code == 200 and '"llm-tokens";r=400;' in admitted["RateLimit"]
+    assert used_now() == 20  # settled, not its 600
+    admitted = client.get("/llm/priced/?used=30", REMOTE_ADDR=IP)
+    assert admitted.status_code == 200 and '"priced-tokens";r=100;' in admitted["RateLimit"]  # admitted on 900
+    assert used_now("priced-tokens") == 30
+
+
 @pytest.mark.parametrize("path", ["/llm/hit/", "/llm/ahit/"])
 def test_a_settle_for_a_request_hit_refused_is_ignored(client, path):
     tokens_policy(limit=10)
