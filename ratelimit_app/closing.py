@@ -15,7 +15,7 @@ server closed it (HttpResponse.closed), none if another answer went in its place
 
 A batch is a list of items for engine.release(): the places held, and what the request's metered
 policies move by (what it settled less its estimate: values.Adjustment), worked out as it is taken.
-Only Django's public hooks are used, but for one case: _django52_asgi_close_in_context().
+Only Django's public hooks are used, but for one case: _asgi_close_in_context_before_django_61().
 """
 
 from __future__ import annotations
@@ -158,15 +158,15 @@ def closing_of(request) -> Closing:
     closing = Closing(origin)
     if started is None or started.ended:  # never another request's that is still open (a request made in a view)
         current.set(closing)
-    if django.VERSION < (6, 0) and getattr(base, "scope", None) is not None:  # an ASGIRequest
-        _django52_asgi_close_in_context(base, closing)
+    if django.VERSION < (6, 1) and getattr(base, "scope", None) is not None:  # an ASGIRequest
+        _asgi_close_in_context_before_django_61(base, closing)
     return closing
 
 
-def _django52_asgi_close_in_context(base, closing: Closing) -> None:
-    """The one private touch. Django 5.2's ASGIHandler runs the request in a task of its own (asgi.py:205) and
-    closes the response, sending request_finished, from its caller's (asgi.py:233), whose context never saw
-    this Closing; the request's close() is the one step of the request's that runs there: it puts it in."""
+def _asgi_close_in_context_before_django_61(base, closing: Closing) -> None:
+    """The one private touch. Django 5.2 and 6.0's ASGIHandler run the request in a task of its own and close
+    the response, sending request_finished, from their caller's (asgi.py:205/233, 6.0: 209/237), which never
+    sees this Closing; the request's close() runs there, listed with the response's: it puts it in."""
     if base.__dict__.get(CLOSES_WITH) is not None:
         return
     close = base.close

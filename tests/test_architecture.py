@@ -158,15 +158,15 @@ def test_one_function_computes_the_limit_in_effect():
     assert found == ["subjects/matching.py"]
 
 
-# The one place the package replaces a request's close(), and why: Django 5.2 under ASGI closes the response
-# in a context that never saw the request's Closing (closing.py says where in Django's handler).
-REPLACES_CLOSE = {("closing.py", "_django52_asgi_close_in_context")}
+# The one place the package replaces a request's close(), and why: Django 5.2 and 6.0 under ASGI close the
+# response in a context that never saw the request's Closing (closing.py says where in Django's handler).
+REPLACES_CLOSE = {("closing.py", "_asgi_close_in_context_before_django_61")}
 
 
 def test_one_module_sends_what_a_request_holds_through_djangos_public_hooks():
     """closing.py alone gives places back (engine.release / arelease); no module reads a response's body or
     closers past its public API (`_resource_closers`, `_iterator`, `_handler_class`, `_container`), and none
-    replaces a request's or a response's close() but the one function for Django 5.2 under ASGI."""
+    replaces a request's or a response's close() but the one function for ASGI before Django 6.1."""
     import ast
 
     giving_back, private, closes = set(), set(), set()
