@@ -20,6 +20,7 @@ Only Django's public hooks are used, but for one case: _asgi_close_in_context_be
 
 from __future__ import annotations
 
+import logging
 from contextvars import ContextVar
 from typing import Sequence
 
@@ -28,8 +29,20 @@ import django
 from . import engine
 from .boundary import MIDDLEWARE, Door, faults, protected
 from .drivers import Io, Steps, steps
+from .loggate import LogGate
 from .subjects import http_request
 from .values import CONTENT_BYTES, Adjustment, Held, Metered
+
+logger = logging.getLogger("ratelimit_app")
+ignored_said = LogGate()  # a settle ignored for what the request's run told: said once a minute per kind
+
+
+def ignore_settle(kind: str, message: str) -> None:
+    """A settle whose amount only the request's run told (a model's count out of range, a unit said
+    again) is ignored rather than raised: it never costs the caller the answer (a 500). Logged for the
+    operator, once a minute per kind."""
+    if ignored_said.due(kind):
+        logger.error("ratelimit: %s", message)
 
 
 class Closing:
@@ -52,7 +65,8 @@ class Closing:
         self.metered += metered
 
     def settle(self, used: dict[str, int]) -> None:
-        """Record what the request used of each unit (ratelimit_app.settle()): each unit once, before it ends."""
+        """Record what the request used of each unit (ratelimit_app.settle()): each unit once (a unit said
+        again is ignored, logged), before it ends (after: ValueError, outside any request's answer)."""
         if self.ended:
             raise ValueError(
                 "settle(): this request has ended and its usage was settled with it: settle before the view "
@@ -60,13 +74,12 @@ class Closing:
             )
         if self.used is None:
             self.used = {}
-        for unit in used:
+        for unit, amount in used.items():
             if unit in self.used:
-                raise ValueError(
-                    f"settle(): {unit} were already settled for this request ({self.used[unit]}): settle each "
-                    "unit once, with what the whole request used."
-                )
-        self.used.update(used)
+                ignore_settle("again", f"settle(): {unit} were already settled for this request ({self.used[unit]}): "
+                              f"{amount} ignored; settle each unit once, with what the whole request used.")
+            else:
+                self.used[unit] = amount
 
     def _adjustments(self) -> list[Adjustment]:
         """What its metered policies move by: what it used of their unit less its estimate (at most their
