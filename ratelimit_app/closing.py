@@ -202,13 +202,16 @@ def leaving(request, response, closing: Closing) -> Steps:
     if not (closing.batch or closing.metered):
         return response
     if getattr(response, "streaming", False) and request.method != "HEAD":
-        # a file is sent by the server's file wrapper (a body set anew would not be): its close ends it
-        if getattr(response, "file_to_stream", None) is None:
+        # a file is sent by the server's file wrapper (a body set anew would not be): its close ends it; one
+        # of unknown length (a proxied download) whose bytes are counted is read through a Body instead
+        file = getattr(response, "file_to_stream", None) is not None
+        length = _length(response) if file else None
+        if file and (length is not None or not closing.counts_bytes()):
+            closing.sent = length
+        else:
             body = response.streaming_content
             closing.sent = 0  # counted as the body is produced
             response.streaming_content = ABody(body, closing) if response.is_async else Body(body, closing)
-        else:
-            closing.sent = _length(response)
         return response
     if request.method == "HEAD":
         _unsent(response)

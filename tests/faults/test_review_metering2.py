@@ -1,0 +1,147 @@
+"""A second hostile review of metered usage, on real parts: a proxied download (a file of unknown size) is
+charged the bytes it sent, under the test client and gunicorn; an async stream the client leaves midway
+under uvicorn is charged what it made, not all of it nor nothing; an overage cap of the wrong type is
+refused where it is declared; Redis closing every connection between a request's admission and its end
+counts its settle once; an import with a bad unit changes nothing."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+
+import pytest
+import redis
+from django.core.exceptions import ImproperlyConfigured
+from django.test import Client
+
+from ratelimit_app import closing, engine, portable
+from ratelimit_app.decorators import ratelimit
+from ratelimit_app.models import Policy
+from ratelimit_app.portable import ImportRefused
+from ratelimit_app.registry.declarations import check_declared_policies
+from tests import servers
+from tests.faults.test_connections import TIMEOUTS, use_server
+from tests.faults.test_metering import counted, metered, settled_request
+from tests.faults.test_review_giveback import _until
+from tests.helpers import check, make_policy
+from tests.servers import migrated_site
+from tests.test_metering import used_now
+
+pytestmark = pytest.mark.django_db
+IP = "203.0.113.7"
+SETTINGS = "tests.faults.review_metering2_settings"
+
+
+def bytes_policy():
+    return make_policy(name="download-bytes", action="download", limit=1_000_000, window=3600,
+                       strategy="fixed_window", unit="content-bytes")
+
+
+@pytest.mark.urls("tests.faults.review_metering2_site")
+def test_a_proxied_download_of_unknown_size_is_charged_the_bytes_it_sent(server):
+    """A FileResponse of a file with no size (an upstream's body) has no Content-Length: it was charged its
+    estimate, 1 byte, for 70,000 sent."""
+    bytes_policy()
+    response = Client().get("/download/proxied/?size=70000", REMOTE_ADDR=IP)
+    assert len(b"".join(response.streaming_content)) == 70_000
+    response.close()
+    assert used_now("download-bytes") == 70_000
+
+
+@pytest.mark.parametrize("cap", [True, 2.5, "500"])
+def test_an_overage_cap_that_is_not_a_whole_number_is_refused_where_it_is_declared(settings, cap):
+    """True read as a cap of 1 token (2.5 as 2): every request's overage cut to 1, the bill with it, unsaid."""
+    settings.RATELIMIT_POLICIES = [{"name": "llm", "action": "/llm/", "rate": "1000/m", "strategy": "fixed_window",
+                                    "unit": "tokens", "overage_cap": cap}]
+    [error] = check_declared_policies()
+    assert "overage_cap" in error.msg and "not a whole number" in error.msg
+    with pytest.raises(ImproperlyConfigured, match="overage_cap"):
+        ratelimit(rate="1000/m", unit="tokens", overage_cap=cap)(lambda request: None)
+
+
+def test_a_settle_after_redis_closed_every_connection_is_counted_once(settings, private):
+    """Redis closes the app's connections (a restart of the proxy before it, CLIENT KILL, an idle timeout)
+    between a request's admission and its end: its settle reaches the counter once, not never, not twice."""
+    use_server(settings, private.url, timeouts=TIMEOUTS)
+    compiled = metered()
+    settled_request(300)  # admitted on the thread's kept connection, on an estimate of 10
+    admin = redis.Redis(port=private.port)
+    admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    closing.request_ended()  # its settle waits for the connection's next write
+    engine.decide([check(compiled)], dry_run=True)
+    assert counted(private.port, compiled) == 300
+    time.sleep(1.2)  # past the carrying timer's second: nothing of it is sent again
+    engine.decide([check(compiled)], dry_run=True)
+    assert counted(private.port, compiled) == 300
+    admin.close()
+
+
+@pytest.mark.parametrize("unit", ["Tokens", "content_bytes", 5])
+def test_an_import_with_a_bad_unit_changes_nothing(unit):
+    make_policy(name="llm", action="/llm/", limit=1000, window=60, strategy="fixed_window", unit="tokens",
+                overage_cap=7)
+    before = list(Policy.objects.values())
+    entries = [{"name": "other", "action": "/o/", "rate": "5/m"},
+               {"name": "llm", "action": "/llm/", "rate": "20000/m", "unit": unit}]
+    with pytest.raises(ImportRefused, match="unit"):
+        portable.import_data({"format": "ratelimit_app/1", "policies": entries})
+    assert list(Policy.objects.values()) == before
+
+
+# --- on real servers --------------------------------------------------------------------------------
+
+BYTES_POLICY = """
+from ratelimit_app.models import Policy
+Policy.objects.create(name="download-bytes", action="download", limit=1000000, window=3600, strategy="fixed_window",
+                      key="ip", unit="content-bytes")
+"""
+
+
+@pytest.fixture(scope="module")
+def bytes_site(tmp_path_factory):
+    return migrated_site(tmp_path_factory.mktemp("review_metering2"), SETTINGS, BYTES_POLICY)
+
+
+def _charged(url: str) -> int:
+    """The bytes charged so far, by the next request's header (less its own estimate, 1 byte, which its
+    settle gives back: it is a download of no bytes)."""
+    found = re.search(r'"download-bytes";r=(\d+)', servers.fetch(url)[1]["RateLimit"])
+    return 1_000_000 - int(found.group(1)) - 1
+
+
+def _read_then_leave(port: int, path: str, size: int) -> int:
+    """A client that reads about `size` bytes of the answer, then closes its connection; what it read."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+        client.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        read = b""
+        while len(read) < size:
+            read += client.recv(size)
+    return len(read)
+
+
+@pytest.mark.slow
+def test_a_proxied_download_under_gunicorn_is_charged_the_bytes_it_sent(bytes_site, redis_client):
+    """gunicorn sends a file through its file wrapper: one of unknown size must be counted as it is read."""
+    redis_client.flushdb()
+    with servers.serving(bytes_site, SETTINGS, workers=1) as server:
+        status, _ = servers.fetch(server.url + "/download/proxied/?size=70000")
+        assert status == 200
+        size_zero = server.url + "/download/proxied/?size=0"
+        assert _until(lambda: _charged(size_zero) == 70_000)  # a look sends no byte: charged none
+
+
+@pytest.mark.slow
+def test_an_async_stream_the_client_leaves_is_charged_what_was_made_under_uvicorn(bytes_site, redis_client):
+    """uvicorn tells Django the client left; Django cancels the view's stream: its bytes made so far are
+    charged, neither the whole answer (100,000) nor only its estimate."""
+    redis_client.flushdb()
+    with servers.serving(bytes_site, SETTINGS, asgi=True) as server:
+        read = _read_then_leave(server.port, "/download/slow/?chunks=100", 3000)
+        size_zero = server.url + "/download/proxied/?size=0"
+        # what it read: the chunks made before it left, with the headers and the chunks' framing
+        assert _until(lambda: read - 600 <= _charged(size_zero) <= 20_000, 10)
+        charged = _charged(size_zero)
+        time.sleep(1)
+        # it stopped (a look's byte given back may not have landed yet: within one)
+        assert abs(_charged(size_zero) - charged) <= 1
