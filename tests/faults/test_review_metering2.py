@@ -145,3 +145,21 @@ def test_an_async_stream_the_client_leaves_is_charged_what_was_made_under_uvicor
         time.sleep(1)
         # it stopped (a look's byte given back may not have landed yet: within one)
         assert abs(_charged(size_zero) - charged) <= 1
+
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a streamed body is counted where it leaves the limiter's door, before an outer GZipMiddleware compresses "
+    "it (a whole answer is counted once the server closes it, compressed); counting what the server really "
+    "iterates needs the response's body replaced by outer middleware to be wrapped again (Django's private "
+    "_set_streaming_content), or the docs to ask for compression inside the limiter's middleware"))
+@pytest.mark.urls("tests.metering_urls")
+def test_a_streamed_download_compressed_by_an_outer_gzip_is_charged_the_bytes_sent(settings, server):
+    """As a whole download is (the first review's test): 56 compressed bytes sent, 10,000 charged."""
+    settings.MIDDLEWARE = ["django.middleware.gzip.GZipMiddleware", *settings.MIDDLEWARE]
+    bytes_policy()
+    response = Client().get("/download/streamed/?size=5000", REMOTE_ADDR=IP, HTTP_ACCEPT_ENCODING="gzip")
+    sent = len(b"".join(response.streaming_content))
+    response.close()
+    assert response["Content-Encoding"] == "gzip"
+    assert used_now("download-bytes") == sent
