@@ -13,10 +13,12 @@ import time
 import pytest
 import redis
 from django.core.exceptions import ImproperlyConfigured
-from django.test import Client
+from django.test import Client, RequestFactory
 
+import ratelimit_app
 from ratelimit_app import closing, engine, portable
 from ratelimit_app.decorators import ratelimit
+from ratelimit_app.engine import giveback
 from ratelimit_app.models import Policy
 from ratelimit_app.portable import ImportRefused
 from ratelimit_app.registry.declarations import check_declared_policies
@@ -163,3 +165,31 @@ def test_a_streamed_download_compressed_by_an_outer_gzip_is_charged_the_bytes_se
     response.close()
     assert response["Content-Encoding"] == "gzip"
     assert used_now("download-bytes") == sent
+
+
+
+def _started() -> RequestFactory:
+    """A request of the caller, started as a handler starts one (its end is the test's)."""
+    request = RequestFactory().get("/", REMOTE_ADDR=IP)
+    closing.request_began(environ=request.environ)
+    return request
+
+
+def test_a_caller_refused_while_a_request_was_in_flight_is_admitted_once_it_settled_below_its_estimate(server):
+    """1,000 tokens an hour; a request admitted on an estimate of 600 is in flight, so a second of 600 is
+    refused. The first used 50: 950 are left, yet the worker went on refusing from memory for the rest of
+    the hour (730 s in one run) while Redis would admit."""
+    make_policy(name="llm-tokens", action="llm", limit=1000, window=3600, strategy="fixed_window", unit="tokens")
+    first = _started()
+    assert ratelimit_app.hit(first, "llm", cost=600).allowed
+    first_closing = closing.current.get()
+    assert not ratelimit_app.hit(_started(), "llm", cost=600).allowed
+    closing.request_ended()
+    ratelimit_app.settle(first, tokens=50)
+    first_closing.send()  # the first request ends
+    giveback.carried.send()
+    assert used_now("llm-tokens") == 50
+    third = _started()
+    verdict = ratelimit_app.hit(third, "llm", cost=600)
+    closing.request_ended()
+    assert verdict.allowed
