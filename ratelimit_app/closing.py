@@ -202,13 +202,10 @@ def leaving(request, response, closing: Closing) -> Steps:
     if not (closing.batch or closing.metered):
         return response
     if getattr(response, "streaming", False) and request.method != "HEAD":
-        # a file is sent by the server's file wrapper (a body set anew would not be): its close ends it; one
-        # of unknown length (a proxied download) whose bytes are counted is read through a Body instead
-        file = getattr(response, "file_to_stream", None) is not None
-        length = _length(response) if file else None
-        if file and (length is not None or not closing.counts_bytes()):
-            closing.sent = length
-        else:
+        # a file is sent by the server's file wrapper (a body set anew would not be), and its close ends it;
+        # one whose bytes are counted is read through a Body: what the server sent, not its Content-Length
+        # (a client that left a large download midway), nor nothing when it has none (a proxied download)
+        if getattr(response, "file_to_stream", None) is None or closing.counts_bytes():
             body = response.streaming_content
             closing.sent = 0  # counted as the body is produced
             response.streaming_content = ABody(body, closing) if response.is_async else Body(body, closing)
@@ -244,12 +241,6 @@ def _counted_when_closed(response, closing: Closing) -> None:
 
 #: a failure to send never reaches the server's close of the answer (the boundary: boundary.py)
 _send_at_close = protected(Closing.send, MIDDLEWARE, lambda _error: None)
-
-
-def _length(response) -> int | None:
-    """The bytes of a file the server sends itself, by its Content-Length (None: unknown)."""
-    length = response.get("Content-Length")
-    return int(length) if length and length.isdigit() else None
 
 
 def _unsent(response) -> None:

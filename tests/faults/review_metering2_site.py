@@ -1,10 +1,11 @@
 """Views for the second review of metered usage on real servers: a proxied download (a file whose size is
-unknown before it is read) and a slow async stream a client may leave midway."""
+unknown before it is read), a large file and a slow async stream, which a client may leave midway."""
 
 from __future__ import annotations
 
 import asyncio
 import io
+import os
 
 from django.http import FileResponse, StreamingHttpResponse
 from django.urls import path
@@ -29,6 +30,10 @@ def proxied(request):
     return FileResponse(Upstream(int(request.GET["size"])))
 
 
+def local_file(request):
+    return FileResponse(open(os.environ["REVIEW_METERING_FILE"], "rb"))  # noqa: SIM115 - the response closes it
+
+
 async def slow_stream(request):
     async def chunks():
         for _ in range(int(request.GET["chunks"])):
@@ -39,5 +44,6 @@ async def slow_stream(request):
 
 urlpatterns = [
     path("download/proxied/", proxied, name="download"),
+    path("download/file/", local_file, name="download"),
     path("download/slow/", slow_stream, name="download"),
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import socket
 import time
+import urllib.request
 
 import pytest
 import redis
@@ -93,9 +94,10 @@ def test_an_import_with_a_bad_unit_changes_nothing(unit):
 
 # --- on real servers --------------------------------------------------------------------------------
 
-BYTES_POLICY = """
+LIMIT = 10**9  # above the largest file: a header's remaining is never below 0
+BYTES_POLICY = f"""
 from ratelimit_app.models import Policy
-Policy.objects.create(name="download-bytes", action="download", limit=1000000, window=3600, strategy="fixed_window",
+Policy.objects.create(name="download-bytes", action="download", limit={LIMIT}, window=3600, strategy="fixed_window",
                       key="ip", unit="content-bytes")
 """
 
@@ -109,7 +111,7 @@ def _charged(url: str) -> int:
     """The bytes charged so far, by the next request's header (less its own estimate, 1 byte, which its
     settle gives back: it is a download of no bytes)."""
     found = re.search(r'"download-bytes";r=(\d+)', servers.fetch(url)[1]["RateLimit"])
-    return 1_000_000 - int(found.group(1)) - 1
+    return LIMIT - int(found.group(1)) - 1
 
 
 def _read_then_leave(port: int, path: str, size: int) -> int:
@@ -122,15 +124,35 @@ def _read_then_leave(port: int, path: str, size: int) -> int:
     return len(read)
 
 
+FILE_SIZE = 64 * 2**20  # more than loopback's socket buffers hold: a client that leaves stops the sending
+
+
+@pytest.fixture(scope="module")
+def gunicorn(bytes_site, tmp_path_factory):
+    large = tmp_path_factory.mktemp("review_metering2_file") / "large.bin"
+    with open(large, "wb") as file:
+        file.truncate(FILE_SIZE)  # sparse: no time spent writing it
+    with servers.serving(bytes_site, SETTINGS, workers=1, REVIEW_METERING_FILE=str(large)) as server:
+        yield server
+
+
 @pytest.mark.slow
-def test_a_proxied_download_under_gunicorn_is_charged_the_bytes_it_sent(bytes_site, redis_client):
-    """gunicorn sends a file through its file wrapper: one of unknown size must be counted as it is read."""
+def test_a_proxied_download_under_gunicorn_is_charged_the_bytes_it_sent(gunicorn, redis_client):
+    """gunicorn sends a file through its file wrapper: one of unknown size was charged its estimate."""
     redis_client.flushdb()
-    with servers.serving(bytes_site, SETTINGS, workers=1) as server:
-        status, _ = servers.fetch(server.url + "/download/proxied/?size=70000")
-        assert status == 200
-        size_zero = server.url + "/download/proxied/?size=0"
-        assert _until(lambda: _charged(size_zero) == 70_000)  # a look sends no byte: charged none
+    with urllib.request.urlopen(gunicorn.url + "/download/proxied/?size=70000", timeout=20) as answer:
+        assert len(answer.read()) == 70_000
+    look = gunicorn.url + "/download/proxied/?size=0"
+    assert _until(lambda: _charged(look) == 70_000), _charged(look)  # a look sends none
+
+
+@pytest.mark.slow
+def test_a_large_file_the_client_leaves_midway_under_gunicorn_is_charged_what_was_sent(gunicorn, redis_client):
+    """Charged by its Content-Length, a client that read 100 kB of a 64 MB file was billed all 64 MB."""
+    redis_client.flushdb()
+    read = _read_then_leave(gunicorn.port, "/download/file/", 100_000)
+    look = gunicorn.url + "/download/proxied/?size=0"
+    assert _until(lambda: read - 1000 <= _charged(look) <= FILE_SIZE // 4), (read, _charged(look))
 
 
 @pytest.mark.slow
@@ -150,11 +172,24 @@ def test_an_async_stream_the_client_leaves_is_charged_what_was_made_under_uvicor
 
 
 
+@pytest.mark.urls("tests.metering_urls")
+def test_a_streamed_download_compressed_inside_the_limiter_is_charged_the_bytes_sent(settings, server):
+    """What the guide says to do for compressed streams: GZipMiddleware listed after the limiter's."""
+    at = settings.MIDDLEWARE.index("ratelimit_app.middleware.RateLimitMiddleware") + 1
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE[:at], "django.middleware.gzip.GZipMiddleware", *settings.MIDDLEWARE[at:]]
+    bytes_policy()
+    response = Client().get("/download/streamed/?size=5000", REMOTE_ADDR=IP, HTTP_ACCEPT_ENCODING="gzip")
+    sent = len(b"".join(response.streaming_content))
+    response.close()
+    assert response["Content-Encoding"] == "gzip" and sent < 1000
+    assert used_now("download-bytes") == sent
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "a streamed body is counted where it leaves the limiter's door, before an outer GZipMiddleware compresses "
     "it (a whole answer is counted once the server closes it, compressed); counting what the server really "
-    "iterates needs the response's body replaced by outer middleware to be wrapped again (Django's private "
-    "_set_streaming_content), or the docs to ask for compression inside the limiter's middleware"))
+    "iterates needs the body an outer middleware sets to be wrapped again (Django's private "
+    "_set_streaming_content); the guide asks for GZipMiddleware inside the limiter's middleware instead"))
 @pytest.mark.urls("tests.metering_urls")
 def test_a_streamed_download_compressed_by_an_outer_gzip_is_charged_the_bytes_sent(settings, server):
     """As a whole download is (the first review's test): 56 compressed bytes sent, 10,000 charged."""
