@@ -17,10 +17,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import Client, RequestFactory
 
 import ratelimit_app
-from ratelimit_app import closing, engine, portable
+from ratelimit_app import closing, engine, portable, quotas
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.engine import giveback
-from ratelimit_app.models import Policy
+from ratelimit_app.models import Policy, QuotaUsage
 from ratelimit_app.portable import ImportRefused
 from ratelimit_app.registry.declarations import check_declared_policies
 from tests import servers
@@ -96,7 +96,7 @@ def test_an_import_with_a_bad_unit_changes_nothing(unit):
 
 LIMIT = 10**9  # above the largest file: a header's remaining is never below 0
 BYTES_POLICY = f"""
-from ratelimit_app.models import Policy
+from ratelimit_app.models import Policy, QuotaUsage
 Policy.objects.create(name="download-bytes", action="download", limit={LIMIT}, window=3600, strategy="fixed_window",
                       key="ip", unit="content-bytes")
 """
@@ -228,3 +228,29 @@ def test_a_caller_refused_while_a_request_was_in_flight_is_admitted_once_it_sett
     verdict = ratelimit_app.hit(third, "llm", cost=600)
     closing.request_ended()
     assert verdict.allowed
+
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a calendar quota's saved usage (QuotaUsage) carries no unit: the counter of the new unit is fresh in Redis, "
+    "so the period's saved usage seeds it, tokens read as requests. The fix: a unit column on QuotaUsage (a "
+    "migration), in its unique constraint, written by the saver, matched when seeding and shown by the export"))
+def test_a_monthly_quota_switched_from_tokens_to_requests_counts_requests_afresh(server):
+    """The first review proved it for windows and buckets; a calendar quota seeds a counter Redis does not
+    have from the usage saved for the period: 900,000 tokens became 900,000 requests of 100, refused all month."""
+    make_policy(name="llm-month", action="llm", limit=1_000_000, window=31 * 86400, strategy="calendar_quota",
+                period="month", time_zone="UTC", unit="tokens")
+    first = _started()
+    assert ratelimit_app.hit(first, "llm", cost=10).allowed
+    ratelimit_app.settle(first, tokens=900_000)
+    closing.request_ended()
+    giveback.carried.send()
+    quotas.saver.save()
+    assert QuotaUsage.objects.get().used == 900_000
+    row = Policy.objects.get(name="llm-month")
+    row.unit, row.limit = "requests", 100
+    row.full_clean()
+    row.save()
+    verdict = ratelimit_app.hit(_started(), "llm", cost=1)
+    closing.request_ended()
+    assert verdict.allowed and verdict.decisions[0].count == 1
