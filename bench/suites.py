@@ -387,7 +387,7 @@ def _cpu_seconds() -> float:
 
 def run_all(quick: bool = False) -> Results:
     # a quick run is a smoke test: every part and row runs, briefly (its figures are no comparison)
-    results = Results(quick=quick, samples=200 if quick else 5000, seconds=0.1 if quick else 2.0)
+    results = Results(quick=quick, samples=200 if quick else 5000, seconds=0.02 if quick else 2.0)
     if quick:
         results.e2e_seconds, results.e2e_rounds, results.e2e_floor_rounds, results.spread_rounds = 1.0, 1, 1, 1
         results.spread_decisions = 2_000  # every subject still decided twice a process
