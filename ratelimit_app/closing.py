@@ -206,13 +206,13 @@ def leaving(request, response, closing: Closing) -> Steps:
     if not (closing.batch or closing.metered):
         return response
     if getattr(response, "streaming", False) and request.method != "HEAD":
-        # a file is sent by the server's file wrapper (a body set anew would not be): its close ends it
-        if getattr(response, "file_to_stream", None) is None:
+        # a file is sent by the server's file wrapper (a body set anew would not be), and its close ends it;
+        # one whose bytes are counted is read through a Body: what the server sent, not its Content-Length
+        # (a client that left a large download midway), nor nothing when it has none (a proxied download)
+        if getattr(response, "file_to_stream", None) is None or closing.counts_bytes():
             body = response.streaming_content
             closing.sent = 0  # counted as the body is produced
             response.streaming_content = ABody(body, closing) if response.is_async else Body(body, closing)
-        else:
-            closing.sent = _length(response)
         return response
     if request.method == "HEAD":
         _unsent(response)
@@ -231,12 +231,6 @@ def _sent(answer) -> int:
     """The bytes of a whole answer, once the server closed it (it is closed before request_finished is sent);
     none when it was never closed: another answer went in its place (a 304), or the request failed."""
     return len(answer.content) if answer.closed and getattr(answer, "is_rendered", True) else 0
-
-
-def _length(response) -> int | None:
-    """The bytes of a file the server sends itself, by its Content-Length (None: unknown)."""
-    length = response.get("Content-Length")
-    return int(length) if length and length.isdigit() else None
 
 
 def _unsent(response) -> None:
