@@ -94,6 +94,7 @@ class Results:
     e2e_generator: str = ""
     live: dict | str = "not measured"
     cluster: str = "not measured"
+    metering: dict | str = "not measured"  # metered requests beside unmetered ones, and a settle's cost
     vm_growth: dict = field(default_factory=dict)  # (strategy, FCALL or EVALSHA) -> bytes the Lua VM grew by, or why n/a
     vm_subjects: int = 0  # fresh subjects each growth was measured over
     libraries: str = "not measured"  # libraries of ours left after a prune beside an earlier version's
@@ -111,9 +112,9 @@ def unique() -> int:
 
 
 def policy(strategy: str, limit: int = HUGE, window: int = 3600, key: str = "ip", action: str = "*",
-           save: bool = False, burst: int | None = None) -> CompiledPolicy:
+           save: bool = False, burst: int | None = None, unit: str = "requests") -> CompiledPolicy:
     row = Policy(name=f"bench-{unique()}", action=action, limit=limit, window=window, strategy=strategy, key=key,
-                 burst=burst, period="month" if "period" in strategies.get(strategy).options else "")
+                 burst=burst, period="month" if "period" in strategies.get(strategy).options else "", unit=unit)
     row.full_clean()
     if save:
         row.save()

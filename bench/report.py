@@ -7,6 +7,7 @@ import os
 import statistics
 from typing import Iterator
 
+from bench import metering
 from bench.common import STRATEGIES, Results, Row, Served
 from ratelimit_app import strategies
 
@@ -50,6 +51,7 @@ def render(results: Results) -> str:
         f"- load average at the end: {os.getloadavg()[0]:.1f}",
     ]
     lines += _decisions(results) + _spread(results) + _memory(results) + _overhead(results) + _deny_cache(results)
+    lines += metering.lines(results)
     lines += _scripts_memory(results) + _live(results) + _end_to_end(results)
     lines += ["", "## Cluster", "", f"Decisions/s against 1 master and against 3 masters: {results.cluster}."]
     lines += ["", "## Budgets", "", "| budget | measured | verdict |", "|---|---|---|"]
@@ -285,6 +287,7 @@ def budgets(results: Results) -> Iterator[tuple[str, str, str]]:
     yield from _decision_budgets(results)
     yield from _command_budgets(results)
     yield from _door_budgets(results)
+    yield from metering.budgets(results)
     yield from _memory_budgets(results)
     yield from _scripts_memory_budgets(results)
     yield from _end_to_end_budgets(results)

@@ -14,7 +14,7 @@ import redis
 from django.core.cache import caches
 from django.test.utils import override_settings
 
-from bench import e2e, paths, scale, scripts_memory
+from bench import e2e, metering, paths, scale, scripts_memory
 from bench.common import (HUGE, STRATEGIES, Results, Row, Spread, client, decide, decider, policy, request, server,
                           subject, unique)
 from bench.measure import admitted, interleaved_latencies, p50, p99, per_call, server_work, spread, throughput
@@ -387,7 +387,7 @@ def _cpu_seconds() -> float:
 
 def run_all(quick: bool = False) -> Results:
     # a quick run is a smoke test: every part and row runs, briefly (its figures are no comparison)
-    results = Results(quick=quick, samples=200 if quick else 5000, seconds=0.1 if quick else 2.0)
+    results = Results(quick=quick, samples=200 if quick else 5000, seconds=0.02 if quick else 2.0)
     if quick:
         results.e2e_seconds, results.e2e_rounds, results.e2e_floor_rounds, results.spread_rounds = 1.0, 1, 1, 1
         results.spread_decisions = 2_000  # every subject still decided twice a process
@@ -396,7 +396,7 @@ def run_all(quick: bool = False) -> Results:
     parts = [
         ("strategies", probe_strategies), ("decisions", decisions), ("spread workload", spread_workload),
         ("memory", memory), ("scripts' memory", scripts_memory.scripts_memory), ("overhead", paths.overhead),
-        ("async", paths.asynchronous), ("deny cache", paths.deny_cache),
+        ("async", paths.asynchronous), ("deny cache", paths.deny_cache), ("metered usage", metering.metering),
         ("live page", lambda results: scale.live_page(results, subjects=20_000 if quick else 1_000_000)),
         ("cluster", scale.cluster), ("end to end", e2e.end_to_end),
     ]

@@ -10,15 +10,17 @@ step sends everything held in one batch, once, at the first of:
   a streamed body, or any answer of a view that called hit() without a door).
 
 A whole answer whose bytes a policy counts (content-bytes) gives its places back as it leaves the door, and
-settles as the server closes it, once any outer middleware compressed, rendered or replaced it.
+settles at request_finished, once any outer middleware compressed, rendered or replaced it: its bytes if the
+server closed it (HttpResponse.closed), none if another answer went in its place.
 
 A batch is a list of items for engine.release(): the places held, and what the request's metered
 policies move by (what it settled less its estimate: values.Adjustment), worked out as it is taken.
-Only Django's public hooks are used, but for one case: _closed_with_request().
+Only Django's public hooks are used, but for one case: _asgi_close_in_context_before_django_61().
 """
 
 from __future__ import annotations
 
+import logging
 from contextvars import ContextVar
 from typing import Sequence
 
@@ -27,15 +29,27 @@ import django
 from . import engine
 from .boundary import MIDDLEWARE, Door, faults, protected
 from .drivers import Io, Steps, steps
+from .loggate import LogGate
 from .subjects import http_request
 from .values import CONTENT_BYTES, Adjustment, Held, Metered
+
+logger = logging.getLogger("ratelimit_app")
+ignored_said = LogGate()  # a settle ignored for what the request's run told: said once a minute per kind
+
+
+def ignore_settle(kind: str, message: str) -> None:
+    """A settle whose amount only the request's run told (a model's count out of range, a unit said
+    again) is ignored rather than raised: it never costs the caller the answer (a 500). Logged for the
+    operator, once a minute per kind."""
+    if ignored_said.due(kind):
+        logger.error("ratelimit: %s", message)
 
 
 class Closing:
     """One request's closing step: what it holds until it ends. `origin`: the environ or scope its
     request_started was sent with (None when no handler started it), which tells its own from another's."""
 
-    __slots__ = ("origin", "batch", "metered", "used", "sent", "ended")
+    __slots__ = ("origin", "batch", "metered", "used", "sent", "answer", "ended")
 
     def __init__(self, origin: object = None) -> None:
         self.origin = origin
@@ -43,6 +57,7 @@ class Closing:
         self.metered: list[Metered] = []  # its estimates charged in metered policies (values.Metered)
         self.used: dict[str, int] | None = None  # what settle() said it used, by unit
         self.sent: int | None = None  # the bytes its response sent, once known (content-bytes)
+        self.answer = None  # the whole answer whose bytes it counts, until the request ends (content-bytes)
         self.ended = False  # its closing step ran: a settle() now comes too late
 
     def charge(self, metered: Sequence[Metered]) -> None:
@@ -50,7 +65,8 @@ class Closing:
         self.metered += metered
 
     def settle(self, used: dict[str, int]) -> None:
-        """Record what the request used of each unit (ratelimit_app.settle()): each unit once, before it ends."""
+        """Record what the request used of each unit (ratelimit_app.settle()): each unit once (a unit said
+        again is ignored, logged), before it ends (after: ValueError, outside any request's answer)."""
         if self.ended:
             raise ValueError(
                 "settle(): this request has ended and its usage was settled with it: settle before the view "
@@ -58,13 +74,12 @@ class Closing:
             )
         if self.used is None:
             self.used = {}
-        for unit in used:
+        for unit, amount in used.items():
             if unit in self.used:
-                raise ValueError(
-                    f"settle(): {unit} were already settled for this request ({self.used[unit]}): settle each "
-                    "unit once, with what the whole request used."
-                )
-        self.used.update(used)
+                ignore_settle("again", f"settle(): {unit} were already settled for this request ({self.used[unit]}): "
+                              f"{amount} ignored; settle each unit once, with what the whole request used.")
+            else:
+                self.used[unit] = amount
 
     def _adjustments(self) -> list[Adjustment]:
         """What its metered policies move by: what it used of their unit less its estimate (at most their
@@ -104,6 +119,8 @@ class Closing:
     def take(self) -> list[Held | Adjustment]:
         """The batch, no longer held: whoever takes it sends it (each item is sent once)."""
         self.ended = True
+        if self.answer is not None:
+            self.sent, self.answer = _sent(self.answer), None
         batch = self.batch
         if batch:  # most requests hold nothing: nothing to replace
             self.batch = []
@@ -144,38 +161,38 @@ def _origin(base) -> object:
 
 def closing_of(request) -> Closing:
     """The Closing of `request` (a DRF Request's is its HttpRequest's): the one its request_started made
-    when this context saw it, else a new one."""
+    when this context saw it, else a new one, which request_finished in this context then sends (a request
+    no handler started, or one whose request_started ran in a context of its own)."""
     base = http_request(request)
     started = current.get()
     origin = _origin(base)
     if started is not None and origin is not None and started.origin is origin:
         return started
     closing = Closing(origin)
-    if django.VERSION < (6, 0) and getattr(base, "scope", None) is not None:  # an ASGIRequest
-        _closed_with_request(base, closing)
+    if started is None or started.ended:  # never another request's that is still open (a request made in a view)
+        current.set(closing)
+    if django.VERSION < (6, 1) and getattr(base, "scope", None) is not None:  # an ASGIRequest
+        _asgi_close_in_context_before_django_61(base, closing)
     return closing
 
 
-CLOSES_WITH = "_ratelimit_closing"  # on an HttpRequest: its close() runs this Closing's step
-
-
-def _closed_with_request(base, closing: Closing) -> None:
-    """The one private touch: Django 5.2 under ASGI sends request_started to sync receivers in a task of
-    their own (Signal.asend gathers them), whose context the request never sees, and request_finished names
-    no request; the one step of its own Django runs when the request ends is the request's close(), listed
-    with the response's closers. Django 6.0 sends both signals in the request's context: not needed there."""
+def _asgi_close_in_context_before_django_61(base, closing: Closing) -> None:
+    """The one private touch. Django 5.2 and 6.0's ASGIHandler run the request in a task of its own and close
+    the response, sending request_finished, from their caller's (asgi.py:205/233, 6.0: 209/237), which never
+    sees this Closing; the request's close() runs there, listed with the response's: it puts it in."""
     if base.__dict__.get(CLOSES_WITH) is not None:
         return
     close = base.close
 
-    def closing_too() -> None:
-        try:
-            close()
-        finally:
-            closing.send()
+    def close_in_context() -> None:
+        current.set(closing)
+        close()
 
-    base.close = closing_too
+    base.close = close_in_context
     base.__dict__[CLOSES_WITH] = closing
+
+
+CLOSES_WITH = "_ratelimit_closing"  # on an HttpRequest: the Closing its close() puts in context
 
 
 # --- when the answer leaves a door ----------------------------------------------------------------
@@ -189,13 +206,13 @@ def leaving(request, response, closing: Closing) -> Steps:
     if not (closing.batch or closing.metered):
         return response
     if getattr(response, "streaming", False) and request.method != "HEAD":
-        # a file is sent by the server's file wrapper (a body set anew would not be): its close ends it
-        if getattr(response, "file_to_stream", None) is None:
+        # a file is sent by the server's file wrapper (a body set anew would not be), and its close ends it;
+        # one whose bytes are counted is read through a Body: what the server sent, not its Content-Length
+        # (a client that left a large download midway), nor nothing when it has none (a proxied download)
+        if getattr(response, "file_to_stream", None) is None or closing.counts_bytes():
             body = response.streaming_content
             closing.sent = 0  # counted as the body is produced
             response.streaming_content = ABody(body, closing) if response.is_async else Body(body, closing)
-        else:
-            closing.sent = _length(response)
         return response
     if request.method == "HEAD":
         _unsent(response)
@@ -204,36 +221,16 @@ def leaving(request, response, closing: Closing) -> Steps:
         # its bytes are counted once the server has sent it: an outer middleware may yet compress it,
         # render it (DRF, a template) or answer a 304 in its place, which sends none of them
         yield Io(closing.send_places, closing.asend_places)
-        closing.sent = 0
-        _counted_when_closed(response, closing)
+        closing.answer = response
         return response
     yield Io(closing.send, closing.asend)  # send(), by the door's driver
     return response
 
 
-def _counted_when_closed(response, closing: Closing) -> None:
-    """The server closes the answer it sent (a WSGI iterable's close(), the ASGI handler's): its bytes are
-    settled then. An answer replaced is never closed: the request's end settles it with none sent."""
-    close = response.close
-
-    def counted() -> None:
-        closing.sent = len(response.content) if getattr(response, "is_rendered", True) else 0
-        try:
-            close()
-        finally:
-            _send_at_close(closing)
-
-    response.close = counted
-
-
-#: a failure to send never reaches the server's close of the answer (the boundary: boundary.py)
-_send_at_close = protected(Closing.send, MIDDLEWARE, lambda _error: None)
-
-
-def _length(response) -> int | None:
-    """The bytes of a file the server sends itself, by its Content-Length (None: unknown)."""
-    length = response.get("Content-Length")
-    return int(length) if length and length.isdigit() else None
+def _sent(answer) -> int:
+    """The bytes of a whole answer, once the server closed it (it is closed before request_finished is sent);
+    none when it was never closed: another answer went in its place (a 304), or the request failed."""
+    return len(answer.content) if answer.closed and getattr(answer, "is_rendered", True) else 0
 
 
 def _unsent(response) -> None:

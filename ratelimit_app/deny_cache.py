@@ -81,8 +81,10 @@ class DenyCache:
         cache was cleared since `epoch` (read before Redis was asked)."""
         now = time.monotonic()
         for decision in decisions:
-            # an in-flight place may come back any moment (its retry is a guess): never remembered
-            if not decision.allowed and decision.retry_after and not decision.policy.holds:
+            # an in-flight place may come back any moment (its retry is a guess), and so may a metered unit (a
+            # request that used less than its estimate settles it back, in any worker): never remembered
+            policy = decision.policy
+            if not decision.allowed and decision.retry_after and not (policy.holds or policy.meters):
                 with self._lock:
                     if epoch != self.epoch:
                         return

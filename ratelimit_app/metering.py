@@ -4,6 +4,7 @@ ends, with what its closing step sends anyway. `content-bytes` settles itself fr
 
 from __future__ import annotations
 
+from .closing import ignore_settle
 from .doors import STATE_ATTRIBUTE
 from .models import MAX_COST
 from .models.validators import UNIT, UNIT_LENGTH
@@ -18,10 +19,13 @@ def settle(request, **used: int) -> None:
     the difference from its estimate when it ends.
 
     Ignored where nothing was charged in that unit: a request no policy in the unit applied to (or none
-    enabled), one refused, or one never decided. TypeError or ValueError, saying why, for an amount that is
-    not a whole number from 0 to 2147483647, a name that is no unit, the unit 'requests', a unit settled
-    twice, or a request that has ended."""
+    enabled), one refused, or one never decided. Ignored too, with an error logged, what only the request's
+    run tells (never a 500 for it): an amount below 0 or above 2147483647 (its estimate stands), a unit
+    settled again (its first settle stands). TypeError or ValueError, saying why, for an amount that is not
+    a whole number, a name that is no unit, the unit 'requests', or a request that has ended."""
     amounts = _amounts(used)
+    if not amounts:
+        return
     state = http_request(request).__dict__.get(STATE_ATTRIBUTE)
     if state is not None and state.closing is not None:
         state.closing.settle(amounts)
@@ -48,6 +52,8 @@ def _amounts(used: dict[str, object]) -> dict[str, int]:
         if isinstance(amount, bool) or not isinstance(amount, int):
             raise TypeError(f"settle(): {name} must be a whole number of units, not {amount!r}.")
         if not 0 <= amount <= MAX_COST:
-            raise ValueError(f"settle(): {name}={amount} is out of range: from 0 to {MAX_COST} units a request.")
+            ignore_settle("range", f"settle(): {name}={amount} is out of range: from 0 to {MAX_COST} units a "
+                          "request; ignored, the request's estimate stands.")
+            continue
         amounts[unit] = amount
     return amounts

@@ -62,8 +62,16 @@ def _replacing(refused, response):
             refused.headers[name] = value
     for name, morsel in response.cookies.items():
         refused.cookies.setdefault(name, morsel)
-    refused._resource_closers.extend(response._resource_closers)  # what was to run when it closed
+    _drop(response)
     return refused
+
+
+def _drop(response) -> None:
+    """The replaced answer is never sent nor closed, as one Django's own middleware replaces (a 304): its file
+    is closed now, unread; a streamed body's generator is closed as CPython frees it, once no frame holds it."""
+    file = getattr(response, "file_to_stream", None)
+    if file is not None:
+        file.close()
 
 
 def bare_refusal(state: RequestState) -> HttpResponse:

@@ -9,7 +9,7 @@ from typing import Callable
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from . import boundary, conf, doors, events, lru, metrics, policies, registry, subjects
+from . import boundary, closing, conf, doors, events, lru, metrics, policies, registry, subjects
 from .deny_cache import deny_cache
 from . import engine
 from .engine import breaker, forget_aclients, forget_admin_client, forget_clients, owed, unpin
@@ -75,6 +75,7 @@ state = AppState((
     ("what the log said of declarations whose rows cannot be written", registry.unwritten_said.reset),
     ("what the log said of saved quota usage that cannot be read", unreadable_said.reset),
     ("what the log said of signal receivers that failed", events.receiver_failed_said.reset),
+    ("what the log said of settles ignored", closing.ignored_said.reset),
     ("Redis availability (lost/found signals)", events.availability.reset),
     ("in-flight places owed back to Redis", owed.forget),
     ("quota usage not saved yet (what is saved stays)", saver.discard),

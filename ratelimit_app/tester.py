@@ -10,7 +10,6 @@ from typing import Any, NamedTuple
 from django import forms
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
-from django.test import RequestFactory
 from django.urls import Resolver404, resolve
 
 from . import engine
@@ -196,6 +195,9 @@ class TesterForm(forms.Form):
         return meta
 
     def request(self):
+        # imported here: django.test brings unittest, jinja2 and more into every worker that loads the admin
+        from django.test import RequestFactory
+
         data = self.cleaned_data
         request = RequestFactory().generic(data["method"], data["path"], REMOTE_ADDR=data["ip"], **data["headers"])
         request.user = data["username"] or AnonymousUser()

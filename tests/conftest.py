@@ -1,6 +1,6 @@
 """A real Redis for the whole session (REDIS_URL, or a private server started here), emptied per test.
 
-Under pytest-xdist (`make test`: -n 3) each worker is a session of its own: its own private server, its own
+Under pytest-xdist (`make test`: -n 4) each worker is a session of its own: its own private server, its own
 test database (pytest-django names it per worker), its own temporary directories."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _controller(config: pytest.Config) -> bool:
 
 
 # Seconds each test took (setup and teardown included) in a run of the whole suite, for the order in which
-# the workers get them: `pytest -n 3 --store-durations` writes it again. A test not in it counts as quick.
+# the workers get them: `pytest -n 4 --store-durations` writes it again. A test not in it counts as quick.
 DURATIONS = Path(__file__).with_name("durations.json")
 QUICK = 0.2
 

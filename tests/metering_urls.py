@@ -40,11 +40,32 @@ def complete_streamed(request):
     return StreamingHttpResponse(chunks())
 
 
+@ratelimit("llm", cost=lambda request: int(request.GET["estimate"]))
+def complete_estimated(request):
+    ratelimit_app.settle(request, tokens=used(request))
+    return HttpResponse("done")
+
+
+@ratelimit("llm-priced")  # its estimate: the admin's action cost
+def complete_priced(request):
+    ratelimit_app.settle(request, tokens=used(request))
+    return HttpResponse("done")
+
+
+@ratelimit("llm", cost=ESTIMATE)
+async def acomplete_streamed(request):
+    async def chunks():
+        yield "thinking... "
+        await ratelimit_app.asettle(request, tokens=used(request))  # known as the last chunk is made
+        yield "done"
+    return StreamingHttpResponse(chunks())
+
+
 @ratelimit("llm", cost=ESTIMATE)
 def settled_twice(request):
     ratelimit_app.settle(request, tokens=1)
     ratelimit_app.settle(request, tokens=2)
-    return HttpResponse("never")
+    return HttpResponse("settled")
 
 
 @ratelimit("llm", cost=ESTIMATE)
@@ -61,8 +82,18 @@ def plain(request):
 def by_hit(request):
     verdict = ratelimit_app.hit(request, "llm", cost=ESTIMATE)
     if not verdict.allowed:
+        ratelimit_app.settle(request, tokens=used(request))  # never admitted: ignored
         return HttpResponse("refused", status=429)
     ratelimit_app.settle(request, tokens=used(request))
+    return HttpResponse("done")
+
+
+async def by_ahit(request):
+    verdict = await ratelimit_app.ahit(request, "llm", cost=ESTIMATE)
+    if not verdict.allowed:
+        await ratelimit_app.asettle(request, tokens=used(request))  # never admitted: ignored
+        return HttpResponse("refused", status=429)
+    await ratelimit_app.asettle(request, tokens=used(request))
     return HttpResponse("done")
 
 
@@ -112,6 +143,10 @@ urlpatterns = [
     path("llm/async/", acomplete),
     path("llm/plain/", plain),
     path("llm/streamed/", complete_streamed),
+    path("llm/async/streamed/", acomplete_streamed),
+    path("llm/estimated/", complete_estimated),
+    path("llm/priced/", complete_priced),
+    path("llm/ahit/", by_ahit),
     path("llm/twice/", settled_twice),
     path("llm/failing/", failing),
     path("llm/hit/", by_hit),

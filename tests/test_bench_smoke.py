@@ -20,7 +20,7 @@ from ratelimit_app.models import Policy
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(700)]
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("## Decisions", "## Spread workload", "## Memory per subject", "## Scripts' memory", "## Python overhead",
-            "## Local deny cache", "## Live page", "## End to end", "## Cluster", "## Budgets")
+            "## Local deny cache", "## Metered usage", "## Live page", "## End to end", "## Cluster", "## Budgets")
 
 
 @pytest.fixture(scope="module")

@@ -283,7 +283,7 @@ def test_without_the_middleware_the_decorator_and_drf_give_places_back(settings)
 
 
 def test_without_any_door_hit_gives_places_back_as_the_request_ends_and_leaves_its_close_alone(settings):
-    """Under WSGI (and ASGI from Django 6.0) request_started and request_finished run in the request's
+    """Under WSGI (and ASGI from Django 6.1) request_started and request_finished run in the request's
     context: its closing step runs there, and the request's own close() stays Django's."""
     settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "ratelimit" not in m]
     make()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 from functools import partial
 
 import pytest
@@ -143,10 +144,12 @@ def test_a_response_rendered_after_the_door_is_counted_in_the_bytes_it_sent(capl
     def page(request):  # rendered by Django's handler after the decorator has returned
         return TemplateResponse(request, engines["django"].from_string("x" * 10), {})
 
-    answers = [page(request("get")) for _ in range(2)]
+    # two requests in flight, each in its own context as a server serves them (what each holds is its context's)
+    served = [contextvars.copy_context() for _ in range(2)]
+    answers = [context.run(page, request("get")) for context in served]
     assert answers[1]["RateLimit"].startswith('"page-bytes";r=9800;')  # two estimates of 100 taken
     assert [answer.render().content for answer in answers] == [b"x" * 10] * 2
-    for answer in answers:
-        closed(answer)  # as the server does once it sent the answer: each settles at the 10 bytes it sent
+    for context, answer in zip(served, answers):
+        context.run(closed, answer)  # as the server does once it sent the answer: each settles at the 10 bytes sent
     assert page(request("get"))["RateLimit"].startswith('"page-bytes";r=9880;')
     assert "the limiter failed" not in caplog.text

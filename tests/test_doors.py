@@ -288,6 +288,24 @@ def test_a_429_from_the_drf_throttle_keeps_what_the_middleware_inside_added(api)
     assert refused["Content-Type"] == "application/json"
 
 
+def test_a_refusal_in_place_of_an_answer_closes_the_file_that_answer_would_have_sent(rf):
+    """The middleware refuses after DRF answered first (its 403 before the throttle ran): its refusal goes in
+    place of that answer, whose file is never sent and is closed then, not left to the garbage collector."""
+    from django.http import FileResponse
+
+    from ratelimit_app.limiter import RequestState
+    from ratelimit_app.responses import answer
+
+    state = RequestState()
+    state.unavailable = state.refused = True  # fail closed while Redis is down: a 503
+    file = open(__file__, "rb")  # noqa: SIM115 - the refusal's answer() closes it
+    replaced = FileResponse(file)
+    replaced["X-Frame-Options"] = "DENY"
+    refused = answer(rf.get("/"), replaced, state)
+    assert refused.status_code == 503 and refused["X-Frame-Options"] == "DENY"
+    assert file.closed
+
+
 # --- 7. the operator is never locked out ---------------------------------------------------------
 
 

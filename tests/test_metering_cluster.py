@@ -1,5 +1,6 @@
 """Metered usage on Redis Cluster: a request's estimates charged in policies whose counters live on
-several nodes are each settled on their own node, exactly; 8 processes of random real costs too."""
+several nodes are each settled on their own node, exactly; 8 processes of random real costs too. Through
+a Sentinel: settled on the master it finds."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from ratelimit_app import engine
 from ratelimit_app.values import Adjustment
 from tests.helpers import check, in_processes, policy
 from tests.test_cluster import cluster, shared_cluster, who_in_other_shards  # noqa: F401 (fixtures)
+from tests.test_sentinel import sentinel  # noqa: F401 (a fixture)
 
 STRATEGIES = {
     "fixed_window": {"window": 31_622_400},
@@ -62,3 +64,21 @@ def test_eight_processes_settle_a_counter_on_a_cluster_to_the_unit(cluster):  # 
     checks = [check(limited)]
     settled = sum(in_processes(_settling, (checks,)))
     assert engine.decide(checks, dry_run=True).decisions[0].count == settled
+
+
+@pytest.mark.django_db
+@pytest.mark.urls("tests.metering_urls")
+def test_a_view_behind_a_sentinel_settles_on_its_master(client, sentinel, settings):  # noqa: F811
+    from tests.helpers import make_policy
+    from tests.test_concurrency import _until
+    from ratelimit_app.policies import get_index
+
+    cache = settings.CACHES["sentinel"]  # a loaded machine: a reply late by 0.25 s would leave a request undecided
+    settings.CACHES = {**settings.CACHES, "sentinel": {**cache, "OPTIONS": {**cache["OPTIONS"], "SOCKET_TIMEOUT": 5}}}
+    make_policy(name="llm-tokens", action="llm", limit=1000, window=3600, unit="tokens")
+    assert client.get("/llm/?used=700", REMOTE_ADDR="203.0.113.7").status_code == 200
+    assert client.get("/llm/?used=400", REMOTE_ADDR="203.0.113.7").status_code == 200  # admitted on 710 + 10
+    assert client.get("/llm/?used=1", REMOTE_ADDR="203.0.113.7").status_code == 429  # 1,100: in debt
+    compiled = next(p for p in get_index().policies if p.name == "llm-tokens")
+    key = engine.counter_key(compiled, check(compiled, "ip:203.0.113.7").subject.key)
+    assert _until(lambda: int(sentinel.master.client.get(key) or 0) // 1_000_000 == 1100)

@@ -133,3 +133,15 @@ def test_a_code_row_written_before_units_existed_is_not_taken_for_an_operators_c
     values = {field: value for field, value in declared.values.items() if field != "unit"}
     Policy.objects.create(name="old", source="code", code_values=values, **declared.values)
     assert registry.changed_fields(Policy.objects.get(name="old")) == []
+
+
+def test_the_overage_cap_goes_with_a_metered_unit_through_export_and_import_and_is_refused_on_requests():
+    row(strategy="fixed_window", unit="tokens", overage_cap=500).save()
+    [entry] = portable.export_data()["policies"]
+    assert (entry["unit"], entry["overage_cap"]) == ("tokens", 500)
+    Policy.objects.all().delete()
+    portable.import_data({"format": "ratelimit_app/1", "policies": [entry]})
+    assert compile_policy(Policy.objects.get(name="llm")).overage_cap == 500
+    with pytest.raises(ValidationError) as refused:
+        row(strategy="fixed_window", overage_cap=500).full_clean()
+    assert "overage_cap" in refused.value.message_dict

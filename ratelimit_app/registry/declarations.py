@@ -81,6 +81,9 @@ def code_policy(
     overage_cap: int | None = None,
 ) -> CodePolicy:
     """A validated declaration, not registered (no database access); ImproperlyConfigured when a value is wrong."""
+    if overage_cap is not None and (isinstance(overage_cap, bool) or not isinstance(overage_cap, int)):
+        # the model field would read True as a cap of 1 unit and 2.5 as 2: bills cut short without a word
+        raise ImproperlyConfigured(f"{origin}: overage_cap: {overage_cap!r} is not a whole number of units.")
     quota = parse_quota(rate)  # '10000/month': a calendar quota, counted by the quota strategy unless told
     limit, window = (quota[0], PERIODS[quota[1]]) if quota else _limit_and_window(origin, rate, limit, window)
     row = Policy(

@@ -88,7 +88,7 @@ def test_head_requests_to_a_streamed_view_are_never_refused_by_their_own_finishe
 @pytest.mark.parametrize("kind", SERVERS)
 def test_places_taken_by_hit_without_the_middleware_go_back_when_the_request_ends(site_database, redis_client, kind):
     """hit() and ahit() in views of a site without the middleware (in-flight limit 1): the places go back
-    once each request ended (Django closes it), not its lease (60 s) later. Under ASGI, Django 5.2 sends
+    once each request ended (Django closes it), not its lease (60 s) later. Under ASGI, Django 5.2 and 6.0 send
     request_started to sync receivers in a task of their own, whose context the request never sees."""
     with serving(site_database, FAULTS_WITHOUT_MIDDLEWARE="1", **kind) as server:
         for path in ["/hit/", "/ahit/"]:
