@@ -60,7 +60,8 @@ def open_live_page(browser, live_server, policy) -> None:
     browser.execute_script("window.notReloaded = true")
 
 
-def wait_for(condition, timeout=10.0):
+def wait_for(condition, timeout=30.0, shows=None):
+    """`condition`'s value once true; `shows`: what the failure says the page showed (a loaded machine draws late)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -70,7 +71,7 @@ def wait_for(condition, timeout=10.0):
         if value:
             return value
         time.sleep(0.1)
-    raise AssertionError("the page did not change in time")
+    raise AssertionError("the page did not change in time" + (f": it shows {shows()!r}" if shows else ""))
 
 
 def test_live_page_updates_counts_without_reloading(browser, live_server, admin_user):
@@ -144,9 +145,9 @@ def test_the_live_page_counts_a_metered_policy_in_its_unit_and_shows_debt_withou
         rows = browser.find_elements(By.CSS_SELECTOR, "#rl-subjects tbody tr")
         return [td.text for td in rows[0].find_elements(By.TAG_NAME, "td")] if rows else []
 
-    wait_for(lambda: cells()[1:4] == ["7,412", "20,000", "12,588"])  # the page's script draws the rows
+    wait_for(lambda: cells()[1:4] == ["7,412", "20,000", "12,588"], shows=cells)  # the page's script draws the rows
 
     settled(compiled, "ip:198.51.100.1", used=13_088, estimate=100)  # a settle beyond what was left: debt
-    wait_for(lambda: cells()[1] == "20,500")
+    wait_for(lambda: cells()[1] == "20,500", shows=cells)
     assert cells()[3] == "0" and cells()[5] == "blocked, 500 tokens over"
     assert browser.execute_script("return window.notReloaded") is True
