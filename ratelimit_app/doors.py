@@ -255,7 +255,13 @@ def entering(request, names, *, last: bool, cost: Cost | None = None, door: Door
                 if routed:
                     _routes.nothing_for(index, base)
                 return None
-        state = state_of(request, names)
+        # state_of(request, names) without its two calls: a route's door holds the HttpRequest already
+        held = (base if route is not None else http_request(request)).__dict__
+        state = held.get(STATE_ATTRIBUTE)
+        if state is None:
+            state = held[STATE_ATTRIBUTE] = RequestState(names)
+        else:
+            state.add_names(names)
         if route is not None:
             state.json_api = route.json_api
         if cost is not None:

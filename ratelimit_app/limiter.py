@@ -58,7 +58,8 @@ class RequestState:
     )
 
     def __init__(self, names: Iterable[str | None] = ()) -> None:
-        self.names: list[str] = []  # the names policies may match, gathered by every door
+        # the names policies may match, gathered by every door: add_names() in C, each named once, in order
+        self.names: list[str] = list(dict.fromkeys(filter(None, names)))
         self.decided: set[int] = set()  # ids of the policies already decided
         self.decisions: list[Decision] = []
         self.denied: list[Decision] = []
@@ -70,7 +71,6 @@ class RequestState:
         self.cost: Cost | None = None  # what the view's code says the request costs (None: nothing)
         self.lease = ""  # what in-flight policies name this request's places after ('' until one applies)
         self.closing: Closing | None = None  # what it holds until it ends (closing.py), once it holds anything
-        self.add_names(names)
 
     def add_names(self, names: Iterable[str | None]) -> None:
         for name in names:
