@@ -59,14 +59,18 @@ def _kept_bytes(key: tuple, kept: tuple) -> int:
     return size_of(key, kept, *kept)
 
 
-# (policy, limit, window) -> (its RateLimit-Policy item, its quoted name): what every response under it repeats,
+# (policy, limit, window), or the policy under its own limit and window -> (its RateLimit-Policy item, its quoted
+# name and ';r=', whether the item is printable ASCII): what every response under it repeats,
 # made once (a snapshot of a policy is itself: a reloaded policy makes its own)
 kept_items = BoundedCache("ratelimit_app.headers.policy_items", _kept_bytes)
 _kept = kept_items.get
 
 
-def _made(policy: CompiledPolicy, limit: int, window: int) -> tuple[str, str]:
-    return kept_items.put((policy, limit, window), (_policy_item(policy, limit, window), _quoted(policy.name)))
+def _made(key: object, policy: CompiledPolicy, limit: int, window: int) -> tuple[str, str, bool]:
+    item = _policy_item(policy, limit, window)
+    # whether Django's header setter would store the item as it is (printable ASCII), told once: checked on the
+    # whole value of every response, it cost a policy ~700 instructions (a test per character)
+    return kept_items.put(key, (item, f"{_quoted(policy.name)};r=", item.isascii() and item.isprintable()))
 
 
 def retry_after(denied: Sequence[Decision]) -> int | None:
@@ -80,19 +84,23 @@ def retry_after(denied: Sequence[Decision]) -> int | None:
 def apply(response, decisions: Sequence[Decision], denied: Sequence[Decision] = ()) -> None:
     """Set the headers of the enforced policies; shadow policies never show to clients."""
     policy_items, items = [], []
+    plain = True  # every item printable ASCII
     # each decision's fields unpacked at once: reading them by name costs a Python step each
     for policy, _subject, _allowed, exceeded, _count, limit, remaining, reset_in, retry, _cost, window in decisions:
         if policy.enforce:
-            kept = _kept((policy, limit, window)) or _made(policy, limit, window)
+            # the policy's own limit and window (most responses): the policy is the key, no tuple made
+            key = policy if window == 0 and limit == policy.limit else (policy, limit, window)
+            kept = _kept(key) or _made(key, policy, limit, window)
             policy_items.append(kept[0])
+            plain = plain and kept[2]
             left = retry if exceeded and retry is not None else reset_in  # seconds_left()
-            items.append(f"{kept[1]};r={remaining};t={ceil(left) if left > 0 else 0}")
+            items.append(f"{kept[1]}{remaining};t={ceil(left) if left > 0 else 0}")
     if policy_items:
         policy_value, value = ", ".join(policy_items), ", ".join(items)
         store = getattr(response.headers, "_store", None)
         # printable ASCII is what Django's header setter would store as it is: then it is stored without the
         # setter's checks, which cost a header 4.7k instructions (the RateLimit value holds the same names)
-        if type(store) is dict and policy_value.isascii() and policy_value.isprintable():
+        if type(store) is dict and plain:
             # Django's ResponseHeaders keeps (name, value) by the lowercased name
             store["ratelimit-policy"] = ("RateLimit-Policy", policy_value)
             store["ratelimit"] = ("RateLimit", value)

@@ -20,6 +20,7 @@ from .subjects import subject_for
 from .values import Check, CompiledPolicy, Decision, Held, Verdict, charge, splits
 
 logger = logging.getLogger("ratelimit_app")
+_made = tuple.__new__
 
 
 Cost = Union[int, Callable[[object], int]]  # units, or a function of the request that says how many
@@ -189,7 +190,7 @@ def prepare(request, state: RequestState, index: policies.PolicyIndex | None, ex
         return Call(checks, None, units, lease, holding)
     if denied_from_memory(state, checks, units):
         return None
-    return Call(checks, deny_cache.epoch, units, lease, holding)
+    return _made(Call, (checks, deny_cache.epoch, units, lease, holding))  # Call(...): a Python __new__ per request
 
 
 def lease_of(state: RequestState) -> str:

@@ -142,13 +142,16 @@ class SentOnce(redis.asyncio.Redis):
         if options:
             return await super().execute_command(*args, **options)
         # take(), the write and keep() each a coroutine no more, for a kept connection at rest (most decisions)
-        connection = self._resting() or await self.take()
+        resting = self._resting()
+        connection, hiredis = resting if resting is not None else (await self.take(), None)
         try:
             message = self._packed(connection, args)
             writing = write(connection, message)
             if writing is not None:
                 await self._written(connection, message, writing)
-            hiredis = hiredis_of(connection)  # connected by now: the write connects
+                hiredis = None
+            if hiredis is None:  # not the resting connection's, or connected by now: the write connects
+                hiredis = hiredis_of(connection)
             try:
                 if hiredis is None:
                     reply = await connection.read_response()  # under the socket timeout
@@ -172,9 +175,9 @@ class SentOnce(redis.asyncio.Redis):
         reply = parse(reply)
         return await reply if inspect.isawaitable(reply) else reply
 
-    def _resting(self) -> redis.asyncio.Connection | None:
-        """take() without awaiting: the last connection kept, when it is connected with nothing unread
-        (hiredis tells at once); None otherwise, and take() checks or replaces it."""
+    def _resting(self) -> tuple[redis.asyncio.Connection, tuple] | None:
+        """take() without awaiting: the last connection kept and its hiredis_of() parts, when it is connected
+        with nothing unread (hiredis tells at once); None otherwise, and take() checks or replaces it."""
         kept = self.kept
         if not kept:
             return None
@@ -182,7 +185,7 @@ class SentOnce(redis.asyncio.Redis):
         hiredis = hiredis_of(connection) if connection.is_connected else None
         if hiredis is None or unread(hiredis):
             return None
-        return kept.pop()
+        return kept.pop(), hiredis
 
     async def take(self) -> redis.asyncio.Connection:
         """A connection with nothing unread and not closed by Redis: one kept from an earlier command,
@@ -271,31 +274,32 @@ class SentOnce(redis.asyncio.Redis):
 class Deadlines:
     """The socket timeout of the reads under way in one loop: each read's deadline, checked by one timer
     armed for the earliest, where asyncio.timeout() arms and cancels a timer (and a Timeout) per read. A
-    read past its deadline is woken with TimeoutError, as its StreamReader's exception."""
+    read past its deadline is woken with TimeoutError, as its waiter's exception (clients.DirectReplies)."""
 
     __slots__ = ("loop", "reads", "timer")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.reads: dict[asyncio.StreamReader, float] = {}
+        self.reads: dict[asyncio.Future, float] = {}
         self.timer: asyncio.TimerHandle | None = None
 
-    def start(self, stream: asyncio.StreamReader, timeout: float) -> None:
-        """A read of `stream` waits from now, for `timeout` seconds at most (each connection reads one reply
-        at a time). A timer armed already expires first: reads start later with the same timeout."""
-        self.reads[stream] = deadline = self.loop.time() + timeout
+    def start(self, waiter: asyncio.Future, timeout: float) -> None:
+        """A read waits for `waiter` from now, for `timeout` seconds at most. A timer armed already expires
+        first: reads start later with the same timeout."""
+        self.reads[waiter] = deadline = self.loop.time() + timeout
         if self.timer is None:
             self.timer = self.loop.call_at(deadline, self._expire)
 
-    def end(self, stream: asyncio.StreamReader) -> None:
-        self.reads.pop(stream, None)
+    def end(self, waiter: asyncio.Future) -> None:
+        self.reads.pop(waiter, None)
 
     def _expire(self) -> None:
         now = self.loop.time()
         reads = self.reads
-        for stream in [stream for stream, deadline in reads.items() if deadline <= now]:
-            del reads[stream]
-            stream.set_exception(TimeoutError())  # the read waiting on it raises it; its connection is closed
+        for waiter in [waiter for waiter, deadline in reads.items() if deadline <= now]:
+            del reads[waiter]
+            if not waiter.done():  # the read waiting on it raises it; its connection is closed
+                waiter.set_exception(TimeoutError())
         self.timer = self.loop.call_at(min(reads.values()), self._expire) if reads else None
 
 

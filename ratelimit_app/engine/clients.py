@@ -3,6 +3,7 @@ what the cache's retry options mean."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import socket
 import threading
@@ -258,31 +259,100 @@ def unread(hiredis: tuple) -> bool:
     return reader.has_data() or stream.at_eof() or bool(stream._buffer)
 
 
+class DirectReplies(asyncio.Protocol):
+    """Put before redis-py's StreamReaderProtocol on a decision's connection: while a read waits, the bytes go
+    straight to hiredis and the reply to the waiting future, in the loop's pass that read them (no StreamReader
+    read, buffer or waiter of its own: a tenth of an async decision's instructions). Otherwise, and for every
+    other event, redis-py's own protocol as before."""
+
+    __slots__ = ("inner", "reader", "waiter")
+
+    def __init__(self, inner: asyncio.BaseProtocol) -> None:
+        self.inner = inner
+        self.reader = None  # the connection's hiredis reader while `waiter` waits
+        self.waiter: asyncio.Future | None = None
+
+    def data_received(self, data: bytes) -> None:
+        waiter = self.waiter
+        if waiter is None:
+            self.inner.data_received(data)
+            return
+        try:
+            self.reader.feed(data)
+            reply = self.reader.gets()
+        except BaseException as error:  # noqa: BLE001 - a protocol error of hiredis: the read raises it
+            self._settle(error)
+            return
+        if reply is not NOT_ENOUGH_DATA:
+            self.waiter = None
+            if not waiter.done():  # (its deadline may have passed in this same pass)
+                waiter.set_result(reply)
+
+    def eof_received(self) -> bool | None:
+        self._settle(redis.ConnectionError(CLOSED_BY_SERVER))
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._settle(exc if exc is not None else redis.ConnectionError(CLOSED_BY_SERVER))
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def _settle(self, error: BaseException) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(error)
+
+
+DIRECT = "_ratelimit_direct"  # on a connection's StreamReader: its socket's DirectReplies
+
+
+def _direct_replies(connection, stream: asyncio.StreamReader) -> DirectReplies:
+    """The connection's DirectReplies, put before its StreamReaderProtocol at its first read (once per socket,
+    kept on the socket's StreamReader)."""
+    transport = writer_of(connection).transport
+    protocol = transport.get_protocol()
+    if type(protocol) is not DirectReplies:
+        protocol = DirectReplies(protocol)
+        transport.set_protocol(protocol)
+    setattr(stream, DIRECT, protocol)
+    return protocol
+
+
 async def aread_reply(connection, hiredis: tuple, deadlines) -> object:
     """read_reply()'s twin for an asyncio connection and its hiredis_of() parts: the same reply and errors
     as its read_response(), under the socket timeout kept by `deadlines` (aclients.Deadlines), without
-    the wrapper's coroutines and the timer asyncio.timeout() arms and cancels on every read."""
-    reader, stream, size, push = hiredis
+    the wrapper's coroutines and the timer asyncio.timeout() arms and cancels on every read; the bytes go
+    to hiredis as the loop reads them (DirectReplies)."""
+    reader, stream, _size, push = hiredis
     timeout = connection.socket_timeout
     try:
         reply = reader.gets()
         if reply is NOT_ENOUGH_DATA:
+            if stream._buffer:  # came while the write waited (connecting, draining): the StreamReader took them
+                reader.feed(bytes(stream._buffer))
+                stream._buffer.clear()
+                reply = reader.gets()
+        if reply is NOT_ENOUGH_DATA:
+            if stream._exception is not None:  # (StreamReader.exception() and at_eof(), without their calls)
+                raise stream._exception
+            if stream._eof:
+                raise redis.ConnectionError(CLOSED_BY_SERVER)
+            protocol = stream.__dict__.get(DIRECT) or _direct_replies(connection, stream)
+            waiter = protocol.waiter = deadlines.loop.create_future()
+            protocol.reader = reader
             if timeout:
-                deadlines.start(stream, timeout)
+                deadlines.start(waiter, timeout)
             try:
-                while reply is NOT_ENOUGH_DATA:
-                    data = await stream.read(size)
-                    if not data:
-                        raise redis.ConnectionError(CLOSED_BY_SERVER)
-                    reader.feed(data)
-                    reply = reader.gets()
+                reply = await waiter
             finally:
+                protocol.waiter = protocol.reader = None
                 if timeout:
-                    deadlines.end(stream)
-            if stream.exception() is not None:
-                # the deadline's timer ran as the reply came (the loop held): the reply stands, but the stream
-                # keeps the TimeoutError for its next read: the connection is closed, not kept
-                await connection.disconnect(nowait=True)
+                    deadlines.end(waiter)
     except BaseException as error:  # the deadline passed (TimeoutError), the socket failed, or cancelled
         await connection.disconnect(nowait=True)
         _read_failed(connection, error)

@@ -22,6 +22,8 @@ from .scripts import scripts
 from .shards import decide_on_cluster
 from .verdicts import CounterAbsent, verdict_of
 
+_made = tuple.__new__
+
 
 def decide(checks: Sequence[Check], *, now: float | None = None, dry_run: bool = False, version: bool = False,
            cost: int = 1, lease: str = "") -> Verdict:
@@ -49,7 +51,9 @@ def deciding(checks: Sequence[Check], *, now: float | None = None, dry_run: bool
     Redis does not hold."""
     if not checks:
         return NO_POLICIES
-    call = Ask(now, dry_run, cost, lease) if cost == 1 else Ask(now, dry_run, cost, lease, split=splits(checks, cost))
+    # made directly: Ask(...) runs the named tuple's Python __new__ (its defaults) on every decision
+    call = _made(Ask, (now, dry_run, cost, lease, None, False)) if cost == 1 else \
+        Ask(now, dry_run, cost, lease, split=splits(checks, cost))
     started = perf_counter()
     seeds: dict = {}
     while True:
