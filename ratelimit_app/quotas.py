@@ -59,13 +59,15 @@ unreadable_said = LogGate()  # the saved usage could not be read
 
 def saved(checks: Iterable[Check], now_ms: int) -> dict[tuple[int, str], tuple[int, int]]:
     """(policy id, subject key) -> (period start ms, used) for every check, 0 where nothing was saved:
-    one query (the saver's pending usage counts too, being newer than the database)."""
+    one query (the saver's pending usage counts too, being newer than the database). Only usage counted in
+    the policy's unit now is read: tokens saved before it counted requests never start its counter."""
     starts = {
         (check.policy.id, check.subject.key): check.policy.plugin.span(check.policy, now_ms)[0] for check in checks
     }
+    units = {check.policy.id: check.policy.unit for check in checks}
     query = Q()
     for (policy_id, subject), start in starts.items():
-        query |= Q(policy_id=policy_id, subject=subject, period_start=as_stored(start))
+        query |= Q(policy_id=policy_id, subject=subject, period_start=as_stored(start), unit=units[policy_id])
     found = {key: (start, 0) for key, start in starts.items()}
     try:
         rows = QuotaUsage.objects.filter(query).values_list("policy_id", "subject", "used")
@@ -77,13 +79,16 @@ def saved(checks: Iterable[Check], now_ms: int) -> dict[tuple[int, str], tuple[i
                            "Redis holds): %s", error)
     generations = {check.policy.id: check.policy.generation for check in checks}
     for key, (start, used) in list(found.items()):
-        pending = saver.pending_used(key[0], key[1], start, generations[key[0]])
+        pending = saver.pending_used((key[0], key[1], start, units[key[0]]), generations[key[0]])
         if pending > used:
             found[key] = (start, pending)
     return found
 
 
 # --- saving usage ------------------------------------------------------------------------------------
+
+
+Key = tuple[int, str, int, str]  # what usage is saved by: (policy id, subject key, period start ms, unit)
 
 
 class Usage(NamedTuple):
@@ -112,12 +117,12 @@ def _newer(known: Usage | None, usage: Usage) -> bool:
 
 
 class Saver:
-    """Usage to upsert, by (policy id, subject key, period start ms). A save reads the true counters of what
+    """Usage to upsert, by (policy id, subject key, period start ms, unit). A save reads the true counters of what
     it saves from Redis (a settle moves them back as well as on); the latest count by Redis's clock wins,
     here and in the database (several workers save one subject, in any order)."""
 
     def __init__(self) -> None:
-        self._pending: dict[tuple[int, str, int], Usage] = {}
+        self._pending: dict[Key, Usage] = {}
         self._lock = threading.Lock()
         self._saving = threading.Lock()
         self._timer: threading.Timer | None = None
@@ -127,7 +132,7 @@ class Saver:
         self, policy: CompiledPolicy, subject_key: str, display: str, start_ms: int, used: int, limit: int | None = None
     ) -> None:
         usage = Usage(display, used, policy.generation, limit, engine.server_clock.now_ms() * 1000, policy)
-        self._put((policy.id, subject_key, start_ms), usage)
+        self._put((policy.id, subject_key, start_ms, policy.unit), usage)
 
     def settled(self, adjustments: Sequence[Adjustment]) -> None:
         """Settles about to move quota counters: their usage is saved again, as Redis then holds it."""
@@ -143,7 +148,7 @@ class Saver:
     def mark(self, policy: CompiledPolicy, subject_key: str, display: str, start_ms: int, settled: float = 0.0) -> None:
         """Save this subject's usage at the next save, as its counter in Redis holds it then (`display` ''
         leaves a saved row's as it is)."""
-        key = (policy.id, subject_key, start_ms)
+        key = (policy.id, subject_key, start_ms, policy.unit)
         with self._lock:
             known = self._pending.get(key)
             if known is not None:
@@ -151,7 +156,7 @@ class Saver:
                 return
         self._put(key, Usage(display, None, policy.generation, None, 0, policy, settled))
 
-    def _put(self, key: tuple[int, str, int], usage: Usage) -> None:
+    def _put(self, key: Key, usage: Usage) -> None:
         with self._lock:
             known = self._pending.get(key)
             if known is None and self._refused and len(self._pending) >= KEPT_WHILE_REFUSED:
@@ -173,8 +178,8 @@ class Saver:
             return
         self._timer = timer
 
-    def pending_used(self, policy_id: int, subject_key: str, start_ms: int, generation: int) -> int:
-        known = self._pending.get((policy_id, subject_key, start_ms))
+    def pending_used(self, key: Key, generation: int) -> int:
+        known = self._pending.get(key)
         return (known.used or 0) if known and known.generation >= generation else 0
 
     def _timed(self) -> None:
@@ -210,7 +215,7 @@ class Saver:
             self._keep({key: usage._replace(used=None, at_us=0) for key, usage in again.items()}, refused=False)
             return len(rows)
 
-    def _keep(self, pending: dict[tuple[int, str, int], Usage], refused: bool = True) -> None:
+    def _keep(self, pending: dict[Key, Usage], refused: bool = True) -> None:
         """Put back a batch the database refused, under what was counted since, and save it again on the timer."""
         if not pending:
             return
@@ -239,7 +244,7 @@ class Saver:
 unread_said = LogGate()  # the counters could not be read from Redis when saving
 
 
-def _read_counters(pending: dict[tuple[int, str, int], Usage]) -> tuple[dict, dict]:
+def _read_counters(pending: dict[Key, Usage]) -> tuple[dict, dict]:
     """`pending` with each count as its counter in Redis holds it now (one script per slot, off the request
     path), and what to read again at the next save: all of it when Redis could not be asked, else what a
     settle heard of just now may yet move. A counter Redis lost, or of an ended period, keeps the count seen."""
@@ -266,7 +271,7 @@ def _read_counters(pending: dict[tuple[int, str, int], Usage]) -> tuple[dict, di
 BATCH = 500  # rows per INSERT
 
 
-def _upsert(pending: dict[tuple[int, str, int], Usage]) -> None:
+def _upsert(pending: dict[Key, Usage]) -> None:
     """INSERT ... ON CONFLICT keeping the latest count by Redis's clock (what several workers saw of one
     period, saved in any order): `updated` is the moment Redis held it."""
     alias = router.db_for_write(QuotaUsage)
@@ -278,13 +283,13 @@ def _upsert(pending: dict[tuple[int, str, int], Usage]) -> None:
         Policy.objects.using(alias).filter(pk__in={key[0] for key in pending}).values_list("pk", "generation")
     )
     rows = [
-        (policy_id, subject, usage.display[:100], as_stored(start), usage.used, usage.limit,
+        (policy_id, subject, usage.display[:100], as_stored(start), unit, usage.used, usage.limit,
          as_stored(usage.at_us / 1000), 0)
-        for (policy_id, subject, start), usage in pending.items()
+        for (policy_id, subject, start, unit), usage in pending.items()
         if usage.generation >= generations.get(policy_id, usage.generation + 1)
     ]
     limit = connection.ops.quote_name("limit")  # a reserved word in SQL
-    columns = f"policy_id, subject, display, period_start, used, {limit}, updated, kept"
+    columns = f"policy_id, subject, display, period_start, unit, used, {limit}, updated, kept"
     # the latest count by Redis's clock, never below what a reset kept; the limit of the latest save: a plan
     # changed within the period bills by the one in force at its end
     if connection.vendor == "mysql":
@@ -295,7 +300,7 @@ def _upsert(pending: dict[tuple[int, str, int], Usage]) -> None:
         )
     else:
         conflict = (
-            "ON CONFLICT (policy_id, subject, period_start) DO UPDATE SET "
+            "ON CONFLICT (policy_id, subject, period_start, unit) DO UPDATE SET "
             f"used = CASE WHEN excluded.updated >= {table}.updated THEN {larger}(excluded.used, {table}.kept) "
             f"ELSE {table}.used END, "
             f"display = COALESCE(NULLIF(excluded.display, ''), {table}.display), "
@@ -306,7 +311,7 @@ def _upsert(pending: dict[tuple[int, str, int], Usage]) -> None:
     with transaction.atomic(using=alias), connection.cursor() as cursor:
         for first in range(0, len(rows), BATCH):
             batch = rows[first : first + BATCH]
-            values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * len(batch))
+            values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(batch))
             params = [
                 connection.ops.adapt_datetimefield_value(value) if isinstance(value, datetime) else value
                 for row in batch for value in row
@@ -321,9 +326,9 @@ def keep_before_reset(policy: CompiledPolicy, subject_key: str, display: str, no
     saver.mark(policy, subject_key, display, start)
     saver.save()
     try:
-        QuotaUsage.objects.filter(policy_id=policy.id, subject=subject_key, period_start=as_stored(start)).update(
-            kept=F("used")
-        )
+        QuotaUsage.objects.filter(
+            policy_id=policy.id, subject=subject_key, period_start=as_stored(start), unit=policy.unit
+        ).update(kept=F("used"))
     except DatabaseError as error:  # the reset goes on: the usage saved before it stays, not kept above the new counts
         logger.warning("ratelimit: the usage of a reset subject could not be kept for billing: %s", error)
 

@@ -180,7 +180,7 @@ def test_the_invoice_prices_what_each_plan_includes_and_what_went_beyond_it(mysi
     start = as_datetime(periods_at("month", zone("UTC"), int(time.time() * 1000)).previous)
     for api_key, used_tokens, limit in ((PRO, 12_500_000, 10_000_000), (FREE, 420_000, 1_000_000)):
         QuotaUsage.objects.create(policy=month, subject=key_of(api_key), display="header:x-api-key=…",
-                                  period_start=start, used=used_tokens, limit=limit)
+                                  period_start=start, unit=month.unit, used=used_tokens, limit=limit)
     billed, printed = export_and_invoice(admin_client, tmp_path, monkeypatch)
     # pro: 49.00 for the plan and 2.5 million tokens beyond it at 8.00 a million
     assert billed == sorted([(key_of(PRO), "pro", 12_500_000, 69.0), (key_of(FREE), "free", 420_000, 0.0)])

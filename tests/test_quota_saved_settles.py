@@ -69,7 +69,7 @@ def test_saves_reaching_the_database_out_of_order_keep_the_latest_count():
     compiled = quota()
     start = compiled.plugin.span(compiled, engine.server_clock.now_ms())[0]
     at = engine.server_clock.now_ms() * 1000
-    key = (compiled.id, "subject-key", start)
+    key = (compiled.id, "subject-key", start, compiled.unit)
 
     def save(used: int, at_us: int) -> None:
         quotas._upsert({key: quotas.Usage("ip:203.0.113.9", used, compiled.generation, None, at_us, compiled)})

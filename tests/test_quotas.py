@@ -5,6 +5,9 @@ input refused plainly."""
 
 from __future__ import annotations
 
+import sqlite3
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
@@ -23,6 +26,7 @@ from ratelimit_app.periods import periods_at, zone
 from ratelimit_app.rates import parse_quota
 from ratelimit_app.registry import code_policy
 from tests.helpers import check, in_processes, insert_usage, make_policy, policy
+from tests.servers import ROOT, manage, site_env
 
 ZONES = ["UTC", "Europe/Paris", "America/New_York", "America/Santiago", "Australia/Lord_Howe", "Asia/Kolkata",
          "Pacific/Apia", "America/Havana", "Asia/Tehran"]
@@ -530,3 +534,33 @@ def test_a_quota_per_user_shows_the_users_name_in_the_admin_the_export_and_top(c
     exported = b"".join(admin_client.get("/admin/ratelimit_app/quotausage/export.csv").streaming_content).decode()
     assert exported.splitlines()[1].startswith("searches-per-user,user:alice,")
     assert "user:alice" in admin_client.get("/admin/ratelimit_app/quotausage/").content.decode()
+
+
+SAVED_BEFORE_UNITS = """
+import django
+django.setup()
+from django.db import connection
+from tests.helpers import make_policy
+for name, unit in (("llm-month", "tokens"), ("api-month", "requests")):
+    row = make_policy(name=name, action=name, limit=1000, window=31 * 86400, strategy="calendar_quota",
+                      period="month", time_zone="UTC", unit=unit)
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO ratelimit_app_quotausage (policy_id, subject, display, period_start, used, "
+                       "updated, kept) VALUES (%s, 'k', 'ip:203.0.113.7', '2026-12-01 00:00:00', 900, "
+                       "'2026-12-07 00:00:00', 0)", [row.pk])
+"""
+
+
+def test_usage_saved_before_it_had_a_unit_counts_its_policys_unit_after_the_upgrade(tmp_path):
+    """A tokens quota's rows saved by the previous release are tokens: its counter goes on from them and the
+    export bills them in tokens, not as requests."""
+    env = site_env(tmp_path / "db.sqlite3")
+    manage(env, "migrate", "ratelimit_app", "0012")
+    done = subprocess.run([sys.executable, "-c", SAVED_BEFORE_UNITS], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    manage(env, "migrate", "ratelimit_app")
+    with sqlite3.connect(tmp_path / "db.sqlite3") as database:
+        units = database.execute("SELECT p.name, u.unit, u.used FROM ratelimit_app_quotausage u "
+                                 "JOIN ratelimit_app_policy p ON p.id = u.policy_id ORDER BY p.name").fetchall()
+    assert units == [("api-month", "requests", 900), ("llm-month", "tokens", 900)]

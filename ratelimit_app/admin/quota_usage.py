@@ -68,7 +68,7 @@ def csv_rows(queryset: QuerySet) -> Iterator[str]:
     writer = csv.writer(_Echo())
     yield writer.writerow(COLUMNS)
     rows = queryset.order_by("policy_id", "period_start", "pk").values_list(
-        "policy__name", "display", "subject", "period_start", "used", "updated", "policy__unit", "limit",
+        "policy__name", "display", "subject", "period_start", "used", "updated", "unit", "limit",
         "policy__limit",
     )
     for name, display, subject, start, used, saved, unit, limit, policy_limit in rows.iterator(chunk_size=CHUNK):
@@ -115,11 +115,6 @@ class QuotaUsageAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
-
-    @admin.display(description="unit", ordering="policy__unit")
-    def unit(self, usage: QuotaUsage) -> str:
-        """What `used`, `limit` and `overage` count: the policy's unit."""
-        return usage.policy.unit
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from django.db import models
 
+from ..values import REQUESTS
 from .policy import Policy
+from .validators import UNIT_LENGTH
 
 
 class QuotaUsage(models.Model):
@@ -15,7 +17,15 @@ class QuotaUsage(models.Model):
     subject = models.CharField("subject key", max_length=64, help_text="The subject's hash, as Redis keys carry it.")
     display = models.CharField("subject", max_length=100, help_text="The subject as a person reads it, secrets masked.")
     period_start = models.DateTimeField("period start", help_text="When the calendar period began (UTC).")
-    used = models.PositiveBigIntegerField("used", help_text="Units counted in the period, in the policy's unit.")
+    used = models.PositiveBigIntegerField("used", help_text="Units counted in the period, in its unit.")
+    unit = models.CharField(
+        "unit",
+        max_length=UNIT_LENGTH,
+        default=REQUESTS,
+        db_default=REQUESTS,
+        help_text="What `used` counts: the policy's unit when it was counted. A policy whose unit changed within "
+        "a period has a row for each unit: what one counted never starts the other's counter.",
+    )
     limit = models.PositiveBigIntegerField(
         "limit",
         null=True,
@@ -34,12 +44,14 @@ class QuotaUsage(models.Model):
         verbose_name = "quota usage"
         verbose_name_plural = "quota usage"
         constraints = [
-            models.UniqueConstraint(fields=["policy", "subject", "period_start"], name="ratelimit_quota_usage_once")
+            models.UniqueConstraint(
+                fields=["policy", "subject", "period_start", "unit"], name="ratelimit_quota_usage_once"
+            )
         ]
         indexes = [models.Index(fields=["policy", "period_start"], name="ratelimit_quota_usage_period")]
 
     def __str__(self) -> str:
-        return f"{self.policy}: {self.display} used {self.used} from {self.period_start:%Y-%m-%d}"
+        return f"{self.policy}: {self.display} used {self.used} {self.unit} from {self.period_start:%Y-%m-%d}"
 
     @property
     def limit_in_effect(self) -> int:
