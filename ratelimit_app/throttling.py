@@ -113,23 +113,11 @@ class PolicyThrottle(BaseThrottle):
     def allow_request(self, request, view) -> bool:
         base = request.__dict__.get("_request", request)  # DRF's Request hands on the rest through an AttributeError
         match = getattr(base, "resolver_match", None)
-        view_name = match.view_name if match else None
-        scope = getattr(view, "throttle_scope", None)
-        # _names(), is_last() and view_cost() for most views (a scope of its own or none, this throttle
-        # alone, no cost), without their three calls on every request
-        if scope is None or scope == view_name:
-            names = (view_name,) if view_name else ()
-        else:
-            names = _names(scope, view_name)
-        classes = getattr(view, "throttle_classes", ())
-        last = (type(classes) is list and len(classes) == 1 and classes[0] is type(self)) or is_last(self, view)
-        if getattr(view, "get_throttle_cost", None) is None and getattr(view, "throttle_cost", None) is None:
-            cost = None
-        else:
-            cost = view_cost(view)
+        names = _names(getattr(view, "throttle_scope", None), match.view_name if match else None)
+        last = is_last(self, view)
         # the first door of the request: its route's policies and checks are kept, as the middleware's are
         route = _made(Route, (names, False, True, False)) if STATE_ATTRIBUTE not in base.__dict__ else None
-        self.state = entering.sync(request, names, last=last, cost=cost, route=route, door=THROTTLE)
+        self.state = entering.sync(request, names, last=last, cost=view_cost(view), route=route, door=THROTTLE)
         if self.state is None:
             return True
         if self.state.closing is not None:
