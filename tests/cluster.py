@@ -95,7 +95,17 @@ class Node:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait()
 
+    def crash(self) -> None:
+        """kill(), and its address stays dead until stop(): the port is held (bound, not listening), so that no
+        server another test starts meanwhile answers there, empty, for the dead one (a 200 where 503 was due)."""
+        self.kill()
+        self.held = socket.socket()
+        self.held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the port's closed connections
+        self.held.bind(("127.0.0.1", self.port))
+
     def stop(self) -> None:
+        if getattr(self, "held", None) is not None:
+            self.held.close()
         if self.process.poll() is None:
             self.process.terminate()
             try:

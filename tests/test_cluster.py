@@ -500,7 +500,7 @@ def test_a_failed_master_is_replaced_and_limiting_resumes(client, settings, fail
         [counter] = engine.client().keys(f"{keys.prefix()}:{{*", target_nodes=RedisCluster.PRIMARIES)
         master = own.master_of(counter.decode())
         wait_replicated(master, own.replica_of(master))  # the replica has every count before the crash
-        master.kill()
+        master.crash()
         meanwhile, resumed = until_limited_again(lambda: search(client))
         print(f"\ncluster failover (fail_open={fail_open}): limiting resumed {resumed:.1f}s after the master died")
         assert own.replica_of(master).client.info("replication")["role"] == "master"

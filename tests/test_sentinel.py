@@ -59,7 +59,7 @@ def test_limiting_resumes_on_the_promoted_replica_without_over_admitting(client,
     row = make_policy(name="search-per-ip", action="demo:search", limit=3, window=3600)
     assert [search(client) for _ in range(3)] == [200, 200, 200]  # at the limit
     wait_replicated(sentinel.master, sentinel.replica)  # the replica has every count before the crash
-    sentinel.master.kill()
+    sentinel.master.crash()
     meanwhile, resumed = until_limited_again(lambda: search(client))
     print(f"\nsentinel failover (fail_open={fail_open}): limiting resumed {resumed:.1f}s after the master died")
     assert sentinel.master_port() == sentinel.replica.port  # the sentinel promoted the replica
