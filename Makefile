@@ -10,7 +10,7 @@ WITH_REDIS := $(BIN)/python -m project.devredis --
 PORT ?= 8000
 # Four on two cores: many tests mostly wait on servers they start (with three, a quiet run of 390 s on two cores
 # counted ~450 CPU s of tests: the cores were idle a third of it). noxfile.py runs its sessions with the same.
-PYTEST_WORKERS ?= 4
+PYTEST_WORKERS ?= 5
 # A run starts dozens of Python processes (workers, servers, nested runs, commands), and without cached bytecode
 # each compiles Django and the app again (~1.5 s of CPU; 8 s a pytest worker). Where PYTHONDONTWRITEBYTECODE
 # keeps __pycache__ out of the tree, the bytecode is cached in var/pycache instead.

@@ -48,7 +48,7 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
 
 # The suite's processes (pytest-xdist), as `make test` runs it: each starts a private server of its own
 # (tests/conftest.py), with RATELIMIT_REDIS_SERVER's binary when set.
-WORKERS = os.environ.get("PYTEST_WORKERS", "4")
+WORKERS = os.environ.get("PYTEST_WORKERS", "5")
 
 
 def run_suite(session: nox.Session, *pytest_args: str, env: dict[str, str] | None = None) -> None:
